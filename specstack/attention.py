@@ -1,0 +1,114 @@
+"""Attention metadata and the one place attention masks are built (DESIGN §2.3).
+
+A forward over a block of T new tokens per row sees [committed cache slots | the block itself].
+What a query may attend to is the conjunction of:
+- committed slots of its own row (never scratch left by earlier forwards),
+- inside the block, the query's ancestors-or-self: a causal triangle for ordinary sequences,
+  the ancestor mask of a draft tree, and nothing of the padding of shorter rows (ragged batches),
+- the sliding window of the cache, if any: key position < sink, or query pos - key pos < window.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specstack.cache import KVCache
+
+
+@dataclass(frozen=True)
+class AttentionBatch:
+    """What a forward needs besides the tokens: positions [B, T] and the boolean mask
+    [B, 1, T, S] over the cache slots S = longest row + T (True = may attend)."""
+
+    positions: torch.Tensor
+    mask: torch.Tensor | None  # None: plain causal over an empty cache (SDPA's is_causal path)
+    n_valid: tuple[int, ...]  # real (non-padding) tokens per row
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[1]
+
+
+def causal_block_mask(t: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril_()
+
+
+def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """[n, n] mask of ancestors-or-self from parent pointers (-1 = child of the root).
+    Nodes must be topologically ordered (parent index < child index); a node's row is its
+    parent's row plus itself, so one pass suffices."""
+    n = len(parents)
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= i:
+            raise ValueError(f"node {i} has parent {p}: nodes must follow their parents")
+        if p >= 0:
+            m[i] = m[p]
+        m[i, i] = True
+    return m.to(device)
+
+
+def depths_from_parents(parents: Sequence[int]) -> list[int]:
+    """Depth of each node; children of the root have depth 1."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
+
+
+def build_batch(
+    cache: KVCache,
+    num_tokens: int,
+    block_mask: torch.Tensor | None = None,
+    block_offsets: torch.Tensor | None = None,
+    n_valid: Sequence[int] | None = None,
+) -> AttentionBatch:
+    """Metadata for a forward of `num_tokens` new tokens per row.
+
+    block_mask: [T, T] or [B, T, T] mask inside the block (default causal).
+    block_offsets: [T] or [B, T] position offsets of the block tokens from each row's next position
+        (default 0..T-1; a tree passes depth - 1).
+    n_valid: real tokens per row (default all T); padded queries only see themselves.
+    """
+    b, t = cache.batch_size, num_tokens
+    dev = cache.device
+    n_valid_t = tuple(n_valid) if n_valid is not None else (t,) * b
+    if len(n_valid_t) != b or any(not 0 <= n <= t for n in n_valid_t):
+        raise ValueError(f"n_valid {n_valid_t} does not fit {b} rows of {t} tokens")
+    start = torch.tensor(cache.next_pos, device=dev).unsqueeze(1)
+    offsets = torch.arange(t, device=dev) if block_offsets is None else block_offsets.to(dev)
+    positions = start + offsets.expand(b, t)
+
+    plain = block_mask is None and block_offsets is None and cache.window is None
+    if plain and all(n == t for n in n_valid_t) and max(cache.lengths) == 0:
+        return AttentionBatch(positions, None, n_valid_t)
+
+    inner = causal_block_mask(t, dev) if block_mask is None else block_mask.to(dev)
+    inner = inner.expand(b, t, t).clone()
+    valid = torch.arange(t, device=dev).unsqueeze(0) < torch.tensor(n_valid_t, device=dev).unsqueeze(1)
+    inner &= valid.unsqueeze(1)  # no query sees padding
+    inner |= torch.eye(t, dtype=torch.bool, device=dev)  # every query sees itself (no empty rows)
+
+    lengths = torch.tensor(cache.lengths, device=dev)
+    s_used = max(cache.lengths) + t
+    slots = torch.arange(s_used, device=dev).unsqueeze(0)
+    mask = (slots < lengths.unsqueeze(1)).unsqueeze(1).expand(b, t, s_used).clone()
+    block_slots = (lengths.unsqueeze(1) + torch.arange(t, device=dev)).unsqueeze(1).expand(b, t, t)
+    mask.scatter_(2, block_slots, inner)
+
+    if cache.window is not None:
+        # Keys of the block get their positions when written; use the block's positions here.
+        key_pos = cache.slot_pos[:, :s_used].clone()
+        key_pos.scatter_(1, block_slots[:, 0], positions)
+        dist = positions.unsqueeze(2) - key_pos.unsqueeze(1)
+        in_window = (key_pos.unsqueeze(1) < cache.window.sink) | (dist < cache.window.window)
+        mask &= in_window
+    return AttentionBatch(positions, mask.unsqueeze(1), n_valid_t)
+
+
+def tree_batch(cache: KVCache, parents: Sequence[int]) -> AttentionBatch:
+    """A draft tree hanging off every row's last committed token (same tree shape in each row)."""
+    depth = torch.tensor(depths_from_parents(parents), device=cache.device)
+    return build_batch(cache, len(parents), ancestor_mask(parents, cache.device), depth - 1)

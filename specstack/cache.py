@@ -1,0 +1,169 @@
+"""Preallocated KV cache written by slot (gpt-fast style), with per-row lengths and tree commit.
+
+Layout: one tensor per K and V of shape [layers, rows, kv_heads, capacity, head_dim], so a commit
+moves the accepted nodes of every layer in one indexed copy.
+
+Each row has `length` committed slots; a forward writes its T new keys/values into the scratch slots
+[length, length + T) and nothing becomes visible to later forwards until the caller commits:
+- `commit_prefix(counts)`: keep the first counts[b] new tokens of each row (prefill, decode, chains);
+  no copy at all.
+- `commit_nodes(row, node_ids)`: keep an accepted root-to-leaf path of a tree; the accepted nodes are
+  compacted to consecutive slots (O(accepted) copies, never the whole cache), the rest is dead.
+- `rollback(row, n)`: forget the last n committed tokens (O(1)).
+
+Keys are stored after RoPE, so a slot carries its position in `slot_pos`; that is what lets the
+sliding-window mode evict old slots physically (first `sink` positions plus the last `window`) while
+the mask builder in attention.py still reasons in positions.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specstack.config import ModelConfig, WindowSpec
+from specstack.errors import SpecstackError
+
+
+class KVCache:
+    def __init__(
+        self,
+        config: ModelConfig,
+        batch_size: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        window: WindowSpec | None = None,
+    ) -> None:
+        self.config = config
+        self.batch_size = batch_size
+        self.capacity = capacity
+        self.window = window
+        shape = (config.n_layers, batch_size, config.n_kv_heads, capacity, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Position of the token held in each slot (-1: empty). Scratch slots get theirs at write time.
+        self.slot_pos = torch.full((batch_size, capacity), -1, dtype=torch.long, device=device)
+        # Host-side bookkeeping: reading these never synchronises with the device.
+        self.lengths: list[int] = [0] * batch_size  # committed slots per row
+        self.next_pos: list[int] = [0] * batch_size  # position of the next token per row
+        self._block: int = 0  # size of the block written by the last forward (scratch in use)
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    # -- writing (called by the model, once per layer) -------------------------------------------
+    def check_room(self, n_new: int) -> None:
+        need = max(self.lengths) + n_new
+        if need > self.capacity:
+            raise SpecstackError(
+                f"KV cache full: {need} slots needed, capacity {self.capacity} "
+                "(the prompt plus generated tokens exceed the context limit)"
+            )
+
+    def begin_block(self, positions: torch.Tensor) -> None:
+        """Record the positions of the T new tokens written at each row's scratch slots."""
+        b, t = positions.shape
+        self.check_room(t)
+        self._block = t
+        if b == 1:
+            s0 = self.lengths[0]
+            self.slot_pos[0, s0 : s0 + t] = positions[0]
+        else:
+            self.slot_pos.scatter_(1, self._scratch_slots(t), positions)
+
+    def _scratch_slots(self, t: int) -> torch.Tensor:
+        start = torch.tensor(self.lengths, device=self.device).unsqueeze(1)
+        return start + torch.arange(t, device=self.device)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, Hkv, T, D] to the scratch slots; return this layer's keys/values [B, Hkv, S, D]
+        for the slots a query may see (S = longest row + T)."""
+        t = k.shape[2]
+        if self.batch_size == 1:
+            s0 = self.lengths[0]
+            self.k[layer, 0, :, s0 : s0 + t] = k[0]
+            self.v[layer, 0, :, s0 : s0 + t] = v[0]
+            s_used = s0 + t
+        else:
+            slots = self._scratch_slots(t)  # [B, T]
+            rows = torch.arange(self.batch_size, device=self.device).unsqueeze(1).expand_as(slots)
+            # advanced indices around a slice put the indexed dims first: [B, T, Hkv, D]
+            self.k[layer].index_put_((rows, slice(None), slots), k.transpose(1, 2))  # type: ignore[arg-type]
+            self.v[layer].index_put_((rows, slice(None), slots), v.transpose(1, 2))  # type: ignore[arg-type]
+            s_used = max(self.lengths) + t
+        return self.k[layer, :, :, :s_used], self.v[layer, :, :, :s_used]
+
+    # -- committing ---------------------------------------------------------------------------------
+    def commit_prefix(self, counts: Sequence[int]) -> None:
+        """Keep the first counts[b] tokens of the last block in each row; no data moves."""
+        for b, n in enumerate(counts):
+            if not 0 <= n <= self._block:
+                raise ValueError(f"row {b}: cannot commit {n} of a {self._block}-token block")
+            self.lengths[b] += n
+            self.next_pos[b] += n
+        self._evict()
+
+    def commit_nodes(self, row: int, node_ids: Sequence[int]) -> None:
+        """Keep the tree nodes `node_ids` (block indices of an accepted root-to-leaf path, in order)
+        at consecutive slots after the row's committed tokens."""
+        n = len(node_ids)
+        if n and (min(node_ids) < 0 or max(node_ids) >= self._block):
+            raise ValueError(f"node ids {list(node_ids)} outside the {self._block}-token block")
+        s0 = self.lengths[row]
+        if list(node_ids) != list(range(n)):
+            src = torch.tensor(node_ids, device=self.device) + s0
+            dst = torch.arange(s0, s0 + n, device=self.device)
+            # the read makes a copy, so overlapping src/dst cannot corrupt the move
+            self.k[:, row, :, dst] = self.k[:, row, :, src]
+            self.v[:, row, :, dst] = self.v[:, row, :, src]
+            self.slot_pos[row, dst] = self.slot_pos[row, src]
+        self.lengths[row] += n
+        self.next_pos[row] += n
+        self._evict()
+
+    def commit_all(self) -> None:
+        self.commit_prefix([self._block] * self.batch_size)
+
+    def rollback(self, row: int, n: int) -> None:
+        """Forget the last n committed tokens of a row (O(1): the slots become scratch again)."""
+        if not 0 <= n <= self.lengths[row]:
+            raise ValueError(f"row {row}: cannot roll back {n} of {self.lengths[row]} tokens")
+        if self.window is not None and self.next_pos[row] != self.lengths[row]:
+            raise ValueError("cannot roll back past an eviction of a sliding-window cache")
+        self.lengths[row] -= n
+        self.next_pos[row] -= n
+
+    def reset(self, row: int | None = None) -> None:
+        rows = range(self.batch_size) if row is None else [row]
+        for r in rows:
+            self.lengths[r] = 0
+            self.next_pos[r] = 0
+            self.slot_pos[r] = -1
+
+    # -- sliding window -----------------------------------------------------------------------------
+    def _evict(self) -> None:
+        """Drop slots that no future query can see: all but the first `sink` and the last `window`.
+        Done in chunks (only once the row overflows by `window`), so the copy is amortised O(1)."""
+        w = self.window
+        if w is None:
+            return
+        keep = w.sink + w.window
+        for row, n in enumerate(self.lengths):
+            if n < keep + w.window:
+                continue
+            src = torch.arange(n - w.window, n, device=self.device)
+            dst = torch.arange(w.sink, keep, device=self.device)
+            self.k[:, row, :, dst] = self.k[:, row, :, src]
+            self.v[:, row, :, dst] = self.v[:, row, :, src]
+            self.slot_pos[row, dst] = self.slot_pos[row, src]
+            self.slot_pos[row, keep:] = -1
+            self.lengths[row] = keep
+
+    def committed_positions(self, row: int) -> list[int]:
+        return self.slot_pos[row, : self.lengths[row]].tolist()

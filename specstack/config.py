@@ -1,0 +1,91 @@
+"""Frozen configuration dataclasses shared by every layer."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from specstack.errors import SpecstackError
+
+Arch = Literal["llama", "gpt2"]
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of one decoder. `arch` picks the block flavour (DESIGN §3)."""
+
+    arch: Arch
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int
+    head_dim: int = 0  # 0 -> d_model // n_heads
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise SpecstackError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Sliding-window attention: every query sees the first `sink` positions and the last `window`."""
+
+    sink: int
+    window: int
+
+    def __post_init__(self) -> None:
+        if self.sink < 0 or self.window < 1:
+            raise SpecstackError(f"invalid sliding window sink={self.sink} window={self.window}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy (argmax); top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise SpecstackError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise SpecstackError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SpecstackError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_strings: tuple[str, ...] = ()
+    stop_on_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise SpecstackError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")

@@ -1,0 +1,122 @@
+"""Linear layers in four weight formats: fp32, bf16, and weight-only int8 / int4.
+
+int8: per-output-channel symmetric scales, torch's `_weight_int8pack_mm`.
+int4: group-wise asymmetric (scale, zero) per 32 inputs, torch's `_weight_int4pack_mm_for_cpu` on CPU
+      and `_weight_int4pack_mm` on CUDA; the kernels dequantise as w = (q - 8) * scale + zero.
+      GGUF's Q4_1 blocks (w = d * q + m, 32 per block) map onto that exactly: scale = d, zero = m + 8 d,
+      so the 4-bit file is packed without a detour through floats.
+Activations are fp32 for the fp32 format and bf16 for the others (`activation_dtype`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specstack.errors import SpecstackError
+
+INT4_GROUP = 32
+
+
+def activation_dtype(fmt: str) -> torch.dtype:
+    return torch.float32 if fmt == "fp32" else torch.bfloat16
+
+
+def _pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """q: int values 0..15 of shape [N, K] -> the kernel's packed layout for q's device."""
+    q = q.to(torch.int32)
+    if q.device.type == "cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    packed = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)
+    return torch.ops.aten._convert_weight_to_int4pack(packed, 8)
+
+
+class QLinear(nn.Module):
+    """y = x W^T (+ b) with W stored in one of the four formats."""
+
+    def __init__(self, in_features: int, out_features: int, fmt: str, bias: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
+        n, k = out_features, in_features
+        act = activation_dtype(fmt)
+        if fmt in ("fp32", "bf16"):
+            self.register_buffer("weight", torch.empty(n, k, dtype=act, device=device))
+        elif fmt == "int8":
+            self.register_buffer("weight", torch.empty(n, k, dtype=torch.int8, device=device))
+            self.register_buffer("scales", torch.empty(n, dtype=act, device=device))
+        elif fmt == "int4":
+            if k % INT4_GROUP:
+                raise SpecstackError(f"int4 needs in_features divisible by {INT4_GROUP}, got {k}")
+            packed = _pack_int4(torch.zeros(n, k, dtype=torch.int32, device=device))
+            self.register_buffer("weight", packed)
+            self.register_buffer("scales_zeros", torch.empty(k // INT4_GROUP, n, 2, dtype=act, device=device))
+        else:
+            raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4")
+        self.register_buffer("bias", torch.zeros(n, dtype=act, device=device) if bias else None)
+
+    # -- construction -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def set_float(self, w: torch.Tensor, b: torch.Tensor | None = None) -> "QLinear":
+        """Quantise a float weight [out, in] into this layer's format."""
+        w = w.to(self.weight.device, torch.float32)
+        act = activation_dtype(self.fmt)
+        if self.fmt in ("fp32", "bf16"):
+            self.weight.copy_(w)
+        elif self.fmt == "int8":
+            scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+            self.weight.copy_((w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
+            self.scales.copy_(scale.to(act))
+        else:
+            n, k = w.shape
+            g = w.view(n, k // INT4_GROUP, INT4_GROUP)
+            lo, hi = g.amin(dim=2), g.amax(dim=2)
+            d = ((hi - lo) / 15).clamp(min=1e-12)
+            q = ((g - lo[..., None]) / d[..., None]).round().clamp(0, 15).view(n, k)
+            self.set_int4(q, d, lo)
+        if b is not None:
+            self.bias.copy_(b.to(self.bias.device, self.bias.dtype))
+        return self
+
+    @torch.no_grad()
+    def set_int4(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> "QLinear":
+        """Set from 4-bit codes q [out, in] (0..15) with w = d * q + m per group of 32 (GGUF Q4_1).
+        Exact for the int4 format; other formats receive the dequantised weight."""
+        n, k = q.shape
+        if self.fmt != "int4":
+            w = (q.float().view(n, k // INT4_GROUP, INT4_GROUP) * d.float()[..., None]
+                 + m.float()[..., None]).view(n, k)
+            return self.set_float(w)
+        dev = self.weight.device
+        self.weight.copy_(_pack_int4(q.to(dev)))
+        zero = m.float() + 8 * d.float()
+        self.scales_zeros.copy_(torch.stack([d.float(), zero], dim=-1).transpose(0, 1).to(dev))
+        return self
+
+    # -- use ----------------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        if self.fmt in ("fp32", "bf16"):
+            y = torch.nn.functional.linear(x, self.weight, self.bias)
+            return y
+        x2 = x.reshape(-1, shape[-1])
+        if self.fmt == "int8":
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales)
+        elif x2.device.type == "cpu":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, INT4_GROUP, self.scales_zeros)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm(x2, self.weight, INT4_GROUP, self.scales_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float weight [out, in] this layer computes with (for tests and conversions)."""
+        eye = torch.eye(self.in_features, dtype=activation_dtype(self.fmt), device=self.weight.device)
+        bias, self.bias = self.bias, None
+        try:
+            return self.forward(eye).float().t().contiguous()
+        finally:
+            self.bias = bias
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, fmt={self.fmt}, bias={self.bias is not None}"

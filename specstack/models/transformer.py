@@ -1,0 +1,221 @@
+"""One decoder for Llama-style (RMSNorm, RoPE, GQA, SwiGLU) and GPT-2-style (LayerNorm, learned
+positions, biases, GELU) blocks. QKV and gate/up projections are fused at load time, so a layer
+is four matrix products. Everything a forward needs beyond the tokens comes in an AttentionBatch
+(positions and the mask from attention.py); keys/values go to the cache's scratch slots and stay
+invisible until the caller commits them.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specstack.attention import AttentionBatch, build_batch
+from specstack.cache import KVCache
+from specstack.config import ModelConfig, WindowSpec
+from specstack.models.quant import QLinear, activation_dtype
+
+
+@dataclass
+class Q4Weight:
+    """4-bit codes with per-32 scale d and min m (w = d * q + m), as stored by GGUF Q4_1."""
+
+    q: torch.Tensor  # [out, in] uint8 in 0..15
+    d: torch.Tensor  # [out, in // 32]
+    m: torch.Tensor  # [out, in // 32]
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.q.shape
+        g = self.q.float().view(n, k // 32, 32) * self.d.float()[..., None] + self.m.float()[..., None]
+        return g.view(n, k)
+
+
+Weight = torch.Tensor | Q4Weight
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [B, T, V] float32
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, T, d]
+
+
+class Norm(nn.Module):
+    """RMSNorm (llama) or LayerNorm (gpt2), computed in fp32 like the reference implementations."""
+
+    def __init__(self, dim: int, eps: float, rms: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps, self.rms = eps, rms
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
+        self.bias = None if rms else nn.Parameter(torch.zeros(dim, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.rms:
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, fmt: str, layer: int) -> None:
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        llama = cfg.arch == "llama"
+        act = activation_dtype(fmt)
+        bias = not llama
+        self.attn_norm = Norm(cfg.d_model, cfg.norm_eps, llama, act)
+        self.qkv = QLinear(cfg.d_model, cfg.q_dim + 2 * cfg.kv_dim, fmt, bias)
+        self.o = QLinear(cfg.q_dim, cfg.d_model, fmt, bias)
+        self.mlp_norm = Norm(cfg.d_model, cfg.norm_eps, llama, act)
+        self.up = QLinear(cfg.d_model, (2 if llama else 1) * cfg.d_ff, fmt, bias)  # llama: [gate | up]
+        self.down = QLinear(cfg.d_ff, cfg.d_model, fmt, bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
+        cfg = self.cfg
+        b, t, _ = x.shape
+        qkv = self.qkv(self.attn_norm(x))
+        hd, nq, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        qk = qkv[..., : cfg.q_dim + cfg.kv_dim].view(b, t, nq + nkv, hd)
+        if rope is not None:  # rotate q and k heads in one go
+            cos, sin = rope
+            half = hd // 2
+            rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + rot * sin
+        q = qk[:, :, :nq].transpose(1, 2)
+        k = qk[:, :, nq:].transpose(1, 2)
+        v = qkv[..., cfg.q_dim + cfg.kv_dim :].view(b, t, nkv, hd).transpose(1, 2)
+        keys, values = cache.write(self.layer, k, v)
+        if batch.mask is None:
+            a = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=nkv != nq)
+        else:
+            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, enable_gqa=nkv != nq)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, cfg.q_dim))
+        h = self.up(self.mlp_norm(x))
+        if cfg.arch == "llama":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return x + self.down(h)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, fmt: str = "fp32") -> None:
+        super().__init__()
+        self.config, self.fmt = cfg, fmt
+        act = activation_dtype(fmt)
+        self.act_dtype = act
+        self.embed = nn.Parameter(torch.zeros(cfg.vocab_size, cfg.d_model, dtype=act), requires_grad=False)
+        self.pos_embed = (
+            nn.Parameter(torch.zeros(cfg.max_seq_len, cfg.d_model, dtype=act), requires_grad=False)
+            if cfg.arch == "gpt2" else None
+        )
+        self.layers = nn.ModuleList(Block(cfg, fmt, i) for i in range(cfg.n_layers))
+        self.norm = Norm(cfg.d_model, cfg.norm_eps, cfg.arch == "llama", act)
+        self.head = QLinear(cfg.d_model, cfg.vocab_size, fmt)
+        if cfg.arch == "llama":
+            inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+            freqs = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self.register_buffer("rope_cos", emb.cos(), persistent=False)
+            self.register_buffer("rope_sin", emb.sin(), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    # -- weights ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, weights: Mapping[str, Weight]) -> "Transformer":
+        """Fill the model from canonical float (or Q4) weights; see loading.py for the names."""
+        cfg = self.config
+        used: set[str] = set()
+
+        def get(name: str) -> Weight:
+            if name not in weights:
+                raise KeyError(f"missing weight {name}")
+            used.add(name)
+            return weights[name]
+
+        def dense(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            w = get(name)
+            w = w.dequantize() if isinstance(w, Q4Weight) else w
+            if len(w.shape) != len(shape) or any(a != b for a, b in zip(w.shape, shape) if b != -1):
+                raise ValueError(f"{name}: expected shape {shape}, got {tuple(w.shape)}")
+            return w
+
+        def linear(dst: QLinear, names: Sequence[str], bias_names: Sequence[str] | None) -> None:
+            parts = [get(n) for n in names]
+            rows = sum((p.q if isinstance(p, Q4Weight) else p).shape[0] for p in parts)
+            cols = {(p.q if isinstance(p, Q4Weight) else p).shape[1] for p in parts}
+            if (rows, cols) != (dst.out_features, {dst.in_features}):
+                raise ValueError(f"{names}: shapes do not fit a {dst.in_features}->{dst.out_features} layer")
+            if all(isinstance(p, Q4Weight) for p in parts):
+                dst.set_int4(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d", "m")))
+            else:
+                dst.set_float(torch.cat([p.dequantize() if isinstance(p, Q4Weight) else p for p in parts]))
+            if bias_names:
+                dst.bias.copy_(torch.cat([dense(n, (-1,)) for n in bias_names]))
+
+        self.embed.copy_(dense("embed", (cfg.vocab_size, cfg.d_model)))
+        if self.pos_embed is not None:
+            self.pos_embed.copy_(dense("pos_embed", (cfg.max_seq_len, cfg.d_model)))
+        gpt2 = cfg.arch == "gpt2"
+        for i, blk in enumerate(self.layers):
+            p = f"layers.{i}."
+            for norm, name in ((blk.attn_norm, "attn_norm"), (blk.mlp_norm, "mlp_norm")):
+                norm.weight.copy_(dense(p + name + ".weight", (cfg.d_model,)))
+                if gpt2:
+                    norm.bias.copy_(dense(p + name + ".bias", (cfg.d_model,)))
+            b = (lambda *ns: [p + n + ".bias" for n in ns]) if gpt2 else (lambda *ns: None)
+            linear(blk.qkv, [p + "q", p + "k", p + "v"], b("q", "k", "v"))
+            linear(blk.o, [p + "o"], b("o"))
+            linear(blk.up, [p + "gate", p + "up"] if not gpt2 else [p + "up"], b("up"))
+            linear(blk.down, [p + "down"], b("down"))
+        self.norm.weight.copy_(dense("norm.weight", (cfg.d_model,)))
+        if gpt2:
+            self.norm.bias.copy_(dense("norm.bias", (cfg.d_model,)))
+        linear(self.head, ["head" if "head" in weights else "embed"], None)
+        unused = set(weights) - used
+        if unused:
+            raise ValueError(f"unused weights: {sorted(unused)[:5]}")
+        return self
+
+    # -- use ----------------------------------------------------------------------------------------
+    def new_cache(self, batch_size: int = 1, capacity: int | None = None,
+                  window: WindowSpec | None = None) -> KVCache:
+        cap = capacity or self.config.max_seq_len
+        return KVCache(self.config, batch_size, cap, self.act_dtype, self.device, window)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, batch: AttentionBatch, cache: KVCache,
+                hidden_layers: Sequence[int] = ()) -> ModelOutput:
+        """tokens [B, T] -> logits [B, T, V] (fp32). hidden_layers: 0 = embeddings, i = output of block i."""
+        cfg = self.config
+        pos = batch.positions
+        cache.begin_block(pos)
+        x = F.embedding(tokens, self.embed)
+        rope = None
+        if self.pos_embed is not None:
+            x = x + F.embedding(pos, self.pos_embed)
+        else:
+            rope = (self.rope_cos[pos].unsqueeze(2).to(x.dtype), self.rope_sin[pos].unsqueeze(2).to(x.dtype))
+        hidden: dict[int, torch.Tensor] = {}
+        if 0 in hidden_layers:
+            hidden[0] = x
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, batch, cache)
+            if i + 1 in hidden_layers:
+                hidden[i + 1] = x
+        logits = self.head(self.norm(x)).float()
+        return ModelOutput(logits, hidden)
+
+    def extend(self, tokens: torch.Tensor, cache: KVCache, hidden_layers: Sequence[int] = ()) -> ModelOutput:
+        """Run `tokens` [B, T] as the continuation of every row and commit them all (prefill/decode)."""
+        out = self.forward(tokens, build_batch(cache, tokens.shape[1]), cache, hidden_layers)
+        cache.commit_all()
+        return out

@@ -1,0 +1,30 @@
+"""Prompt text -> token ids, with the checks every entry point needs."""
+from __future__ import annotations
+
+from typing import Any
+
+from specstack.errors import SpecstackError
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool = False) -> list[int]:
+    if tokenizer is None:
+        raise SpecstackError("this model has no tokenizer: pass token ids instead of text")
+    if not text or not text.strip():
+        raise SpecstackError("the prompt is empty")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise SpecstackError("--chat: this model's tokenizer has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return list(tokenizer(text, add_special_tokens=True).input_ids)
+
+
+def check_context(prompt_len: int, max_seq_len: int) -> None:
+    if prompt_len == 0:
+        raise SpecstackError("the prompt is empty")
+    if prompt_len >= max_seq_len:
+        raise SpecstackError(
+            f"the prompt has {prompt_len} tokens, over the model's context limit of {max_seq_len} "
+            "(at least one position must remain for generation)"
+        )

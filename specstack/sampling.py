@@ -1,0 +1,52 @@
+"""logits -> warped probabilities, and sampling from them.
+
+`warp` is THE warp (DESIGN §2.2): the target's p and every draft's q pass through it, so that
+verification compares the distributions that are actually sampled from.
+"""
+from __future__ import annotations
+
+import torch
+
+from specstack.config import SamplingParams
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [..., V] -> probabilities [..., V] (fp32) after temperature, top-k and top-p.
+    Greedy (temperature 0) gives the one-hot of the argmax (first index on ties)."""
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, idx = torch.sort(probs, dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it is kept)
+        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
+    if params.seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(params.seed)
+    return g
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of probs [..., V] -> [...] token ids."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next token for logits [..., V]: argmax when greedy, else a draw from warp(logits)."""
+    if params.greedy:
+        return logits.argmax(-1)
+    return sample(warp(logits, params), generator)
