@@ -42,6 +42,10 @@ class KVCache:
         shape = (config.n_layers, batch_size, config.n_kv_heads, capacity, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # per-layer views made once: a write is then a single kernel launch
+        self._k_layer = list(self.k.unbind(0))
+        self._v_layer = list(self.v.unbind(0))
+        self._write_idx: torch.Tensor | None = None
         # Position of the token held in each slot (-1: empty). Scratch slots get theirs at write time.
         self.slot_pos = torch.full((batch_size, capacity), -1, dtype=torch.long, device=device)
         # Host-side bookkeeping: reading these never synchronises with the device.
@@ -73,6 +77,7 @@ class KVCache:
         self._block = t
         if b == 1:
             s0 = self.lengths[0]
+            self._write_idx = torch.arange(s0, s0 + t, device=self.device)
             self.slot_pos[0, s0 : s0 + t] = positions[0]
         else:
             self.slot_pos.scatter_(1, self._scratch_slots(t), positions)
@@ -86,18 +91,17 @@ class KVCache:
         for the slots a query may see (S = longest row + T)."""
         t = k.shape[2]
         if self.batch_size == 1:
-            s0 = self.lengths[0]
-            self.k[layer, 0, :, s0 : s0 + t] = k[0]
-            self.v[layer, 0, :, s0 : s0 + t] = v[0]
-            s_used = s0 + t
+            self._k_layer[layer].index_copy_(2, self._write_idx, k)
+            self._v_layer[layer].index_copy_(2, self._write_idx, v)
+            s_used = self.lengths[0] + t
         else:
             slots = self._scratch_slots(t)  # [B, T]
             rows = torch.arange(self.batch_size, device=self.device).unsqueeze(1).expand_as(slots)
             # advanced indices around a slice put the indexed dims first: [B, T, Hkv, D]
-            self.k[layer].index_put_((rows, slice(None), slots), k.transpose(1, 2))  # type: ignore[arg-type]
-            self.v[layer].index_put_((rows, slice(None), slots), v.transpose(1, 2))  # type: ignore[arg-type]
+            self.k[layer][rows, :, slots] = k.transpose(1, 2)
+            self.v[layer][rows, :, slots] = v.transpose(1, 2)
             s_used = max(self.lengths) + t
-        return self.k[layer, :, :, :s_used], self.v[layer, :, :, :s_used]
+        return self._k_layer[layer][:, :, :s_used], self._v_layer[layer][:, :, :s_used]
 
     # -- committing ---------------------------------------------------------------------------------
     def commit_prefix(self, counts: Sequence[int]) -> None:

@@ -25,7 +25,7 @@ from specstack.errors import SpecstackError
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Q4Weight, Transformer, Weight
 
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"  # bump whenever the built layout changes
 
 
 def cache_root() -> Path:
@@ -167,7 +167,7 @@ def _gguf_tensor(t: Any) -> Weight:
         return Q4Weight(torch.from_numpy(q), torch.from_numpy(d.astype(np.float32)),
                         torch.from_numpy(m.astype(np.float32)))
     w = gguf.quants.dequantize(t.data, t.tensor_type)
-    w = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    w = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a writable copy: GGUF data is a read-only map
     return w.reshape(rows, cols) if len(t.shape) > 1 else w.reshape(cols)
 
 
@@ -293,10 +293,14 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
             model = Transformer(cfg, dtype)
         model.load_state_dict(load_file(str(built), device=device), strict=True)
     else:
-        cfg, weights = read_source(src)
-        with torch.device(device):
-            model = Transformer(cfg, dtype)
-        model.load_weights(weights)
+        try:
+            cfg, weights = read_source(src)
+            with torch.device(device):
+                model = Transformer(cfg, dtype)
+            model.load_weights(weights)
+        except (KeyError, ValueError) as e:  # a checkpoint that does not match its config
+            what = f"missing entry {e}" if isinstance(e, KeyError) else str(e)
+            raise SpecstackError(f"cannot load {src.name} from {src.path}: {what}") from None
         del weights
         if built is not None:
             from safetensors.torch import save_file

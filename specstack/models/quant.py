@@ -47,12 +47,13 @@ class QLinear(nn.Module):
         elif fmt == "int4":
             if k % INT4_GROUP:
                 raise SpecstackError(f"int4 needs in_features divisible by {INT4_GROUP}, got {k}")
+            n = -(-n // 16) * 16  # the packing kernels need rows in multiples of 16: pad with zero rows
             packed = _pack_int4(torch.zeros(n, k, dtype=torch.int32, device=device))
             self.register_buffer("weight", packed)
             self.register_buffer("scales_zeros", torch.empty(k // INT4_GROUP, n, 2, dtype=act, device=device))
         else:
             raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4")
-        self.register_buffer("bias", torch.zeros(n, dtype=act, device=device) if bias else None)
+        self.register_buffer("bias", torch.zeros(out_features, dtype=act, device=device) if bias else None)
 
     # -- construction -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -87,6 +88,11 @@ class QLinear(nn.Module):
                  + m.float()[..., None]).view(n, k)
             return self.set_float(w)
         dev = self.weight.device
+        pad = self.scales_zeros.shape[1] - n
+        if pad:  # zero rows: codes 8 with scale 0 and zero 0 dequantise to exactly 0
+            q = torch.cat([q, torch.full((pad, k), 8, dtype=q.dtype, device=q.device)])
+            d = torch.cat([d, d.new_zeros(pad, d.shape[1])])
+            m = torch.cat([m, m.new_zeros(pad, m.shape[1])])
         self.weight.copy_(_pack_int4(q.to(dev)))
         zero = m.float() + 8 * d.float()
         self.scales_zeros.copy_(torch.stack([d.float(), zero], dim=-1).transpose(0, 1).to(dev))
@@ -98,16 +104,18 @@ class QLinear(nn.Module):
         if self.fmt in ("fp32", "bf16"):
             y = torch.nn.functional.linear(x, self.weight, self.bias)
             return y
-        x2 = x.reshape(-1, shape[-1])
+        x2 = x if x.dim() == 2 else x.reshape(-1, shape[-1])
         if self.fmt == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales)
         elif x2.device.type == "cpu":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, INT4_GROUP, self.scales_zeros)
         else:
             y = torch.ops.aten._weight_int4pack_mm(x2, self.weight, INT4_GROUP, self.scales_zeros)
+        if y.shape[-1] != self.out_features:  # padded int4 rows
+            y = y[:, : self.out_features]
         if self.bias is not None:
             y = y + self.bias
-        return y.view(*shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.reshape(*shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The float weight [out, in] this layer computes with (for tests and conversions)."""

@@ -55,14 +55,17 @@ def resolve(name: str) -> ModelSource:
         return ModelSource(path.name, "hf", path, has_tok)
     if path.exists():
         raise SpecstackError(f"{name} is neither a .gguf file nor a checkpoint directory")
-    if name.count("/") == 1 and not name.startswith((".", "/")):
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise SpecstackError(f"model path not found: {name}")
+    if name.count("/") == 1:
         try:
             from huggingface_hub import snapshot_download
 
             local = snapshot_download(name, local_files_only=True)
         except Exception:
             raise SpecstackError(
-                f"model {name!r} is not in the local Hugging Face cache (specstack never downloads at run time)"
+                f"model {name!r} is neither a local path nor in the local Hugging Face cache "
+                "(specstack never downloads at run time)"
             ) from None
         return ModelSource(name, "hf", Path(local))
     known = ", ".join(sorted(EMBEDDED))

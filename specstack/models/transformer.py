@@ -54,9 +54,7 @@ class Norm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.rms:
             return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)  # one kernel; fp32 inside
 
 
 class Block(nn.Module):
@@ -75,25 +73,25 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
+        """x: [B*T, d] (kept 2-D between attention calls: fewer reshapes per layer)."""
         cfg = self.cfg
-        b, t, _ = x.shape
+        b, t = batch.positions.shape
         qkv = self.qkv(self.attn_norm(x))
         hd, nq, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-        qk = qkv[..., : cfg.q_dim + cfg.kv_dim].view(b, t, nq + nkv, hd)
+        qk = qkv[:, : cfg.q_dim + cfg.kv_dim].view(b, t, nq + nkv, hd)
         if rope is not None:  # rotate q and k heads in one go
-            cos, sin = rope
-            half = hd // 2
-            rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rot * sin
+            cos, signed_sin = rope
+            # rotate_half(x) * sin == roll(x, half) * [-sin | sin]: two kernels instead of four
+            qk = torch.addcmul(qk * cos, qk.roll(hd // 2, dims=-1), signed_sin)
         q = qk[:, :, :nq].transpose(1, 2)
         k = qk[:, :, nq:].transpose(1, 2)
-        v = qkv[..., cfg.q_dim + cfg.kv_dim :].view(b, t, nkv, hd).transpose(1, 2)
+        v = qkv[:, cfg.q_dim + cfg.kv_dim :].view(b, t, nkv, hd).transpose(1, 2)
         keys, values = cache.write(self.layer, k, v)
         if batch.mask is None:
             a = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=nkv != nq)
         else:
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, enable_gqa=nkv != nq)
-        x = x + self.o(a.transpose(1, 2).reshape(b, t, cfg.q_dim))
+        x = x + self.o(a.transpose(1, 2).reshape(b * t, cfg.q_dim))
         h = self.up(self.mlp_norm(x))
         if cfg.arch == "llama":
             gate, up = h.chunk(2, dim=-1)
@@ -116,13 +114,17 @@ class Transformer(nn.Module):
         )
         self.layers = nn.ModuleList(Block(cfg, fmt, i) for i in range(cfg.n_layers))
         self.norm = Norm(cfg.d_model, cfg.norm_eps, cfg.arch == "llama", act)
-        self.head = QLinear(cfg.d_model, cfg.vocab_size, fmt)
+        # int4 keeps the unembedding in int8, as GGUF files do (Q8_0 embeddings): a 4-bit head costs
+        # visible logit fidelity for a few hundred microseconds per step
+        self.head = QLinear(cfg.d_model, cfg.vocab_size, "int8" if fmt == "int4" else fmt)
         if cfg.arch == "llama":
             inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
             freqs = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
             self.register_buffer("rope_cos", emb.cos(), persistent=False)
-            self.register_buffer("rope_sin", emb.sin(), persistent=False)
+            half = cfg.head_dim // 2
+            signed_sin = torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1)
+            self.register_buffer("rope_signed_sin", signed_sin, persistent=False)
 
     @property
     def device(self) -> torch.device:
@@ -198,21 +200,22 @@ class Transformer(nn.Module):
         cfg = self.config
         pos = batch.positions
         cache.begin_block(pos)
-        x = F.embedding(tokens, self.embed)
+        b, t = tokens.shape
+        x = F.embedding(tokens.reshape(-1), self.embed)
         rope = None
         if self.pos_embed is not None:
-            x = x + F.embedding(pos, self.pos_embed)
+            x = x + F.embedding(pos.reshape(-1), self.pos_embed)
         else:
-            rope = (self.rope_cos[pos].unsqueeze(2).to(x.dtype), self.rope_sin[pos].unsqueeze(2).to(x.dtype))
+            rope = (self.rope_cos[pos].unsqueeze(2).to(x.dtype), self.rope_signed_sin[pos].unsqueeze(2).to(x.dtype))
         hidden: dict[int, torch.Tensor] = {}
         if 0 in hidden_layers:
-            hidden[0] = x
+            hidden[0] = x.view(b, t, -1)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, batch, cache)
             if i + 1 in hidden_layers:
-                hidden[i + 1] = x
+                hidden[i + 1] = x.view(b, t, -1)
         logits = self.head(self.norm(x)).float()
-        return ModelOutput(logits, hidden)
+        return ModelOutput(logits.view(b, t, -1), hidden)
 
     def extend(self, tokens: torch.Tensor, cache: KVCache, hidden_layers: Sequence[int] = ()) -> ModelOutput:
         """Run `tokens` [B, T] as the continuation of every row and commit them all (prefill/decode)."""

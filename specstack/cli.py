@@ -1,0 +1,236 @@
+"""Command line: `specstack generate ...`.
+
+A thin adapter (DESIGN §1): parse and check the arguments, load the model, encode the prompt, call the
+engine, print. No decoding logic lives here.
+
+Errors: bad input raises SpecstackError (from here or from any layer below); `main` prints it as one
+line `specstack: error: <message>` on stderr and returns 2. argparse's own errors (unknown flag, bad
+choice, missing value) go the same way. Ctrl-C returns 130 without a traceback. Any other exception is
+a bug and keeps its traceback.
+
+Cheap checks (numbers, the prompt file, the model name, the device) run before the model is loaded, so
+a typo fails in well under a second; torch and transformers are imported only once they are needed.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from specstack.config import DEVICES, WEIGHT_FORMATS, GenerationConfig, SamplingParams
+from specstack.errors import SpecstackError
+from specstack.models.registry import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from specstack.engine.autoregressive import GenerationResult
+    from specstack.models.loading import LoadedModel
+
+PROG = "specstack"
+# The default weight format per device: int4 has the fastest one-token step on CPU (DESIGN §3 table);
+# on CUDA bf16 is the plain fast format.
+DEFAULT_DTYPE = {"cpu": "int4", "cuda": "bf16"}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports errors as a SpecstackError (one line, exit 2) instead of usage + exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise SpecstackError(f"{message} (see '{self.prog} --help')")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Argument types and groups (shared by subcommands to come)
+# ---------------------------------------------------------------------------------------------------
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"registry name, .gguf file or Hugging Face checkpoint directory (default: {DEFAULT_MODEL})")
+    g.add_argument("--dtype", choices=WEIGHT_FORMATS, default=None,
+                   help="weight format (default: int4 on cpu, the fastest one-token step there; bf16 on cuda)")
+    g.add_argument("--device", choices=DEVICES, default="cpu", help="default: cpu")
+    g.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for torch (default: torch's own choice)")
+
+
+def add_prompt_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("prompt")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-file", type=Path, metavar="PATH", help="read the prompt from a UTF-8 text file")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+
+
+def add_generation_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("generation")
+    g.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="default: 128")
+    g.add_argument("--temperature", type=_finite_float, default=0.0, help="0 (default) = greedy decoding")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    g.add_argument("--top-p", type=_finite_float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1: off)")
+    g.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    g.add_argument("--stop", action="append", default=[], metavar="STR",
+                   help="stop when the output contains STR (repeatable)")
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog=PROG, description="Lossless speculative decoding engine.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    gen = sub.add_parser("generate", help="generate text from a prompt, streaming it to stdout",
+                         description="Generate text from a prompt; the text streams to stdout, a stats line "
+                                     "goes to stderr.")
+    add_model_args(gen)
+    add_prompt_args(gen)
+    add_generation_args(gen)
+    gen.set_defaults(func=cmd_generate)
+    from specstack.bench import forward as bench_forward  # light: imports torch only when run
+
+    bench_forward.add_parser(sub)  # `specstack bench-forward`
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------------
+# Method-independent steps
+# ---------------------------------------------------------------------------------------------------
+def generation_config(args: argparse.Namespace) -> GenerationConfig:
+    """The sampling and stopping settings; SamplingParams / GenerationConfig validate the numbers."""
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    return GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, stop_strings=tuple(args.stop))
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt text from --prompt or --prompt-file (strict UTF-8; a leading BOM is dropped)."""
+    if args.prompt_file is None:
+        text, what = args.prompt, "the prompt"
+    else:
+        path: Path = args.prompt_file
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise SpecstackError(f"prompt file not found: {path}") from None
+        except IsADirectoryError:
+            raise SpecstackError(f"prompt file is a directory: {path}") from None
+        except OSError as e:
+            raise SpecstackError(f"cannot read prompt file {path}: {e.strerror or e}") from None
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise SpecstackError(f"prompt file {path} is not valid UTF-8 (byte 0x{data[e.start]:02x} "
+                                 f"at offset {e.start})") from None
+        what = f"the prompt file {path}"
+    if not text.strip():
+        raise SpecstackError(f"{what} is empty")
+    return text
+
+
+def check_runtime(args: argparse.Namespace) -> str:
+    """Checks the model name, device and threads without loading anything; returns the weight format."""
+    from specstack.models.registry import resolve
+
+    resolve(args.model)  # unknown names and missing paths fail here, before any weights are read
+    if args.threads is not None and args.threads < 1:
+        raise SpecstackError(f"--threads must be >= 1, got {args.threads}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecstackError("--device cuda: no CUDA device is available (this torch build or machine has none)")
+    return args.dtype or DEFAULT_DTYPE[args.device]
+
+
+def load(args: argparse.Namespace, dtype: str) -> LoadedModel:
+    import torch
+
+    from specstack.models.loading import load_model
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return load_model(args.model, dtype=dtype, device=args.device)
+
+
+def encode(lm: LoadedModel, text: str, chat: bool) -> list[int]:
+    from specstack.prompts import check_context, encode_prompt
+
+    ids = encode_prompt(lm.tokenizer, text, chat=chat)
+    check_context(len(ids), lm.config.max_seq_len)
+    return ids
+
+
+def print_text(text: str) -> None:
+    """The on_text callback: show each piece of text as soon as the engine releases it."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def finish_output(result: GenerationResult) -> None:
+    if result.text and not result.text.endswith("\n"):
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    print(result.stats.line(), file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Subcommands
+# ---------------------------------------------------------------------------------------------------
+def run_generation(lm: LoadedModel, prompt_ids: list[int], gen: GenerationConfig,
+                   on_text: Callable[[str], None]) -> GenerationResult:
+    """The one method-dependent step: today autoregressive decoding."""
+    from specstack.engine.autoregressive import generate
+
+    return generate(lm, prompt_ids, gen, on_text=on_text)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    # 1. cheap checks, before any weights are read
+    gen = generation_config(args)
+    text = read_prompt(args)
+    dtype = check_runtime(args)
+    # 2. load and encode (the context check needs the tokenizer and the model's limit)
+    lm = load(args, dtype)
+    prompt_ids = encode(lm, text, args.chat)
+    # 3. generate, streaming to stdout; stats to stderr
+    result = run_generation(lm, prompt_ids, gen, on_text=print_text)
+    finish_output(result)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+def error_line(message: str) -> str:
+    return f"{PROG}: error: " + " ".join(str(message).split())  # always one line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except SpecstackError as e:
+        print(error_line(str(e)), file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # the reader went away (e.g. `| head`): stop quietly, and keep Python from complaining at exit
+        try:
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
+    except SystemExit as e:  # --help and --version exit through argparse
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""DraftTree: a speculative batch shaped as a tree, as plain data (EAGLE/Medusa style).
+
+Node 0..n-1 in topological order (a parent precedes its children); parent -1 marks the children of
+the root, the last accepted token. Positions are root position + depth, and the attention mask is
+the ancestors-or-self mask, both derived from `parent` through attention.py (the one mask builder).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from specstack.attention import ancestor_mask, depths_from_parents
+
+Origin = Literal["draft", "draft2", "context"]
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int] = field(default_factory=list)
+    parent: list[int] = field(default_factory=list)
+    origin: list[Origin] = field(default_factory=list)
+    # q[i]: the draft's warped distribution at node i's parent (what node i was drawn from), or None
+    # for deterministic proposals (top-k without sampling, n-gram lists).
+    q: list[torch.Tensor | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if not (len(self.parent) == n and len(self.origin) in (0, n) and len(self.q) in (0, n)):
+            raise ValueError("DraftTree fields must have one entry per node")
+        for i, p in enumerate(self.parent):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i}: parent {p} must precede it")
+        if not self.origin:
+            self.origin = ["draft"] * n
+        if not self.q:
+            self.q = [None] * n
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int, origin: Origin = "draft", q: torch.Tensor | None = None) -> int:
+        if not -1 <= parent < len(self.tokens):
+            raise ValueError(f"parent {parent} does not exist")
+        self.tokens.append(int(token))
+        self.parent.append(parent)
+        self.origin.append(origin)
+        self.q.append(q)
+        return len(self.tokens) - 1
+
+    @property
+    def depth(self) -> list[int]:
+        return depths_from_parents(self.parent)
+
+    def children(self, node: int) -> list[int]:
+        """Children of `node` (-1 = the root) in insertion order."""
+        return [i for i, p in enumerate(self.parent) if p == node]
+
+    def path_to(self, node: int) -> list[int]:
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parent[node]
+        return path[::-1]
+
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf node-id paths."""
+        has_child = set(self.parent)
+        return [self.path_to(i) for i in range(len(self)) if i not in has_child]
+
+    def mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        return ancestor_mask(self.parent, device)
+
+    @staticmethod
+    def chain(tokens: Sequence[int], origin: Origin = "draft") -> "DraftTree":
+        return DraftTree(list(tokens), list(range(-1, len(tokens) - 1)), [origin] * len(tokens))

@@ -1,0 +1,178 @@
+"""The one mask builder (DESIGN §2.3): ancestor masks and depths of draft trees, and build_batch's masks
+for causal blocks over a cache, ragged padding, stale scratch slots, trees and sliding windows.
+Every expected mask here is written out by hand."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specstack.attention import ancestor_mask, build_batch, causal_block_mask, depths_from_parents, tree_batch
+from specstack.cache import KVCache
+from specstack.config import ModelConfig, WindowSpec
+
+CFG = ModelConfig(arch="llama", vocab_size=11, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=16,
+                  max_seq_len=64)
+PARENTS = [-1, 0, 0, 1, 1, 2, 3, 5]
+
+
+def B(rows: list[str]) -> torch.Tensor:
+    """'1 0 1' rows -> bool tensor."""
+    return torch.tensor([[c == "1" for c in r.split()] for r in rows])
+
+
+def cache_with(lengths: list[int], window: WindowSpec | None = None, block: int | None = None) -> KVCache:
+    """A cache whose rows hold `lengths` committed tokens (committed from one block per row)."""
+    cache = KVCache(CFG, len(lengths), 32, torch.float32, window=window)
+    t = block or max(max(lengths), 1)
+    cache.begin_block(torch.arange(t).expand(len(lengths), t))
+    cache.commit_prefix(lengths)
+    return cache
+
+
+def test_ancestor_mask_of_a_branching_tree():
+    expected = B([
+        "1 0 0 0 0 0 0 0",
+        "1 1 0 0 0 0 0 0",
+        "1 0 1 0 0 0 0 0",
+        "1 1 0 1 0 0 0 0",
+        "1 1 0 0 1 0 0 0",
+        "1 0 1 0 0 1 0 0",
+        "1 1 0 1 0 0 1 0",
+        "1 0 1 0 0 1 0 1",
+    ])
+    assert torch.equal(ancestor_mask(PARENTS), expected)
+    assert depths_from_parents(PARENTS) == [1, 2, 2, 3, 3, 3, 4, 4]
+
+
+def test_ancestor_mask_of_a_chain_is_causal_and_of_a_forest_separates_roots():
+    assert torch.equal(ancestor_mask([-1, 0, 1, 2]), causal_block_mask(4))
+    assert depths_from_parents([-1, 0, 1, 2]) == [1, 2, 3, 4]
+    forest = [-1, -1, 0, 1, 2]
+    assert torch.equal(ancestor_mask(forest), B([
+        "1 0 0 0 0",
+        "0 1 0 0 0",
+        "1 0 1 0 0",
+        "0 1 0 1 0",
+        "1 0 1 0 1",
+    ]))
+    assert depths_from_parents(forest) == [1, 1, 2, 2, 3]
+
+
+@pytest.mark.parametrize("parents", [[0], [-1, 1], [-1, 2, 0]])
+def test_ancestor_mask_rejects_parents_after_children(parents):
+    with pytest.raises(ValueError):
+        ancestor_mask(parents)
+
+
+def test_empty_cache_causal_block_uses_the_plain_causal_path():
+    cache = cache_with([0])
+    batch = build_batch(cache, 4)
+    assert batch.mask is None  # SDPA's is_causal path: a full causal triangle over the block
+    assert batch.positions.tolist() == [[0, 1, 2, 3]]
+    assert batch.n_valid == (4,) and batch.num_tokens == 4
+
+
+def test_causal_block_after_committed_tokens():
+    cache = cache_with([3])
+    batch = build_batch(cache, 3)
+    assert batch.positions.tolist() == [[3, 4, 5]]
+    assert batch.mask.shape == (1, 1, 3, 6)
+    assert torch.equal(batch.mask[0, 0], B([
+        "1 1 1 1 0 0",
+        "1 1 1 1 1 0",
+        "1 1 1 1 1 1",
+    ]))
+
+
+def test_ragged_rows_with_padding():
+    cache = cache_with([3, 1])
+    batch = build_batch(cache, 2, n_valid=[2, 1])
+    assert batch.positions.tolist() == [[3, 4], [1, 2]]
+    assert batch.mask.shape == (2, 1, 2, 5)
+    assert torch.equal(batch.mask[0, 0], B([
+        "1 1 1 1 0",
+        "1 1 1 1 1",
+    ]))
+    row1 = batch.mask[1, 0]
+    # the real token of row 1 sees its committed slot and itself; not its padding, not slots past its block
+    assert torch.equal(row1[0], B(["1 1 0 0 0"])[0])
+    # a padding query must see at least itself (a fully masked row would give NaN), nothing past the block
+    assert row1[1, 2] and not row1[1, 3:].any()
+
+
+def test_stale_scratch_slots_are_never_visible():
+    # row 0 wrote a 4-token block but kept only 1 token: slots 1..3 hold dead keys
+    cache = cache_with([1, 4], block=4)
+    batch = build_batch(cache, 1)
+    assert batch.positions.tolist() == [[1], [4]]
+    assert torch.equal(batch.mask[:, 0, 0], B([
+        "1 1 0 0 0",
+        "1 1 1 1 1",
+    ]))
+
+
+def test_tree_batch_mask_and_positions():
+    cache = cache_with([2])
+    batch = tree_batch(cache, PARENTS)
+    assert batch.positions.tolist() == [[2, 3, 3, 4, 4, 4, 5, 5]]
+    mask = batch.mask[0, 0]
+    assert mask.shape == (8, 10)
+    assert mask[:, :2].all()
+    assert torch.equal(mask[:, 2:], ancestor_mask(PARENTS))
+
+
+def test_tree_batch_in_rows_of_different_lengths():
+    cache = cache_with([2, 5])
+    batch = tree_batch(cache, [-1, 0, 0])
+    assert batch.positions.tolist() == [[2, 3, 3], [5, 6, 6]]
+    assert torch.equal(batch.mask[0, 0], B([
+        "1 1 1 0 0 0 0 0",
+        "1 1 1 1 0 0 0 0",
+        "1 1 1 0 1 0 0 0",
+    ]))
+    assert torch.equal(batch.mask[1, 0], B([
+        "1 1 1 1 1 1 0 0",
+        "1 1 1 1 1 1 1 0",
+        "1 1 1 1 1 1 0 1",
+    ]))
+
+
+def test_window_mask_before_eviction():
+    cache = cache_with([5], window=WindowSpec(sink=1, window=3))
+    batch = build_batch(cache, 2)
+    assert batch.positions.tolist() == [[5, 6]]
+    # key positions 0..4 committed, 5..6 in the block; position 5 sees 0 (sink), 3, 4, 5; position 6 sees 0, 4, 5, 6
+    assert torch.equal(batch.mask[0, 0], B([
+        "1 0 0 1 1 1 0",
+        "1 0 0 0 1 1 1",
+    ]))
+
+
+def test_window_mask_after_eviction_follows_slot_positions():
+    cache = cache_with([7], window=WindowSpec(sink=1, window=3))
+    assert cache.committed_positions(0) == [0, 4, 5, 6]  # evicted: slots hold positions 0, 4, 5, 6
+    assert cache.next_pos == [7]
+    batch = build_batch(cache, 1)
+    assert batch.positions.tolist() == [[7]]
+    # position 7 sees 0 (sink), 5, 6 and itself; position 4 is 3 away: outside the window
+    assert torch.equal(batch.mask[0, 0], B(["1 0 1 1 1"]))
+
+
+def test_window_mask_inside_one_long_block():
+    cache = cache_with([0], window=WindowSpec(sink=1, window=2))
+    batch = build_batch(cache, 5)
+    assert torch.equal(batch.mask[0, 0], B([
+        "1 0 0 0 0",
+        "1 1 0 0 0",
+        "1 1 1 0 0",
+        "1 0 1 1 0",
+        "1 0 0 1 1",
+    ]))
+
+
+def test_invalid_n_valid():
+    cache = cache_with([0, 0])
+    with pytest.raises(ValueError):
+        build_batch(cache, 2, n_valid=[2])
+    with pytest.raises(ValueError):
+        build_batch(cache, 2, n_valid=[3, 1])

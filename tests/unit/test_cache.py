@@ -1,0 +1,248 @@
+"""KVCache: slot writes, commit of a prefix or a tree path (compaction), rollback, per-row lengths,
+sliding-window eviction, and the full-cache error (DESIGN §2.4, §3).
+
+Most tests drive the cache directly with marker values (K = 1000*layer + marker, V = -K) so every
+slot's content can be checked exactly; the window and rollback tests also run the tiny models."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specstack.attention import AttentionBatch, build_batch, depths_from_parents
+from specstack.cache import KVCache
+from specstack.config import ModelConfig, WindowSpec
+from specstack.errors import SpecstackError
+
+CFG = ModelConfig(arch="llama", vocab_size=11, d_model=8, n_layers=3, n_heads=2, n_kv_heads=2, d_ff=16,
+                  max_seq_len=64)
+PARENTS = [-1, 0, 0, 1, 1, 2, 3, 5]
+
+
+def make(batch: int = 1, capacity: int = 32, window: WindowSpec | None = None) -> KVCache:
+    return KVCache(CFG, batch, capacity, torch.float32, window=window)
+
+
+def put(cache: KVCache, markers: list[list[float]], positions: list[list[int]] | None = None) -> None:
+    """One 'forward' writing a block whose token (b, t) carries marker markers[b][t] in every layer.
+    positions default to each row's next positions."""
+    b, t = len(markers), len(markers[0])
+    if positions is None:
+        positions = [[cache.next_pos[r] + i for i in range(t)] for r in range(b)]
+    cache.begin_block(torch.tensor(positions))
+    m = torch.tensor(markers, dtype=torch.float32)  # [B, T]
+    for layer in range(CFG.n_layers):
+        k = (1000.0 * layer + m)[:, None, :, None].expand(b, CFG.n_kv_heads, t, CFG.head_dim)
+        keys, values = cache.write(layer, k.contiguous(), -k.contiguous())
+        assert keys.shape == (b, CFG.n_kv_heads, max(cache.lengths) + t, CFG.head_dim)
+        assert torch.equal(values, -keys)
+
+
+def markers_at(cache: KVCache, row: int, slots: range | list[int], layer: int = 0) -> list[float]:
+    """Markers held by `slots` of a row (checking all heads/dims and V agree)."""
+    out = []
+    for s in slots:
+        k = cache.k[layer, row, :, s]
+        assert torch.equal(k, torch.full_like(k, k.flatten()[0].item())), "slot holds mixed data"
+        assert torch.equal(cache.v[layer, row, :, s], -k)
+        out.append(k.flatten()[0].item() - 1000.0 * layer)
+    return out
+
+
+def committed(cache: KVCache, row: int = 0) -> list[float]:
+    return markers_at(cache, row, range(cache.lengths[row]))
+
+
+# -- commit_prefix -----------------------------------------------------------------------------------
+def test_commit_prefix_keeps_first_tokens_without_moving_data():
+    cache = make()
+    put(cache, [[10, 11, 12, 13, 14]])
+    before = cache.k.clone()
+    cache.commit_prefix([3])
+    assert torch.equal(cache.k, before)
+    assert cache.lengths == [3] and cache.next_pos == [3]
+    assert committed(cache) == [10, 11, 12]
+    assert cache.committed_positions(0) == [0, 1, 2]
+    # the two uncommitted tokens were scratch: the next block overwrites them
+    put(cache, [[20, 21]])
+    cache.commit_prefix([2])
+    assert committed(cache) == [10, 11, 12, 20, 21]
+    assert cache.committed_positions(0) == [0, 1, 2, 3, 4]
+
+
+def test_commit_prefix_rejects_more_than_the_block():
+    cache = make()
+    put(cache, [[1, 2]])
+    with pytest.raises(ValueError):
+        cache.commit_prefix([3])
+    with pytest.raises(ValueError):
+        cache.commit_prefix([-1])
+    assert cache.lengths == [0]
+
+
+# -- commit_nodes (tree path compaction) -------------------------------------------------------------
+@pytest.mark.parametrize("path", [[0, 2, 5, 7], [0, 1, 3, 6], [0, 1], [0], []])
+def test_commit_tree_path_compacts_exactly_the_accepted_nodes(path):
+    cache = make(batch=2)
+    put(cache, [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    cache.commit_prefix([5, 5])
+    depth = depths_from_parents(PARENTS)
+    tree_pos = [[5 + d - 1 for d in depth]] * 2
+    tree = [[100.0 + i for i in range(len(PARENTS))], [200.0 + i for i in range(len(PARENTS))]]
+    put(cache, tree, tree_pos)
+    k_before, v_before, pos_before = cache.k.clone(), cache.v.clone(), cache.slot_pos.clone()
+
+    cache.commit_nodes(0, path)
+
+    n = len(path)
+    assert cache.lengths == [5 + n, 5] and cache.next_pos == [5 + n, 5]
+    assert committed(cache, 0) == [1, 2, 3, 4, 5] + [100.0 + i for i in path]
+    for layer in range(CFG.n_layers):
+        assert markers_at(cache, 0, range(5, 5 + n), layer) == [100.0 + i for i in path]
+    assert cache.committed_positions(0) == list(range(5 + n))
+    # nothing but the destination slots of row 0 changed (in every layer, K and V)
+    changed = (cache.k != k_before).any(dim=(0, 2, 4)) | (cache.v != v_before).any(dim=(0, 2, 4))
+    moved = torch.zeros_like(changed)
+    moved[0, 5 : 5 + n] = torch.tensor([i != j for j, i in enumerate(path)], dtype=torch.bool)
+    assert torch.equal(changed, moved)
+    assert torch.equal(cache.slot_pos[1], pos_before[1])
+
+    # the other row keeps its own path later; row 0's commit did not disturb its scratch
+    cache.commit_nodes(1, [0, 1, 4])
+    assert committed(cache, 1) == [6, 7, 8, 9, 10, 200, 201, 204]
+    assert cache.committed_positions(1) == list(range(8))
+
+
+def test_commit_nodes_rejects_ids_outside_the_block():
+    cache = make()
+    put(cache, [[1, 2, 3]])
+    with pytest.raises(ValueError):
+        cache.commit_nodes(0, [0, 3])
+    with pytest.raises(ValueError):
+        cache.commit_nodes(0, [-1])
+    assert cache.lengths == [0]
+
+
+# -- rollback ----------------------------------------------------------------------------------------
+def test_rollback_is_bookkeeping_only_and_the_next_write_overwrites():
+    cache = make()
+    put(cache, [list(range(1, 11))])
+    cache.commit_prefix([10])
+    k_ptr, before = cache.k.data_ptr(), cache.k.clone()
+    cache.rollback(0, 3)
+    assert cache.lengths == [7] and cache.next_pos == [7]
+    assert cache.k.data_ptr() == k_ptr and torch.equal(cache.k, before)  # O(1): no data touched
+    put(cache, [[50, 51]])
+    cache.commit_prefix([2])
+    assert committed(cache) == [1, 2, 3, 4, 5, 6, 7, 50, 51]
+    assert cache.committed_positions(0) == list(range(9))
+    with pytest.raises(ValueError):
+        cache.rollback(0, 10)
+
+
+def test_rollback_then_forward_matches_a_fresh_run(tiny):
+    model = tiny.lm.model
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 257, (1, 10), generator=g)
+    b = torch.randint(0, 257, (1, 3), generator=g)
+    cache = model.new_cache(1, capacity=32)
+    model.extend(a, cache)
+    cache.rollback(0, 3)
+    got = model.extend(b, cache).logits
+    fresh = model.extend(torch.cat([a[:, :7], b], dim=1), model.new_cache(1, capacity=32)).logits[:, 7:]
+    torch.testing.assert_close(got, fresh, atol=1e-5, rtol=1e-5)
+
+
+# -- per-row lengths ---------------------------------------------------------------------------------
+def test_rows_have_their_own_lengths():
+    cache = make(batch=3)
+    put(cache, [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    cache.commit_prefix([4, 1, 0])
+    assert cache.lengths == [4, 1, 0] and cache.next_pos == [4, 1, 0]
+    put(cache, [[20, 21], [30, 31], [40, 41]])
+    assert cache.slot_pos[0, 4:6].tolist() == [4, 5]
+    assert cache.slot_pos[1, 1:3].tolist() == [1, 2]
+    assert cache.slot_pos[2, 0:2].tolist() == [0, 1]
+    cache.commit_prefix([2, 1, 2])
+    assert committed(cache, 0) == [1, 2, 3, 4, 20, 21]
+    assert committed(cache, 1) == [5, 30]
+    assert committed(cache, 2) == [40, 41]
+    assert [cache.committed_positions(r) for r in range(3)] == [list(range(6)), [0, 1], [0, 1]]
+    cache.reset(1)
+    assert cache.lengths == [6, 0, 2] and cache.next_pos == [6, 0, 2]
+
+
+# -- full cache --------------------------------------------------------------------------------------
+def test_full_cache_raises_and_leaves_the_cache_intact(tiny):
+    model = tiny.lm.model
+    cache = model.new_cache(1, capacity=8)
+    model.extend(torch.arange(8).view(1, 8), cache)
+    with pytest.raises(SpecstackError, match="KV cache full"):
+        model.extend(torch.tensor([[1]]), cache)
+    assert cache.lengths == [8] and cache.next_pos == [8]
+    small = make(capacity=4)
+    with pytest.raises(SpecstackError):
+        put(small, [[1, 2, 3, 4, 5]])
+
+
+# -- sliding window ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("block", [1, 3])
+def test_window_cache_evicts_physically(block):
+    sink, window = 2, 4
+    cache = make(capacity=sink + 2 * window + block, window=WindowSpec(sink, window))
+    pos = 0
+    while pos < 60:
+        put(cache, [[float(pos + i) for i in range(block)]])  # marker = position
+        cache.commit_prefix([block])
+        pos += block
+        assert cache.next_pos == [pos]
+        assert cache.lengths[0] <= sink + 2 * window  # bounded, however long the sequence grows
+        kept = cache.committed_positions(0)
+        assert kept == sorted(set(kept)), "positions must stay ordered and unique"
+        assert kept[: min(sink, pos)] == list(range(min(sink, pos))), "sink positions are kept"
+        recent = list(range(max(0, pos - window), pos))
+        assert kept[-len(recent):] == recent, "the last `window` positions are kept"
+        assert committed(cache) == [float(p) for p in kept], "K/V moved along with their positions"
+    assert cache.lengths[0] < pos  # something was evicted
+
+
+def _window_mask(n: int, sink: int, window: int) -> torch.Tensor:
+    q = torch.arange(n).view(n, 1)
+    k = torch.arange(n).view(1, n)
+    return (k <= q) & ((k < sink) | (q - k < window))
+
+
+@pytest.mark.parametrize("sink,window", [(1, 4), (0, 5), (3, 2)])
+def test_window_attention_equals_masked_full_attention(tiny, sink, window):
+    """A windowed cache (which evicts) gives the same logits as a full cache with the sink+window mask
+    built by hand; and the window really changes the result (the test is not vacuous)."""
+    model = tiny.lm.model
+    n = 30
+    g = torch.Generator().manual_seed(sink * 10 + window)
+    seq = torch.randint(0, 257, (1, n), generator=g)
+    full = model.new_cache(1, capacity=n)
+    ref_mask = _window_mask(n, sink, window)
+    ref = model.forward(seq, AttentionBatch(torch.arange(n).view(1, n), ref_mask[None, None], (n,)), full).logits[0]
+    causal = model.forward(seq, build_batch(model.new_cache(1, capacity=n), n), model.new_cache(1, capacity=n))
+    assert (causal.logits[0, -1] - ref[-1]).abs().max() > 1e-2
+
+    blocks = [7, 1, 3, 1, 1, 2, 4, 1, 5, 1, 4]
+    assert sum(blocks) == n
+    cache = model.new_cache(1, capacity=sink + 2 * window + max(blocks), window=WindowSpec(sink, window))
+    done = 0
+    for t in blocks:
+        out = model.extend(seq[:, done : done + t], cache).logits[0]
+        torch.testing.assert_close(out, ref[done : done + t], atol=1e-4, rtol=1e-4,
+                                   msg=lambda m: f"block at {done}: {m}")
+        done += t
+        assert cache.lengths[0] <= sink + 2 * window + max(blocks)
+    assert cache.lengths[0] < n
+
+
+def test_rollback_is_refused_after_an_eviction():
+    cache = make(capacity=16, window=WindowSpec(1, 2))
+    for i in range(6):
+        put(cache, [[float(i)]])
+        cache.commit_prefix([1])
+    assert cache.lengths[0] < cache.next_pos[0]
+    with pytest.raises(ValueError):
+        cache.rollback(0, 1)
