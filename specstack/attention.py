@@ -70,7 +70,9 @@ def build_batch(
     block_mask: [T, T] or [B, T, T] mask inside the block (default causal).
     block_offsets: [T] or [B, T] position offsets of the block tokens from each row's next position
         (default 0..T-1; a tree passes depth - 1).
-    n_valid: real tokens per row (default all T); padded queries only see themselves.
+    n_valid: real tokens per row (default all T). Padding (the last T - n_valid[b] tokens of a row) is
+        never visible to real queries; padded queries see at least themselves (no empty mask rows), and
+        their positions are the row's next position.
     """
     b, t = cache.batch_size, num_tokens
     dev = cache.device
@@ -80,6 +82,11 @@ def build_batch(
     start = torch.tensor(cache.next_pos, device=dev).unsqueeze(1)
     offsets = torch.arange(t, device=dev) if block_offsets is None else block_offsets.to(dev)
     positions = start + offsets.expand(b, t)
+    if any(n < t for n in n_valid_t):
+        # padding sits at the row's next position: a padded row near the context limit must not index
+        # past the position tables (its padding is never committed, so the position is immaterial)
+        pad = torch.arange(t, device=dev).unsqueeze(0) >= torch.tensor(n_valid_t, device=dev).unsqueeze(1)
+        positions = positions.masked_fill(pad, 0) + start * pad
 
     plain = block_mask is None and block_offsets is None and cache.window is None
     if plain and all(n == t for n in n_valid_t) and max(cache.lengths) == 0:

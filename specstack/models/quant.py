@@ -3,8 +3,9 @@
 int8: per-output-channel symmetric scales, torch's `_weight_int8pack_mm`.
 int4: group-wise asymmetric (scale, zero) per 32 inputs, torch's `_weight_int4pack_mm_for_cpu` on CPU
       and `_weight_int4pack_mm` on CUDA; the kernels dequantise as w = (q - 8) * scale + zero.
-      GGUF's Q4_1 blocks (w = d * q + m, 32 per block) map onto that exactly: scale = d, zero = m + 8 d,
-      so the 4-bit file is packed without a detour through floats.
+      GGUF's Q4_1 blocks (w = d * q + m, 32 per block) map onto that directly: scale = d, zero = m + 8 d,
+      so the 4-bit codes are packed without a detour through floats (exact up to the bf16 rounding of
+      d and m + 8 d: the CPU kernel takes scales in the activation dtype).
 Activations are fp32 for the fp32 format and bf16 for the others (`activation_dtype`).
 """
 from __future__ import annotations
@@ -64,16 +65,21 @@ class QLinear(nn.Module):
         if self.fmt in ("fp32", "bf16"):
             self.weight.copy_(w)
         elif self.fmt == "int8":
-            scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-            self.weight.copy_((w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
-            self.scales.copy_(scale.to(act))
+            # round the scale to the stored dtype first, so codes are computed with the scale the
+            # kernel will use (rounding up keeps |q| <= 127)
+            scale = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(act)
+            scale = torch.where(scale.float() * 127 < w.abs().amax(dim=1), torch.nextafter(scale, scale * 2), scale)
+            self.weight.copy_((w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8))
+            self.scales.copy_(scale)
         else:
             n, k = w.shape
             g = w.view(n, k // INT4_GROUP, INT4_GROUP)
             lo, hi = g.amin(dim=2), g.amax(dim=2)
-            d = ((hi - lo) / 15).clamp(min=1e-12)
-            q = ((g - lo[..., None]) / d[..., None]).round().clamp(0, 15).view(n, k)
-            self.set_int4(q, d, lo)
+            # codes against the bf16-rounded (scale, zero) the kernel dequantises with
+            d = ((hi - lo) / 15).clamp(min=1e-12).to(act).float()
+            zero = (lo + 8 * d).to(act).float()
+            q = ((g - zero[..., None]) / d[..., None] + 8).round().clamp(0, 15).view(n, k)
+            self.set_int4(q, d, zero - 8 * d)
         if b is not None:
             self.bias.copy_(b.to(self.bias.device, self.bias.dtype))
         return self

@@ -190,7 +190,8 @@ class Transformer(nn.Module):
     # -- use ----------------------------------------------------------------------------------------
     def new_cache(self, batch_size: int = 1, capacity: int | None = None,
                   window: WindowSpec | None = None) -> KVCache:
-        cap = capacity or self.config.max_seq_len
+        # default: the whole context plus scratch for one block (a tree or padded ragged rows) at its end
+        cap = capacity or self.config.max_seq_len + 64
         return KVCache(self.config, batch_size, cap, self.act_dtype, self.device, window)
 
     @torch.inference_mode()

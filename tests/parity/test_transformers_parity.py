@@ -142,6 +142,23 @@ def test_ragged_batch(tiny):
         assert cache.lengths == [len(s) for s in seqs] == cache.next_pos
 
 
+def test_ragged_batch_near_the_context_limit(tiny):
+    """A short step of a row close to max_seq_len, padded to a longer row's step: the padding must not
+    reach positions past the model's position tables. (The padded slots still need cache room, so
+    the cache gets headroom past max_seq_len.)"""
+    model = tiny.lm.model
+    max_len = tiny.lm.config.max_seq_len
+    long, short = ids(max_len - 6, seed=80), ids(10, seed=81)
+    cache = model.new_cache(2, capacity=max_len + 8)
+    t = len(long)
+    model.forward(torch.tensor([long, short + [0] * (t - 10)]), build_batch(cache, t, n_valid=[t, 10]), cache)
+    cache.commit_prefix([t, 10])
+    new = [ids(8, seed=82), ids(8, seed=83)]
+    logits = model.forward(torch.tensor(new), build_batch(cache, 8, n_valid=[1, 8]), cache).logits
+    assert_close(logits[0, 0], tiny.hf_logits(long + new[0][:1])[-1], "long row")
+    assert_close(logits[1], tiny.hf_logits(short + new[1])[-8:], "short row")
+
+
 def test_tree_in_a_ragged_batch(tiny):
     """The same tree shape in two rows of different lengths, each row keeping a different path."""
     model = tiny.lm.model

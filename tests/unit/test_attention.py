@@ -87,7 +87,7 @@ def test_causal_block_after_committed_tokens():
 def test_ragged_rows_with_padding():
     cache = cache_with([3, 1])
     batch = build_batch(cache, 2, n_valid=[2, 1])
-    assert batch.positions.tolist() == [[3, 4], [1, 2]]
+    assert batch.positions.tolist() == [[3, 4], [1, 1]]  # padding takes the row's next position
     assert batch.mask.shape == (2, 1, 2, 5)
     assert torch.equal(batch.mask[0, 0], B([
         "1 1 1 1 0",

@@ -246,3 +246,33 @@ def test_rollback_is_refused_after_an_eviction():
     assert cache.lengths[0] < cache.next_pos[0]
     with pytest.raises(ValueError):
         cache.rollback(0, 1)
+
+
+def test_window_cache_with_ragged_rows(tiny):
+    """Two rows advancing by different amounts evict at different times; each row still equals its own
+    masked full-attention reference."""
+    model = tiny.lm.model
+    sink, window, n = 1, 4, 24
+    g = torch.Generator().manual_seed(99)
+    seqs = torch.randint(0, 257, (2, n), generator=g)
+    mask = _window_mask(n, sink, window)
+    refs = [
+        model.forward(seqs[r : r + 1], AttentionBatch(torch.arange(n).view(1, n), mask[None, None], (n,)),
+                      model.new_cache(1, capacity=n)).logits[0]
+        for r in range(2)
+    ]
+    steps = [[5, 2], [1, 4], [3, 1], [1, 1], [4, 3], [2, 5], [1, 2], [3, 1], [4, 5]]
+    assert [sum(s[r] for s in steps) for r in range(2)] == [n, n]
+    cache = model.new_cache(2, capacity=sink + 2 * window + 2 * 5, window=WindowSpec(sink, window))
+    done = [0, 0]
+    for step in steps:
+        t = max(step)
+        tokens = torch.stack([torch.cat([seqs[r, done[r] : done[r] + step[r]],
+                                         torch.zeros(t - step[r], dtype=torch.long)]) for r in range(2)])
+        out = model.forward(tokens, build_batch(cache, t, n_valid=step), cache).logits
+        for r in range(2):
+            torch.testing.assert_close(out[r, : step[r]], refs[r][done[r] : done[r] + step[r]], atol=1e-4, rtol=1e-4)
+        cache.commit_prefix(step)
+        done = [done[r] + step[r] for r in range(2)]
+        assert cache.next_pos == done
+    assert max(cache.lengths) < n
