@@ -23,8 +23,12 @@ class AttentionBatch:
     [B, 1, T, S] over the cache slots S = longest row + T (True = may attend)."""
 
     positions: torch.Tensor
-    mask: torch.Tensor | None  # None: plain causal over an empty cache (SDPA's is_causal path)
+    # None when no mask is needed: with is_causal, a causal block over an empty cache (SDPA's
+    # is_causal path); without, one new token per row that sees every committed slot (decode).
+    mask: torch.Tensor | None
     n_valid: tuple[int, ...]  # real (non-padding) tokens per row
+    is_causal: bool = False
+    append: bool = False  # the block continues this round's scratch instead of starting anew
 
     @property
     def num_tokens(self) -> int:
@@ -64,12 +68,15 @@ def build_batch(
     block_mask: torch.Tensor | None = None,
     block_offsets: torch.Tensor | None = None,
     n_valid: Sequence[int] | None = None,
+    append: bool = False,
 ) -> AttentionBatch:
     """Metadata for a forward of `num_tokens` new tokens per row.
 
-    block_mask: [T, T] or [B, T, T] mask inside the block (default causal).
+    block_mask: [T, T] or [B, T, T] mask inside the block (default causal). With `append`, the block
+        follows the P scratch tokens already written this round and the mask is [.., T, P + T]
+        (default: all of the scratch, then causal).
     block_offsets: [T] or [B, T] position offsets of the block tokens from each row's next position
-        (default 0..T-1; a tree passes depth - 1).
+        (default 0..T-1, or P..P+T-1 with `append`; a tree passes depth - 1).
     n_valid: real tokens per row (default all T). Padding (the last T - n_valid[b] tokens of a row) is
         never visible to real queries; padded queries see at least themselves (no empty mask rows), and
         their positions are the row's next position.
@@ -79,8 +86,9 @@ def build_batch(
     n_valid_t = tuple(n_valid) if n_valid is not None else (t,) * b
     if len(n_valid_t) != b or any(not 0 <= n <= t for n in n_valid_t):
         raise ValueError(f"n_valid {n_valid_t} does not fit {b} rows of {t} tokens")
+    prior = cache.scratch if append else 0
     start = torch.tensor(cache.next_pos, device=dev).unsqueeze(1)
-    offsets = torch.arange(t, device=dev) if block_offsets is None else block_offsets.to(dev)
+    offsets = torch.arange(prior, prior + t, device=dev) if block_offsets is None else block_offsets.to(dev)
     positions = start + offsets.expand(b, t)
     if any(n < t for n in n_valid_t):
         # padding sits at the row's next position: a padded row near the context limit must not index
@@ -88,34 +96,49 @@ def build_batch(
         pad = torch.arange(t, device=dev).unsqueeze(0) >= torch.tensor(n_valid_t, device=dev).unsqueeze(1)
         positions = positions.masked_fill(pad, 0) + start * pad
 
-    plain = block_mask is None and block_offsets is None and cache.window is None
-    if plain and all(n == t for n in n_valid_t) and max(cache.lengths) == 0:
+    plain = (block_mask is None and block_offsets is None and cache.window is None and min(n_valid_t) == t
+             and not append)
+    if plain and max(cache.lengths) == 0:
+        return AttentionBatch(positions, None, n_valid_t, is_causal=True)
+    if plain and t == 1 and min(cache.lengths) == max(cache.lengths):
         return AttentionBatch(positions, None, n_valid_t)
 
-    inner = causal_block_mask(t, dev) if block_mask is None else block_mask.to(dev)
-    inner = inner.expand(b, t, t).clone()
+    if block_mask is None:
+        inner = causal_block_mask(t, dev)
+        if prior:
+            inner = torch.cat([torch.ones(t, prior, dtype=torch.bool, device=dev), inner], dim=1)
+    else:
+        inner = block_mask.to(dev)
+    if inner.shape[-2:] != (t, prior + t):
+        raise ValueError(f"block mask of shape {tuple(inner.shape)} for {t} tokens after {prior} in scratch")
+    inner = inner.expand(b, t, prior + t).clone()
     valid = torch.arange(t, device=dev).unsqueeze(0) < torch.tensor(n_valid_t, device=dev).unsqueeze(1)
-    inner &= valid.unsqueeze(1)  # no query sees padding
-    inner |= torch.eye(t, dtype=torch.bool, device=dev)  # every query sees itself (no empty rows)
+    inner[:, :, prior:] &= valid.unsqueeze(1)  # no query sees padding
+    inner[:, :, prior:] |= torch.eye(t, dtype=torch.bool, device=dev)  # every query sees itself
 
     lengths = torch.tensor(cache.lengths, device=dev)
-    s_used = max(cache.lengths) + t
+    s_used = max(cache.lengths) + prior + t
     slots = torch.arange(s_used, device=dev).unsqueeze(0)
     mask = (slots < lengths.unsqueeze(1)).unsqueeze(1).expand(b, t, s_used).clone()
-    block_slots = (lengths.unsqueeze(1) + torch.arange(t, device=dev)).unsqueeze(1).expand(b, t, t)
+    block_slots = (lengths.unsqueeze(1) + torch.arange(prior + t, device=dev)).unsqueeze(1).expand(b, t, prior + t)
     mask.scatter_(2, block_slots, inner)
 
     if cache.window is not None:
         # Keys of the block get their positions when written; use the block's positions here.
         key_pos = cache.slot_pos[:, :s_used].clone()
-        key_pos.scatter_(1, block_slots[:, 0], positions)
+        key_pos.scatter_(1, block_slots[:, 0, prior:], positions)
         dist = positions.unsqueeze(2) - key_pos.unsqueeze(1)
         in_window = (key_pos.unsqueeze(1) < cache.window.sink) | (dist < cache.window.window)
         mask &= in_window
-    return AttentionBatch(positions, mask.unsqueeze(1), n_valid_t)
+    return AttentionBatch(positions, mask.unsqueeze(1), n_valid_t, append=append)
 
 
-def tree_batch(cache: KVCache, parents: Sequence[int]) -> AttentionBatch:
-    """A draft tree hanging off every row's last committed token (same tree shape in each row)."""
+def tree_batch(cache: KVCache, parents: Sequence[int], new_from: int = 0) -> AttentionBatch:
+    """A draft tree hanging off every row's last committed token (same tree shape in each row).
+    With new_from = k > 0, nodes [0, k) are already in this round's scratch and only nodes [k, n)
+    form the block (a tree grown level by level)."""
     depth = torch.tensor(depths_from_parents(parents), device=cache.device)
-    return build_batch(cache, len(parents), ancestor_mask(parents, cache.device), depth - 1)
+    if new_from and new_from != cache.scratch:
+        raise ValueError(f"{new_from} tree nodes claimed in scratch, but it holds {cache.scratch}")
+    mask = ancestor_mask(parents, cache.device)[new_from:]
+    return build_batch(cache, len(parents) - new_from, mask, depth[new_from:] - 1, append=new_from > 0)

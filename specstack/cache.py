@@ -10,6 +10,9 @@ Each row has `length` committed slots; a forward writes its T new keys/values in
 - `commit_nodes(row, node_ids)`: keep an accepted root-to-leaf path of a tree; the accepted nodes are
   compacted to consecutive slots (O(accepted) copies, never the whole cache), the rest is dead.
 - `rollback(row, n)`: forget the last n committed tokens (O(1)).
+A forward may also *append* to the scratch of earlier forwards of the same round (a draft model
+growing a chain or tree token by token before anything is verified); node ids in `commit_nodes`
+then count over the whole scratch.
 
 Keys are stored after RoPE, so a slot carries its position in `slot_pos`; that is what lets the
 sliding-window mode evict old slots physically (first `sink` positions plus the last `window`) while
@@ -51,7 +54,9 @@ class KVCache:
         # Host-side bookkeeping: reading these never synchronises with the device.
         self.lengths: list[int] = [0] * batch_size  # committed slots per row
         self.next_pos: list[int] = [0] * batch_size  # position of the next token per row
-        self._block: int = 0  # size of the block written by the last forward (scratch in use)
+        self.scratch: int = 0  # scratch slots written this round (same count in every row)
+        self._sealed = False  # a commit ends the round: the next forward starts a new scratch
+        self._offset = 0
 
     @property
     def device(self) -> torch.device:
@@ -70,20 +75,27 @@ class KVCache:
                 "(the prompt plus generated tokens exceed the context limit)"
             )
 
-    def begin_block(self, positions: torch.Tensor) -> None:
-        """Record the positions of the T new tokens written at each row's scratch slots."""
+    def begin_block(self, positions: torch.Tensor, append: bool = False) -> None:
+        """Record the positions of the T new tokens, written after each row's committed slots
+        (or, with `append`, after the scratch already written this round)."""
         b, t = positions.shape
-        self.check_room(t)
-        self._block = t
+        if append and self._sealed:
+            raise ValueError("cannot append to scratch after a commit: start a new block")
+        if not append:
+            self.scratch = 0
+            self._sealed = False
+        self.check_room(self.scratch + t)
+        self._offset = self.scratch
+        self.scratch += t
         if b == 1:
-            s0 = self.lengths[0]
+            s0 = self.lengths[0] + self._offset
             self._write_idx = torch.arange(s0, s0 + t, device=self.device)
             self.slot_pos[0, s0 : s0 + t] = positions[0]
         else:
             self.slot_pos.scatter_(1, self._scratch_slots(t), positions)
 
     def _scratch_slots(self, t: int) -> torch.Tensor:
-        start = torch.tensor(self.lengths, device=self.device).unsqueeze(1)
+        start = torch.tensor(self.lengths, device=self.device).unsqueeze(1) + self._offset
         return start + torch.arange(t, device=self.device)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,32 +105,33 @@ class KVCache:
         if self.batch_size == 1:
             self._k_layer[layer].index_copy_(2, self._write_idx, k)
             self._v_layer[layer].index_copy_(2, self._write_idx, v)
-            s_used = self.lengths[0] + t
+            s_used = self.lengths[0] + self.scratch
         else:
             slots = self._scratch_slots(t)  # [B, T]
             rows = torch.arange(self.batch_size, device=self.device).unsqueeze(1).expand_as(slots)
             # advanced indices around a slice put the indexed dims first: [B, T, Hkv, D]
             self.k[layer][rows, :, slots] = k.transpose(1, 2)
             self.v[layer][rows, :, slots] = v.transpose(1, 2)
-            s_used = max(self.lengths) + t
+            s_used = max(self.lengths) + self.scratch
         return self._k_layer[layer][:, :, :s_used], self._v_layer[layer][:, :, :s_used]
 
     # -- committing ---------------------------------------------------------------------------------
     def commit_prefix(self, counts: Sequence[int]) -> None:
         """Keep the first counts[b] tokens of the last block in each row; no data moves."""
         for b, n in enumerate(counts):
-            if not 0 <= n <= self._block:
-                raise ValueError(f"row {b}: cannot commit {n} of a {self._block}-token block")
+            if not 0 <= n <= self.scratch:
+                raise ValueError(f"row {b}: cannot commit {n} of a {self.scratch}-token block")
             self.lengths[b] += n
             self.next_pos[b] += n
+        self._sealed = True
         self._evict()
 
     def commit_nodes(self, row: int, node_ids: Sequence[int]) -> None:
         """Keep the tree nodes `node_ids` (block indices of an accepted root-to-leaf path, in order)
         at consecutive slots after the row's committed tokens."""
         n = len(node_ids)
-        if n and (min(node_ids) < 0 or max(node_ids) >= self._block):
-            raise ValueError(f"node ids {list(node_ids)} outside the {self._block}-token block")
+        if n and (min(node_ids) < 0 or max(node_ids) >= self.scratch):
+            raise ValueError(f"node ids {list(node_ids)} outside the {self.scratch}-token block")
         s0 = self.lengths[row]
         if list(node_ids) != list(range(n)):
             src = torch.tensor(node_ids, device=self.device) + s0
@@ -129,10 +142,11 @@ class KVCache:
             self.slot_pos[row, dst] = self.slot_pos[row, src]
         self.lengths[row] += n
         self.next_pos[row] += n
+        self._sealed = True
         self._evict()
 
     def commit_all(self) -> None:
-        self.commit_prefix([self._block] * self.batch_size)
+        self.commit_prefix([self.scratch] * self.batch_size)
 
     def rollback(self, row: int, n: int) -> None:
         """Forget the last n committed tokens of a row (O(1): the slots become scratch again)."""

@@ -73,6 +73,12 @@ class DraftTree:
     def mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
         return ancestor_mask(self.parent, device)
 
+    def truncated(self, n: int) -> "DraftTree":
+        """The first n nodes: still a tree, since parents precede their children."""
+        if n >= len(self):
+            return self
+        return DraftTree(self.tokens[:n], self.parent[:n], self.origin[:n], self.q[:n])
+
     @staticmethod
     def chain(tokens: Sequence[int], origin: Origin = "draft") -> "DraftTree":
         return DraftTree(list(tokens), list(range(-1, len(tokens) - 1)), [origin] * len(tokens))

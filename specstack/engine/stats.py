@@ -1,7 +1,32 @@
 """Run statistics as data (DESIGN §2.7); reports are built from these."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+
+from specstack.tree import DraftTree
+from specstack.verify import VerifyResult
+
+
+@dataclass
+class StepStats:
+    """One speculative step: what was proposed, what was kept, where the time went."""
+
+    tree_size: int = 0
+    accepted: int = 0  # draft nodes accepted (the emitted count is accepted + 1, unless stopped)
+    emitted: int = 0
+    origins: list[str] = field(default_factory=list)  # origin of every emitted token, in order
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    overhead_seconds: float = 0.0
+
+    def record(self, tree: DraftTree, result: VerifyResult, taken: int) -> None:
+        self.tree_size = len(tree)
+        self.accepted = len(result.accepted)
+        origins = [tree.origin[i] for i in result.accepted] + ["target"]
+        self.origins = origins[:taken]
+        self.emitted = taken
 
 
 @dataclass
@@ -11,6 +36,11 @@ class RunStats:
     target_forwards: int = 0  # forwards of the target after prefill
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    steps: list[StepStats] = field(default_factory=list)
+
+    def add_step(self, step: StepStats) -> None:
+        self.steps.append(step)
+        self.target_forwards += 1
 
     @property
     def seconds(self) -> float:
@@ -22,9 +52,34 @@ class RunStats:
 
     @property
     def tau(self) -> float:
-        """Tokens emitted per target forward (prefill counts as the first forward)."""
-        return self.new_tokens / max(1, self.target_forwards + 1)
+        """Tokens emitted per target forward that produced tokens (τ; 1.0 for autoregressive)."""
+        return self.new_tokens / max(1, self.target_forwards + (0 if self.steps else 1))
+
+    @property
+    def origins(self) -> Counter[str]:
+        c: Counter[str] = Counter()
+        for s in self.steps:
+            c.update(s.origins)
+        return c
+
+    def acceptance_by_depth(self) -> list[float]:
+        """Share of steps whose accepted path reached depth d (d = 1, 2, ...)."""
+        if not self.steps:
+            return []
+        deepest = max(s.accepted for s in self.steps)
+        return [sum(s.accepted >= d for s in self.steps) / len(self.steps) for d in range(1, deepest + 1)]
+
+    def phase_seconds(self) -> dict[str, float]:
+        return {
+            "draft": sum(s.draft_seconds for s in self.steps),
+            "target": sum(s.target_seconds for s in self.steps),
+            "verify": sum(s.verify_seconds for s in self.steps),
+            "overhead": sum(s.overhead_seconds for s in self.steps),
+        }
 
     def line(self) -> str:
-        return (f"{self.new_tokens} tokens in {self.seconds:.2f} s ({self.tokens_per_s:.1f} tokens/s; "
-                f"prefill {self.prompt_tokens} tokens {self.prefill_seconds:.2f} s)")
+        s = (f"{self.new_tokens} tokens in {self.seconds:.2f} s ({self.tokens_per_s:.1f} tokens/s; "
+             f"prefill {self.prompt_tokens} tokens {self.prefill_seconds:.2f} s)")
+        if self.steps:
+            s += f"; tau {self.tau:.2f} tokens/forward over {self.target_forwards} target forwards"
+        return s

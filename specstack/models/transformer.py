@@ -87,10 +87,8 @@ class Block(nn.Module):
         k = qk[:, :, nq:].transpose(1, 2)
         v = qkv[:, cfg.q_dim + cfg.kv_dim :].view(b, t, nkv, hd).transpose(1, 2)
         keys, values = cache.write(self.layer, k, v)
-        if batch.mask is None:
-            a = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=nkv != nq)
-        else:
-            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, enable_gqa=nkv != nq)
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, is_causal=batch.is_causal,
+                                           enable_gqa=nkv != nq)
         x = x + self.o(a.transpose(1, 2).reshape(b * t, cfg.q_dim))
         h = self.up(self.mlp_norm(x))
         if cfg.arch == "llama":
@@ -200,7 +198,7 @@ class Transformer(nn.Module):
         """tokens [B, T] -> logits [B, T, V] (fp32). hidden_layers: 0 = embeddings, i = output of block i."""
         cfg = self.config
         pos = batch.positions
-        cache.begin_block(pos)
+        cache.begin_block(pos, batch.append)
         b, t = tokens.shape
         x = F.embedding(tokens.reshape(-1), self.embed)
         rope = None

@@ -1,0 +1,35 @@
+"""The drafter interface (HF candidate-generator style): propose a tree, observe the verdict.
+
+The engine never looks at what kind of drafter it holds (DESIGN §2.5). A drafter keeps whatever
+state it needs (its own KV cache, n-gram tables, the context seen so far) and is told after every
+step which of its nodes were accepted, so it can commit them and catch up.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specstack.config import SamplingParams
+from specstack.tree import DraftTree
+from specstack.verify import VerifyResult
+
+
+@dataclass
+class DraftContext:
+    tokens: list[int]  # prompt + every emitted token; the tree hangs off tokens[-1] (the root)
+    sampling: SamplingParams  # the target's warp: a drafter that reports q must warp with it
+    generator: torch.Generator | None = None
+
+
+class Drafter(Protocol):
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        """Start a new sequence (e.g. prefill the draft model's cache with the prompt)."""
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        """A tree of candidate continuations of ctx.tokens (may be empty)."""
+
+    def observe(self, tree: DraftTree, result: VerifyResult) -> None:
+        """The target accepted result.accepted (node ids of `tree`) and emitted result.tokens."""

@@ -1,0 +1,163 @@
+"""Model drafter: a small LM (sharing the target's tokenizer) proposes a chain or a best-first tree.
+
+State: the draft's KV cache holds the committed context except the tokens it has not run yet
+(`pending`: at least the root, the last emitted token). A round runs, in the draft's scratch:
+  1. the pending tokens as a causal chain (catch-up; its last row is the root's distribution),
+  2. then, level by level, the best unexpanded nodes of the tree as one tree block each.
+`observe` commits the pending tokens plus the accepted nodes that the draft ran (their keys/values
+were computed with exactly their accepted ancestors), so no token is ever run twice.
+
+Tree (staged paper, DESIGN §4): candidates scored by cumulative draft probability; the target batch
+is the `budget` best (a prefix-closed set: a child never outscores its parent). Greedy target: the
+top-`width` children of each expanded node. Sampling target: `width` children drawn from the warped q
+without replacement (Gumbel top-k), so recursive rejection sampling can use q.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specstack.attention import build_batch
+from specstack.config import SamplingParams
+from specstack.drafting.base import DraftContext
+from specstack.errors import SpecstackError
+from specstack.models.loading import LoadedModel
+from specstack.sampling import warp
+from specstack.tree import DraftTree
+from specstack.verify import VerifyResult
+
+
+@dataclass(frozen=True)
+class TreeParams:
+    width: int = 4  # c: children per expanded node
+    budget: int = 36  # n: nodes sent to the target
+    depth: int = 8  # D: maximum depth
+    expand_per_forward: int = 4  # nodes the draft expands in one forward (a level of the search)
+
+    def __post_init__(self) -> None:
+        if min(self.width, self.budget, self.depth, self.expand_per_forward) < 1:
+            raise SpecstackError(f"tree parameters must be >= 1: {self}")
+
+    @staticmethod
+    def chain(k: int) -> "TreeParams":
+        return TreeParams(width=1, budget=k, depth=k, expand_per_forward=1)
+
+
+@dataclass
+class _Candidate:
+    token: int
+    parent: int  # candidate index, -1 = root
+    score: float  # cumulative draft probability of the path
+    q: torch.Tensor | None
+    slot: int = -1  # scratch index once the draft has run this node (expanded), else -1
+
+
+def children_of(probs: torch.Tensor, width: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> list[int]:
+    """Greedy: the top-`width` tokens. Sampling: `width` draws without replacement from probs
+    (Gumbel top-k), in draw order, as recursive rejection sampling expects."""
+    k = min(width, int((probs > 0).sum()))
+    if sampling.greedy:
+        return torch.topk(probs, k).indices.tolist()
+    u = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(1e-20, 1.0)
+    keys = probs.log() - (-u.log()).log()
+    return torch.topk(keys, k).indices.tolist()
+
+
+class ModelDrafter:
+    def __init__(self, draft: LoadedModel, params: TreeParams, capacity: int | None = None) -> None:
+        self.draft = draft
+        self.params = params
+        self.capacity = capacity
+        self.cache = draft.model.new_cache(1, capacity)
+        self.pending: list[int] = []
+        self._cands: list[_Candidate] = []
+        self._tree_ids: list[int] = []  # candidate index of each node in the proposed tree
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        self.cache.reset()
+        self.pending = list(prompt_ids)
+
+    # -- proposing --------------------------------------------------------------------------------
+    def _probs(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+        # greedy targets still rank children by the draft's softmax, not a one-hot
+        return torch.softmax(logits.float(), -1) if sampling.greedy else warp(logits, sampling)
+
+    def _add_children(self, parent: int, probs: torch.Tensor, ctx: DraftContext) -> None:
+        base = 1.0 if parent < 0 else self._cands[parent].score
+        q = None if ctx.sampling.greedy else probs
+        for tok in children_of(probs, self.params.width, ctx.sampling, ctx.generator):
+            self._cands.append(_Candidate(tok, parent, base * float(probs[tok]), q))
+
+    def _selected(self) -> list[int]:
+        """Candidate ids of the target batch: the `budget` best, parents before children."""
+        order = sorted(range(len(self._cands)), key=lambda i: (-self._cands[i].score, i))
+        return sorted(order[: self.params.budget])
+
+    def _depth(self, i: int) -> int:
+        d = 0
+        while i >= 0:
+            d, i = d + 1, self._cands[i].parent
+        return d
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        model, p = self.draft.model, self.params
+        self._cands = []
+        # 1. catch up on the pending tokens (the last one is the root)
+        pend = torch.tensor([self.pending], device=model.device)
+        logits = model.forward(pend, build_batch(self.cache, len(self.pending)), self.cache).logits[0, -1]
+        n_pending = len(self.pending)
+        self._add_children(-1, self._probs(logits, ctx.sampling), ctx)
+        # 2. expand the best unexpanded nodes of the would-be target batch, a level per forward
+        while True:
+            chosen = [i for i in self._selected()
+                      if self._cands[i].slot < 0 and self._depth(i) < p.depth][: p.expand_per_forward]
+            if not chosen:
+                break
+            # the scratch holds the pending chain, then every expanded node in expansion order
+            scratch = self.cache.scratch
+            mask = self._block_mask(chosen, scratch)
+            for j, i in enumerate(chosen):
+                self._cands[i].slot = scratch + j
+            offsets = torch.tensor([self._depth(i) for i in chosen], device=model.device) + n_pending - 1
+            toks = torch.tensor([[self._cands[i].token for i in chosen]], device=model.device)
+            batch = build_batch(self.cache, len(chosen), mask, offsets, append=True)
+            out = model.forward(toks, batch, self.cache).logits[0]
+            for j, i in enumerate(chosen):
+                self._add_children(i, self._probs(out[j], ctx.sampling), ctx)
+        # 3. the target batch as a DraftTree
+        self._tree_ids = self._selected()
+        index = {c: n for n, c in enumerate(self._tree_ids)}
+        tree = DraftTree()
+        for c in self._tree_ids:
+            cand = self._cands[c]
+            tree.add(cand.token, -1 if cand.parent < 0 else index[cand.parent], "draft", cand.q)
+        return tree
+
+    def _block_mask(self, chosen: list[int], scratch: int) -> torch.Tensor:
+        """[T, scratch + T]: each new node sees the pending chain, its expanded ancestors, itself."""
+        t = len(chosen)
+        mask = torch.zeros(t, scratch + t, dtype=torch.bool)
+        mask[:, : len(self.pending)] = True
+        for j, i in enumerate(chosen):
+            a = self._cands[i].parent
+            while a >= 0:
+                mask[j, self._cands[a].slot] = True
+                a = self._cands[a].parent
+            mask[j, scratch + j] = True
+        return mask
+
+    # -- feedback ---------------------------------------------------------------------------------
+    def observe(self, tree: DraftTree, result: VerifyResult) -> None:
+        keep = list(range(len(self.pending)))
+        run = []
+        for node in result.accepted:
+            slot = self._cands[self._tree_ids[node]].slot
+            if slot < 0:
+                break  # an accepted leaf the draft never ran: it becomes pending
+            run.append(node)
+            keep.append(slot)
+        self.cache.commit_nodes(0, keep)
+        self.pending = [tree.tokens[n] for n in result.accepted[len(run):]] + [result.next_token]

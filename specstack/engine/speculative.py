@@ -1,0 +1,90 @@
+"""Speculative decoding for one sequence: propose -> score -> verify -> commit (DESIGN §1).
+
+The target's cache holds every token except the last emitted one (the root). Each step:
+  1. the drafter proposes a tree hanging off the root;
+  2. one target forward scores [root] + tree (ancestor mask): row 0 is the distribution after the
+     root, row i + 1 the distribution after node i;
+  3. a pure verifier walks the tree (greedy / sample-walk / recursive rejection sampling, chosen
+     by the data: whether sampling, and whether every node carries its draft q);
+  4. the root and the accepted path are committed (compacted) in the target's cache, the drafter is
+     told the verdict, and the emitted tokens (accepted + one target token) are streamed.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specstack.attention import tree_batch
+from specstack.config import GenerationConfig, SamplingParams
+from specstack.drafting.base import DraftContext, Drafter
+from specstack.engine.autoregressive import GenerationResult
+from specstack.engine.stats import RunStats, StepStats
+from specstack.engine.stopping import TokenStream
+from specstack.models.loading import LoadedModel
+from specstack.prompts import check_context
+from specstack.sampling import make_generator, warp
+from specstack.tree import DraftTree
+from specstack.verify import VerifyResult, verify_greedy, verify_rrs, verify_sample_walk
+
+
+def verify(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams,
+           generator: torch.Generator | None) -> VerifyResult:
+    if sampling.greedy:
+        return verify_greedy(tree, logits)
+    p = warp(logits, sampling)
+    if len(tree) and all(q is not None for q in tree.q):
+        return verify_rrs(tree, p, generator)
+    return verify_sample_walk(tree, p, generator)
+
+
+def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequence[int],
+                         gen: GenerationConfig, on_text: Callable[[str], None] | None = None,
+                         max_tree: int = 64) -> GenerationResult:
+    model, cfg = target.model, target.config
+    check_context(len(prompt_ids), cfg.max_seq_len)
+    max_new = min(gen.max_new_tokens, cfg.max_seq_len - len(prompt_ids))
+    stream = TokenStream(target.tokenizer, max_new, target.eos_token_ids if gen.stop_on_eos else (),
+                         gen.stop_strings, on_text)
+    stats = RunStats(prompt_tokens=len(prompt_ids))
+    cache = model.new_cache(1, len(prompt_ids) + max_new + max_tree + 1)
+    rng = make_generator(gen.sampling, model.device)
+    ctx = DraftContext(list(prompt_ids), gen.sampling, rng)
+
+    t0 = time.perf_counter()
+    if len(prompt_ids) > 1:  # everything but the root
+        model.extend(torch.tensor([list(prompt_ids[:-1])], device=model.device), cache)
+    drafter.reset(prompt_ids)
+    stats.prefill_seconds = time.perf_counter() - t0
+    t_start = time.perf_counter()
+    while not stream.done:
+        step = StepStats()
+        # 1. propose (the tree may not outgrow the room left in the context)
+        t = time.perf_counter()
+        tree = drafter.propose(ctx)
+        room = min(max_tree, cfg.max_seq_len - len(ctx.tokens) - 1)
+        tree = tree.truncated(max(0, room))
+        step.draft_seconds = time.perf_counter() - t
+        # 2. score root + tree in one target forward
+        t = time.perf_counter()
+        tokens = torch.tensor([[ctx.tokens[-1]] + tree.tokens], device=model.device)
+        parents = [-1] + [p + 1 for p in tree.parent]
+        logits = model.forward(tokens, tree_batch(cache, parents), cache).logits[0]
+        step.target_seconds = time.perf_counter() - t
+        # 3. verify
+        t = time.perf_counter()
+        result = verify(tree, logits, gen.sampling, rng)
+        step.verify_seconds = time.perf_counter() - t
+        # 4. commit root + accepted path; tell the drafter; emit
+        t = time.perf_counter()
+        cache.commit_nodes(0, [0] + [a + 1 for a in result.accepted])
+        drafter.observe(tree, result)
+        taken = stream.push(result.tokens)
+        ctx.tokens.extend(result.tokens)
+        step.record(tree, result, taken)
+        step.overhead_seconds = time.perf_counter() - t
+        stats.add_step(step)
+    stats.decode_seconds = time.perf_counter() - t_start
+    stats.new_tokens = len(stream.tokens)
+    return GenerationResult(list(prompt_ids), stream.tokens, stream.text, stream.finish_reason or "length", stats)
