@@ -25,7 +25,7 @@ from specstack.drafting.base import DraftContext
 from specstack.errors import SpecstackError
 from specstack.models.loading import LoadedModel
 from specstack.sampling import warp
-from specstack.tree import DraftTree
+from specstack.tree import DraftTree, Origin
 from specstack.verify import VerifyResult
 
 
@@ -51,6 +51,7 @@ class _Candidate:
     parent: int  # candidate index, -1 = root
     score: float  # cumulative draft probability of the path
     q: torch.Tensor | None
+    origin: Origin = "draft"
     slot: int = -1  # scratch index once the draft has run this node (expanded), else -1
 
 
@@ -74,6 +75,7 @@ class ModelDrafter:
         self.cache = draft.model.new_cache(1, capacity)
         self.pending: list[int] = []
         self._cands: list[_Candidate] = []
+        self._kids: dict[int, list[int]] = {}  # candidate -> its children candidates
         self._tree_ids: list[int] = []  # candidate index of each node in the proposed tree
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
@@ -86,10 +88,21 @@ class ModelDrafter:
         return torch.softmax(logits.float(), -1) if sampling.greedy else warp(logits, sampling)
 
     def _add_children(self, parent: int, probs: torch.Tensor, ctx: DraftContext) -> None:
+        """Add the top-`width` children of an expanded node (tokens already there are kept as they are)."""
         base = 1.0 if parent < 0 else self._cands[parent].score
         q = None if ctx.sampling.greedy else probs
+        present = {self._cands[c].token for c in self._kids.get(parent, [])}
         for tok in children_of(probs, self.params.width, ctx.sampling, ctx.generator):
-            self._cands.append(_Candidate(tok, parent, base * float(probs[tok]), q))
+            if tok not in present:
+                self._new(_Candidate(tok, parent, base * float(probs[tok]), q))
+
+    def _new(self, cand: _Candidate) -> int:
+        self._cands.append(cand)
+        self._kids.setdefault(cand.parent, []).append(len(self._cands) - 1)
+        return len(self._cands) - 1
+
+    def _child(self, parent: int, token: int) -> int | None:
+        return next((c for c in self._kids.get(parent, []) if self._cands[c].token == token), None)
 
     def _selected(self) -> list[int]:
         """Candidate ids of the target batch: the `budget` best, parents before children."""
@@ -102,52 +115,58 @@ class ModelDrafter:
             d, i = d + 1, self._cands[i].parent
         return d
 
+    def _run(self, chosen: list[int], ctx: DraftContext) -> list[torch.Tensor]:
+        """One draft forward over candidates `chosen` (topologically ordered; each one's parent is
+        expanded already or earlier in `chosen`), appended to this round's scratch. Returns each
+        node's next-token distribution (the draft's softmax when greedy, else the warped q)."""
+        model = self.draft.model
+        scratch = self.cache.scratch
+        for j, i in enumerate(chosen):
+            self._cands[i].slot = scratch + j
+        mask = torch.zeros(len(chosen), scratch + len(chosen), dtype=torch.bool)
+        mask[:, : len(self.pending)] = True  # every node sees the pending chain up to the root
+        for j, i in enumerate(chosen):
+            a = i
+            while a >= 0:  # ...its expanded ancestors, and itself
+                mask[j, self._cands[a].slot] = True
+                a = self._cands[a].parent
+        offsets = torch.tensor([self._depth(i) for i in chosen], device=model.device) + len(self.pending) - 1
+        toks = torch.tensor([[self._cands[i].token for i in chosen]], device=model.device)
+        batch = build_batch(self.cache, len(chosen), mask, offsets, append=True)
+        logits = model.forward(toks, batch, self.cache).logits[0]
+        return [self._probs(row, ctx.sampling) for row in logits]
+
     def propose(self, ctx: DraftContext) -> DraftTree:
-        model, p = self.draft.model, self.params
-        self._cands = []
+        model = self.draft.model
+        self._cands, self._kids = [], {}
         # 1. catch up on the pending tokens (the last one is the root)
         pend = torch.tensor([self.pending], device=model.device)
         logits = model.forward(pend, build_batch(self.cache, len(self.pending)), self.cache).logits[0, -1]
-        n_pending = len(self.pending)
-        self._add_children(-1, self._probs(logits, ctx.sampling), ctx)
-        # 2. expand the best unexpanded nodes of the would-be target batch, a level per forward
-        while True:
-            chosen = [i for i in self._selected()
-                      if self._cands[i].slot < 0 and self._depth(i) < p.depth][: p.expand_per_forward]
-            if not chosen:
-                break
-            # the scratch holds the pending chain, then every expanded node in expansion order
-            scratch = self.cache.scratch
-            mask = self._block_mask(chosen, scratch)
-            for j, i in enumerate(chosen):
-                self._cands[i].slot = scratch + j
-            offsets = torch.tensor([self._depth(i) for i in chosen], device=model.device) + n_pending - 1
-            toks = torch.tensor([[self._cands[i].token for i in chosen]], device=model.device)
-            batch = build_batch(self.cache, len(chosen), mask, offsets, append=True)
-            out = model.forward(toks, batch, self.cache).logits[0]
-            for j, i in enumerate(chosen):
-                self._add_children(i, self._probs(out[j], ctx.sampling), ctx)
+        root_probs = self._probs(logits, ctx.sampling)
+        # 2. grow the candidate tree
+        self._grow(root_probs, ctx)
         # 3. the target batch as a DraftTree
         self._tree_ids = self._selected()
         index = {c: n for n, c in enumerate(self._tree_ids)}
         tree = DraftTree()
         for c in self._tree_ids:
             cand = self._cands[c]
-            tree.add(cand.token, -1 if cand.parent < 0 else index[cand.parent], "draft", cand.q)
+            tree.add(cand.token, -1 if cand.parent < 0 else index[cand.parent], cand.origin, cand.q)
         return tree
 
-    def _block_mask(self, chosen: list[int], scratch: int) -> torch.Tensor:
-        """[T, scratch + T]: each new node sees the pending chain, its expanded ancestors, itself."""
-        t = len(chosen)
-        mask = torch.zeros(t, scratch + t, dtype=torch.bool)
-        mask[:, : len(self.pending)] = True
-        for j, i in enumerate(chosen):
-            a = self._cands[i].parent
-            while a >= 0:
-                mask[j, self._cands[a].slot] = True
-                a = self._cands[a].parent
-            mask[j, scratch + j] = True
-        return mask
+    def _grow(self, root_probs: torch.Tensor, ctx: DraftContext) -> None:
+        """Best-first: expand the best unexpanded nodes of the would-be target batch, a level of
+        `expand_per_forward` nodes per draft forward, until none is left within the depth."""
+        p = self.params
+        self._add_children(-1, root_probs, ctx)
+        while True:
+            open_nodes = [i for i in self._selected() if self._cands[i].slot < 0 and self._depth(i) < p.depth]
+            chosen = sorted(open_nodes, key=lambda i: -self._cands[i].score)[: p.expand_per_forward]
+            if not chosen:
+                return
+            chosen.sort()  # topological order within the block
+            for i, probs in zip(chosen, self._run(chosen, ctx)):
+                self._add_children(i, probs, ctx)
 
     # -- feedback ---------------------------------------------------------------------------------
     def observe(self, tree: DraftTree, result: VerifyResult) -> None:

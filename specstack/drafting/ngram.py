@@ -1,0 +1,658 @@
+"""draft2 of staged speculative decoding (Spector & Ré 2023; DESIGN §4 "N-gram model (draft2)").
+
+Three parts, all over the target's token ids:
+
+- `KatzTrigram`: a Katz backoff trigram with Good–Turing discounts, trained on a corpus
+  (`specstack ngram train`) and saved as a compact .npz. It is a proper distribution over the
+  target vocabulary V (every token has mass through the unigram), so it can also serve as a draft q.
+- `ContextLookup`: prompt-lookup decoding over the current sequence (prompt + output): the tokens
+  that followed the most recent earlier occurrence of the last 3 (then 2, then 1) tokens. On code
+  this is usually the strongest signal (names, repeated lines, the signature in the docstring).
+- `NgramDrafter`: a Drafter (reset / propose / observe) that hangs the staged paper's proposal tree
+  off the root: widths (12, 7, 4, 1, 1, 1) = 12 candidates, 7 under the best, 4 under its best, then
+  a chain. The context lookup's continuation is the spine; the trigram fills the siblings.
+  Proposals are deterministic (q = None), so sampling targets verify them by sample-walk.
+
+Katz backoff (per level, trigram -> bigram -> unigram), with c(.) counts from the training corpus:
+    P(w|u,v) = d_c · c(uvw) / c(uv)        if uvw was seen (kept after pruning), c = c(uvw)
+             = α(uv) · P(w|v)               otherwise
+    α(uv)    = (1 − Σ_seen P(w|u,v)) / (1 − Σ_seen P(w|v))      (sums over the w seen after uv)
+    d_r      = ((r+1)·n_{r+1} / (r·n_r) − A) / (1 − A)  for r ≤ k,  A = (k+1)·n_{k+1} / n_1,
+               1 for r > k, and 1 when the formula is undefined or falls outside (0, 1];
+n_r = the number of distinct n-grams of the level seen exactly r times (in the unpruned table).
+The unigram level uses the same discounts over the whole vocabulary: the mass taken from the seen
+tokens is spread evenly over the unseen ones (add-one when nothing would be left for them).
+
+Pruning (`min_count`): n-grams seen fewer times are dropped *after* the discounts and the context
+totals c(uv) are taken from the full table, so the dropped mass simply joins the backoff mass and
+α renormalises it: the pruned model is still a proper distribution (SRILM-style count cut-offs).
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specstack.drafting.base import DraftContext
+from specstack.tree import DraftTree, Origin
+from specstack.verify import VerifyResult
+
+FORMAT_VERSION = 1
+STAGED_WIDTHS: tuple[int, ...] = (12, 7, 4, 1, 1, 1)  # staged paper: 12 candidates, 7 under the best, ...
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+# model name -> the trigram shipped for it in specstack/data (see docs/NGRAM.md for how it was built)
+DEFAULT_NGRAMS: dict[str, str] = {"smollm2-135m": "smollm2-135m-code-trigram.npz"}
+
+
+def default_ngram_path(model_name: str) -> Path | None:
+    """The shipped trigram for a model (registry name), or None if there is none."""
+    name = DEFAULT_NGRAMS.get(model_name)
+    if name is None:
+        return None
+    path = DATA_DIR / name
+    return path if path.is_file() else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Good–Turing discounts
+# ---------------------------------------------------------------------------------------------------
+def count_of_counts(counts: np.ndarray, upto: int) -> np.ndarray:
+    """n[r] = how many distinct n-grams were seen exactly r times, for r = 0..upto (n[0] unused)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.bincount(counts[counts <= upto], minlength=upto + 1)[: upto + 1]
+
+
+def good_turing_discounts(n: Sequence[int] | np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """(d, A): d[r] for r = 0..k (d[0] = 1, unused) from the count-of-counts n (n[r], r = 0..k+1)."""
+    def n_(r: int) -> int:
+        return int(n[r]) if r < len(n) else 0
+
+    d = np.ones(k + 1)
+    if n_(1) == 0:
+        return d, float("nan")
+    A = (k + 1) * n_(k + 1) / n_(1)
+    if not A < 1.0:  # the Katz correction needs A < 1; otherwise keep the counts undiscounted
+        return d, A
+    for r in range(1, k + 1):
+        if n_(r) == 0:
+            continue
+        x = ((r + 1) * n_(r + 1) / (r * n_(r)) - A) / (1.0 - A)
+        if 0.0 < x <= 1.0:
+            d[r] = x
+    return d, A
+
+
+def _discount_of(counts: np.ndarray, d: np.ndarray) -> np.ndarray:
+    k = len(d) - 1
+    return np.where(counts <= k, d[np.minimum(counts, k)], 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One backoff level as flat arrays
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class _Level:
+    """Contexts (sorted keys) and, per context, the kept continuations sorted by probability
+    (descending, then token id): entries off[i]:off[i+1] belong to context ctx[i]."""
+    ctx: np.ndarray  # int64 [C] sorted context keys (v for bigrams, u*V+v for trigrams)
+    off: np.ndarray  # int64 [C+1]
+    tok: np.ndarray  # uint16/int32 [E]
+    prob: np.ndarray  # float32 [E]
+    alpha: np.ndarray  # float64 [C] backoff weight of each context
+
+    @staticmethod
+    def empty() -> "_Level":
+        return _Level(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32),
+                      np.zeros(0, np.float32), np.zeros(0, np.float64))
+
+
+def _build_level(keys: np.ndarray, counts: np.ndarray, V: int, d: np.ndarray, min_count: int,
+                 lower_prob) -> tuple[_Level, np.ndarray, np.ndarray]:
+    """One Katz level from the unique n-gram keys (sorted; key = context*V + w) and their counts.
+
+    lower_prob(ctx_keys, w) gives the next-lower level's P(w | shorter context) for entries whose
+    context key is ctx_keys. Returns the level and, for the next level's joins, the kept keys (sorted)
+    with their probabilities."""
+    ctx_of = keys // V
+    w = keys % V
+    # context totals c(ctx) over the full (unpruned) table: the MLE normaliser
+    starts = np.flatnonzero(np.r_[True, ctx_of[1:] != ctx_of[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    group = np.cumsum(np.r_[False, ctx_of[1:] != ctx_of[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    totals = np.add.reduceat(counts, starts) if len(keys) else np.zeros(0, np.int64)
+    kept = counts >= min_count
+    ctx_k, w_k, c_k, g_k = ctx_of[kept], w[kept], counts[kept], group[kept]
+    p = (_discount_of(c_k, d) * c_k / totals[g_k]).astype(np.float32).astype(np.float64)
+    low = lower_prob(ctx_k, w_k)
+    G = len(totals)
+    seen = np.bincount(g_k, weights=p, minlength=G)
+    seen_low = np.bincount(g_k, weights=low, minlength=G)
+    has = np.bincount(g_k, minlength=G) > 0
+    num = np.maximum(1.0 - seen, 0.0)
+    den = 1.0 - seen_low
+    full = den <= 1e-12  # every token with lower-order mass was seen here: nothing to back off to
+    alpha = np.where(full, 0.0, num / np.where(full, 1.0, den))
+    scale = np.where(full & (seen > 0), 1.0 / np.where(seen > 0, seen, 1.0), 1.0)
+    p = (p * scale[g_k]).astype(np.float32)
+    # store: contexts with kept entries, entries by (context, -p, token)
+    order = np.lexsort((w_k, -p, ctx_k))
+    ctx_sorted = ctx_k[order]
+    ctx_ids = np.flatnonzero(has)
+    level_ctx = ctx_of[starts][ctx_ids] if G else np.zeros(0, np.int64)
+    n_per = np.bincount(g_k, minlength=G)[ctx_ids]
+    off = np.r_[0, np.cumsum(n_per)].astype(np.int64)
+    tok_dtype = np.uint16 if V <= 65536 else np.int32
+    level = _Level(level_ctx.astype(np.int64), off, w_k[order].astype(tok_dtype), p[order],
+                   alpha[ctx_ids].astype(np.float64))
+    assert np.array_equal(np.unique(ctx_sorted), level.ctx)
+    return level, keys[kept], p
+
+
+# ---------------------------------------------------------------------------------------------------
+# The trigram
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class _Entry:
+    """A context's kept continuations as Python objects (built on first use, then cached)."""
+    toks: list[int]
+    probs: list[float]
+    seen: dict[int, float]
+    alpha: float
+
+
+class KatzTrigram:
+    """Katz backoff trigram over token ids 0..V-1 (see the module docstring for the formulas)."""
+
+    _CACHE_LIMIT = 200_000  # cached contexts (Python lists) before the cache is dropped
+
+    def __init__(self, vocab_size: int, k: int, unigram: np.ndarray, bigram: _Level, trigram: _Level,
+                 meta: Mapping | None = None) -> None:
+        self.vocab_size = int(vocab_size)
+        self.k = int(k)
+        self.unigram = np.asarray(unigram, dtype=np.float64)
+        if self.unigram.shape != (self.vocab_size,):
+            raise ValueError(f"unigram table has shape {self.unigram.shape}, expected ({self.vocab_size},)")
+        self.bigram, self.trigram = bigram, trigram
+        self.meta: dict = dict(meta or {})
+        # context key -> row, built once (fast: a few hundred thousand ints at most)
+        self._bi_row = dict(zip(bigram.ctx.tolist(), range(len(bigram.ctx))))
+        self._tri_row = dict(zip(trigram.ctx.tolist(), range(len(trigram.ctx))))
+        self._uni_list: list[float] = self.unigram.tolist()
+        self._uni_order: list[int] | None = None  # tokens by unigram probability, built on first top()
+        self._bi_cache: dict[int, _Entry] = {}
+        self._tri_cache: dict[int, _Entry] = {}
+
+    # ---- training -------------------------------------------------------------------------------
+    @classmethod
+    def train(cls, token_streams: Iterable[Sequence[int]], vocab_size: int, k: int = 5,
+              min_count: int = 1, min_count_bigram: int | None = None) -> "KatzTrigram":
+        """Count uni/bi/trigrams within each stream (no n-gram crosses a stream boundary), discount
+        with Good–Turing (counts <= k), drop n-grams seen fewer than min_count times (trigrams) /
+        min_count_bigram times (bigrams; default: min_count), and compute the backoff weights."""
+        V = int(vocab_size)
+        if V < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        min_bi = min_count if min_count_bigram is None else min_count_bigram
+        if min_count < 1 or min_bi < 1:
+            raise ValueError("min_count must be >= 1")
+        uni, bi, tri = [], [], []
+        n_streams = 0
+        for s in token_streams:
+            a = np.asarray(s, dtype=np.int64).ravel()
+            if a.size == 0:
+                continue
+            if a.min() < 0 or a.max() >= V:
+                raise ValueError(f"token id out of range [0, {V}): {int(a.min())}..{int(a.max())}")
+            n_streams += 1
+            uni.append(a)
+            if a.size >= 2:
+                bi.append(a[:-1] * V + a[1:])
+            if a.size >= 3:
+                tri.append((a[:-2] * V + a[1:-1]) * V + a[2:])
+
+        def unique(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+            if not parts:
+                return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            keys, counts = np.unique(np.concatenate(parts), return_counts=True)
+            return keys, counts.astype(np.int64)
+
+        # 1. unigram: Good–Turing over the whole vocabulary
+        c1 = np.bincount(np.concatenate(uni), minlength=V).astype(np.int64) if uni else np.zeros(V, np.int64)
+        N = int(c1.sum())
+        d1, A1 = good_turing_discounts(count_of_counts(c1[c1 > 0], k + 1), k)
+        if N == 0:
+            p1 = np.full(V, 1.0 / V)
+        else:
+            p1 = _discount_of(c1, d1) * c1 / N
+            unseen = c1 == 0
+            left = 1.0 - p1.sum()
+            if unseen.any() and left > 1e-12:
+                p1[unseen] = left / unseen.sum()
+            elif unseen.any():  # nothing was discounted: fall back to add-one
+                p1 = (c1 + 1.0) / (N + V)
+            else:
+                p1 = c1 / N  # every token seen: the MLE is already a distribution over V
+        p1 = p1.astype(np.float32).astype(np.float64)
+        p1 /= p1.sum()
+
+        # 2. bigram, backing off to the unigram
+        k2, n2 = unique(bi)
+        d2, A2 = good_turing_discounts(count_of_counts(n2, k + 1), k)
+        bigram, bi_keys, bi_p = _build_level(k2, n2, V, d2, min_bi, lambda ctx, w: p1[w])
+        bi_ctx_alpha = bigram.alpha
+
+        def p_bigram(v: np.ndarray, w: np.ndarray) -> np.ndarray:
+            key = v * V + w
+            pos = np.searchsorted(bi_keys, key)
+            hit = pos < len(bi_keys)
+            hit[hit] = bi_keys[pos[hit]] == key[hit]
+            row = np.searchsorted(bigram.ctx, v)
+            has = row < len(bigram.ctx)
+            has[has] = bigram.ctx[row[has]] == v[has]
+            alpha = np.where(has, bi_ctx_alpha[np.minimum(row, max(len(bigram.ctx) - 1, 0))] if len(bigram.ctx)
+                             else 1.0, 1.0)
+            p = alpha * p1[w]
+            p[hit] = bi_p[pos[hit]]
+            return p
+
+        # 3. trigram, backing off to the bigram
+        k3, n3 = unique(tri)
+        d3, A3 = good_turing_discounts(count_of_counts(n3, k + 1), k)
+        trigram, _, _ = _build_level(k3, n3, V, d3, min_count, lambda ctx, w: p_bigram(ctx % V, w))
+
+        meta = {
+            "format": FORMAT_VERSION, "k": k, "min_count": min_count, "min_count_bigram": min_bi,
+            "streams": n_streams, "tokens": N,
+            "distinct": {"unigram": int((c1 > 0).sum()), "bigram": int(len(k2)), "trigram": int(len(k3))},
+            "kept": {"bigram": int(len(bigram.tok)), "trigram": int(len(trigram.tok))},
+            "contexts": {"bigram": int(len(bigram.ctx)), "trigram": int(len(trigram.ctx))},
+            "discounts": {"unigram": d1[1:].tolist(), "bigram": d2[1:].tolist(), "trigram": d3[1:].tolist()},
+            "A": {"unigram": A1, "bigram": A2, "trigram": A3},
+        }
+        return cls(V, k, p1, bigram, trigram, meta)
+
+    @property
+    def discounts(self) -> dict[str, list[float]]:
+        """d_1..d_k per level ("unigram", "bigram", "trigram")."""
+        return self.meta.get("discounts", {})
+
+    # ---- save / load ----------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write a compressed .npz (atomically: a crash never leaves a half-written file)."""
+        path = Path(path)
+        meta = dict(self.meta, format=FORMAT_VERSION, vocab_size=self.vocab_size, k=self.k)
+        arrays = {"meta": np.array(json.dumps(meta)), "unigram": self.unigram.astype(np.float32)}
+        for name, lv in (("bi", self.bigram), ("tri", self.trigram)):
+            arrays.update({f"{name}_ctx": lv.ctx, f"{name}_off": lv.off, f"{name}_tok": lv.tok,
+                           f"{name}_prob": lv.prob, f"{name}_alpha": lv.alpha})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "KatzTrigram":
+        path = Path(path)
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            if meta.get("format") != FORMAT_VERSION:
+                raise ValueError(f"{path}: unsupported n-gram format {meta.get('format')!r}")
+            levels = {name: _Level(z[f"{name}_ctx"], z[f"{name}_off"], z[f"{name}_tok"], z[f"{name}_prob"],
+                                   z[f"{name}_alpha"]) for name in ("bi", "tri")}
+            unigram = z["unigram"].astype(np.float64)
+        unigram /= unigram.sum()
+        return cls(meta["vocab_size"], meta["k"], unigram, levels["bi"], levels["tri"], meta)
+
+    # ---- queries --------------------------------------------------------------------------------
+    def _entry(self, level: _Level, rows: dict[int, int], cache: dict[int, _Entry], key: int) -> _Entry | None:
+        e = cache.get(key)
+        if e is not None:
+            return e
+        row = rows.get(key)
+        if row is None:
+            return None
+        a, b = int(level.off[row]), int(level.off[row + 1])
+        toks = level.tok[a:b].tolist()
+        probs = level.prob[a:b].astype(np.float64).tolist()
+        if len(cache) >= self._CACHE_LIMIT:
+            cache.clear()
+        e = cache[key] = _Entry(toks, probs, dict(zip(toks, probs)), float(level.alpha[row]))
+        return e
+
+    def _entries(self, context: Sequence[int]) -> tuple[_Entry | None, _Entry | None]:
+        """(trigram entry of (u, v), bigram entry of v) for the last two tokens of the context."""
+        V = self.vocab_size
+        tri = bi = None
+        if len(context) >= 1:
+            v = int(context[-1])
+            if 0 <= v < V:
+                bi = self._entry(self.bigram, self._bi_row, self._bi_cache, v)
+                if len(context) >= 2:
+                    u = int(context[-2])
+                    if 0 <= u < V:
+                        tri = self._entry(self.trigram, self._tri_row, self._tri_cache, u * V + v)
+        return tri, bi
+
+    def prob(self, w: int, context: Sequence[int]) -> float:
+        """P(w | the last two tokens of context)."""
+        if not 0 <= w < self.vocab_size:
+            return 0.0
+        tri, bi = self._entries(context)
+        scale = 1.0
+        if tri is not None:
+            p = tri.seen.get(w)
+            if p is not None:
+                return p
+            scale = tri.alpha
+        if bi is not None:
+            p = bi.seen.get(w)
+            if p is not None:
+                return scale * p
+            scale *= bi.alpha
+        return scale * self._uni_list[w]
+
+    def backoff_weight(self, context: Sequence[int]) -> float:
+        """α of the longest context (the last two tokens, or the last one if only one): 1 if unseen."""
+        tri, bi = self._entries(context)
+        e = tri if len(context) >= 2 else bi
+        return 1.0 if e is None else e.alpha
+
+    def distribution(self, context: Sequence[int]) -> torch.Tensor:
+        """P(. | context) as a float32 tensor [V] summing to 1."""
+        V = self.vocab_size
+        tri_row = bi_row = None
+        if len(context) >= 1 and 0 <= int(context[-1]) < V:
+            v = int(context[-1])
+            bi_row = self._bi_row.get(v)
+            if len(context) >= 2 and 0 <= int(context[-2]) < V:
+                tri_row = self._tri_row.get(int(context[-2]) * V + v)
+        a3 = 1.0 if tri_row is None else float(self.trigram.alpha[tri_row])
+        a2 = 1.0 if bi_row is None else float(self.bigram.alpha[bi_row])
+        d = self.unigram * (a3 * a2)
+        for lv, row, scale in ((self.bigram, bi_row, a3), (self.trigram, tri_row, 1.0)):
+            if row is not None:
+                a, b = lv.off[row], lv.off[row + 1]
+                d[lv.tok[a:b].astype(np.int64)] = scale * lv.prob[a:b].astype(np.float64)
+        return torch.from_numpy(d.astype(np.float32))
+
+    def _unigram_order(self) -> list[int]:
+        if self._uni_order is None:
+            self._uni_order = np.lexsort((np.arange(self.vocab_size), -self.unigram)).tolist()
+        return self._uni_order
+
+    def top(self, context: Sequence[int], n: int) -> list[tuple[int, float]]:
+        """The n most likely next tokens with their probabilities, in the order of `distribution`
+        (probability descending, ties by token id): a merge of three already-sorted streams — the
+        seen continuations of (u, v), then of v scaled by α(uv), then the unigram scaled by
+        α(uv)·α(v) — each skipping the tokens a higher level already covers."""
+        if n <= 0:
+            return []
+        tri, bi = self._entries(context)
+        a3 = 1.0 if tri is None else tri.alpha
+        a2 = 1.0 if bi is None else bi.alpha
+        skip3 = tri.seen if tri is not None else {}
+        skip2 = bi.seen if bi is not None else {}
+        uni = self._uni_list
+
+        def stream_tri():
+            if tri is not None:
+                yield from zip(tri.toks, tri.probs)
+
+        def stream_bi():
+            if bi is not None and a3 > 0:
+                for t, p in zip(bi.toks, bi.probs):
+                    if t not in skip3:
+                        yield t, a3 * p
+
+        def stream_uni():
+            s = a3 * a2
+            if s > 0:
+                for t in self._unigram_order():
+                    if t not in skip3 and t not in skip2:
+                        yield t, s * uni[t]
+
+        out: list[tuple[int, float]] = []
+        merged = heapq.merge(stream_tri(), stream_bi(), stream_uni(), key=lambda tp: (-tp[1], tp[0]))
+        for t, p in merged:
+            out.append((t, p))
+            if len(out) >= n:
+                break
+        return out
+
+    def stats(self) -> dict:
+        return dict(self.meta)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prompt lookup over the current sequence
+# ---------------------------------------------------------------------------------------------------
+class ContextLookup:
+    """Prompt-lookup decoding: where did the last n tokens (n = max_n .. 1) occur before, and what
+    followed them? An index maps each n-gram to the positions of the tokens that followed its most
+    recent occurrences (the last `keep`); it is extended incrementally as tokens are appended.
+
+    Queries take the sequence as it is now plus an optional `path` (speculative tokens under the
+    root): the indexed tokens must be a prefix of it; the part not yet indexed (normally just the
+    path) is scanned directly."""
+
+    _MAX_TAIL = 256  # an unindexed tail longer than this is indexed on the spot
+
+    def __init__(self, max_n: int = 3, keep: int = 4) -> None:
+        if max_n < 1 or keep < 1:
+            raise ValueError("max_n and keep must be >= 1")
+        self.max_n, self.keep = max_n, keep
+        self.tokens: list[int] = []
+        self._index: dict[tuple[int, ...], list[int]] = {}
+
+    def reset(self, tokens: Sequence[int] = ()) -> None:
+        self.tokens = []
+        self._index = {}
+        self.extend(tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        toks, index, keep = self.tokens, self._index, self.keep
+        for t in tokens:
+            i = len(toks)  # the new token's position: it follows the n-grams ending at i - 1
+            for n in range(1, min(self.max_n, i) + 1):
+                key = tuple(toks[i - n:i])
+                pos = index.get(key)
+                if pos is None:
+                    index[key] = [i]
+                else:
+                    pos.append(i)
+                    if len(pos) > keep:
+                        del pos[0]
+            toks.append(int(t))
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Make the indexed sequence equal `tokens`: append what is new, or rebuild if it diverged."""
+        m = len(self.tokens)
+        if len(tokens) >= m and list(tokens[:m]) == self.tokens:
+            if len(tokens) > m:
+                self.extend(tokens[m:])
+        else:
+            self.reset(tokens)
+
+    def _prepare(self, tokens: Sequence[int]) -> None:
+        m = len(self.tokens)
+        if not (len(tokens) >= m and tokens[m - 1:m] == self.tokens[m - 1:] if m else True):
+            self.sync(tokens)  # a different sequence (cheap check: the last indexed token)
+        elif len(tokens) - m > self._MAX_TAIL:
+            self.sync(tokens)
+
+    def matches(self, tokens: Sequence[int], path: Sequence[int] = (), limit: int = 8) -> list[tuple[int, int]]:
+        """(n, f) for earlier occurrences of the last n tokens of tokens + path, best first: longest
+        n, then most recent; f is the position of the token that followed (in tokens + path)."""
+        self._prepare(tokens)
+        L, m = len(tokens) + len(path), len(self.tokens)
+        seq = _Concat(tokens, path)
+        out: list[tuple[int, int]] = []
+        for n in range(min(self.max_n, L - 1), 0, -1):
+            suffix = tuple(seq[L - n + j] for j in range(n))
+            # followers in the unindexed tail first (they are the most recent), then the index
+            for f in range(L - 1, max(m, n) - 1, -1):
+                if all(seq[f - n + j] == suffix[j] for j in range(n)):
+                    out.append((n, f))
+                    if len(out) >= limit:
+                        return out
+            for f in reversed(self._index.get(suffix, ())):
+                out.append((n, f))
+                if len(out) >= limit:
+                    return out
+        return out
+
+    def continuation(self, tokens: Sequence[int], length: int, path: Sequence[int] = ()) -> tuple[int, list[int]]:
+        """(n, chain): the up-to-`length` tokens that followed the best match, n its length (0: none)."""
+        best = self.matches(tokens, path, limit=1)
+        if not best:
+            return 0, []
+        n, f = best[0]
+        seq, L = _Concat(tokens, path), len(tokens) + len(path)
+        return n, [seq[g] for g in range(f, min(f + length, L))]
+
+    def next_tokens(self, tokens: Sequence[int], path: Sequence[int] = (), limit: int = 4,
+                    min_n: int = 1) -> list[int]:
+        """Distinct tokens that followed earlier occurrences of the suffix (matches of length >= min_n)."""
+        seq = _Concat(tokens, path)
+        out: list[int] = []
+        for n, f in self.matches(tokens, path, limit=4 * limit):
+            if n < min_n:
+                break
+            t = seq[f]
+            if t not in out:
+                out.append(t)
+                if len(out) >= limit:
+                    break
+        return out
+
+
+class _Concat:
+    """tokens + path, indexed without copying the (long) tokens list."""
+    __slots__ = ("a", "b", "na")
+
+    def __init__(self, a: Sequence[int], b: Sequence[int]) -> None:
+        self.a, self.b, self.na = a, b, len(a)
+
+    def __getitem__(self, i: int) -> int:
+        return self.a[i] if i < self.na else self.b[i - self.na]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The drafter
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class NgramDrafter:
+    """Staged paper's draft2 as a stand-alone drafter (deterministic proposals, q = None).
+
+    The staged drafter calls `proposal_tree(context, widths, path)` directly with the draft's spine as
+    `path`, after `sync(committed tokens)` once per step (so only the spine is scanned unindexed)."""
+    model: KatzTrigram | None = None  # None: context lookup only
+    widths: tuple[int, ...] = STAGED_WIDTHS
+    max_n: int = 3  # longest suffix the context lookup matches
+    context_min_n: int = 1  # shortest context match whose continuation is proposed
+    context_per_level: int = 3  # at most this many context candidates among a level's siblings
+    lookup: ContextLookup = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.widths = tuple(int(w) for w in self.widths)
+        if any(w < 0 for w in self.widths):
+            raise ValueError(f"widths must be >= 0: {self.widths}")
+        self.lookup = ContextLookup(self.max_n)
+
+    @classmethod
+    def for_model(cls, model_name: str, **kwargs) -> "NgramDrafter":
+        """With the shipped trigram for `model_name` if there is one, else context lookup only."""
+        path = default_ngram_path(model_name)
+        return cls(KatzTrigram.load(path) if path is not None else None, **kwargs)
+
+    # ---- Drafter protocol -----------------------------------------------------------------------
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        self.lookup.reset(prompt_ids)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        self.lookup.sync(ctx.tokens)
+        return self.proposal_tree(ctx.tokens, self.widths)
+
+    def observe(self, tree: DraftTree, result: VerifyResult) -> None:
+        pass  # the next propose indexes the emitted tokens (ctx.tokens grows by result.tokens)
+
+    # ---- the proposal tree ----------------------------------------------------------------------
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Index the committed sequence (the staged drafter calls this once per step)."""
+        self.lookup.sync(tokens)
+
+    def proposal_tree(self, context: Sequence[int], widths: Sequence[int] | None = None,
+                      path: Sequence[int] = ()) -> DraftTree:
+        """A tree hanging off (context + path)[-1]: widths[0] siblings at level 1, widths[1] children
+        under the best of them, and so on (staged paper: 12, 7, 4, 1, 1, 1). Siblings are the context
+        lookup's candidates first (origin "context"; the best match's continuation is the spine),
+        then the trigram's top tokens (origin "draft2"); no token twice among siblings."""
+        widths = self.widths if widths is None else widths
+        tree = DraftTree()
+        spine: list[int] = []
+        if self.lookup is not None:
+            n, spine = self.lookup.continuation(context, len(widths), path)
+            if n < self.context_min_n:
+                spine = []
+        ext = list(path)  # path + the proposals chosen so far (the best node of each level)
+        parent = -1
+        for d, width in enumerate(widths):
+            if width <= 0:
+                break
+            cand: list[int] = []
+            origin: list[Origin] = []
+            if d < len(spine):
+                cand.append(spine[d])
+                origin.append("context")
+            if self.context_per_level > len(cand) and width > len(cand):
+                for t in self.lookup.next_tokens(context, ext, self.context_per_level, self.context_min_n):
+                    if t not in cand:
+                        cand.append(t)
+                        origin.append("context")
+                        if len(cand) >= min(width, self.context_per_level):
+                            break
+            if self.model is not None and len(cand) < width:
+                last2 = _last2(context, ext)
+                for t, _ in self.model.top(last2, width + len(cand)):
+                    if t not in cand:
+                        cand.append(t)
+                        origin.append("draft2")
+                        if len(cand) >= width:
+                            break
+            if not cand:
+                break
+            first = len(tree)
+            for t, o in zip(cand[:width], origin[:width]):
+                tree.add(t, parent, o)
+            parent = first
+            ext.append(cand[0])
+        return tree
+
+
+def _last2(context: Sequence[int], ext: Sequence[int]) -> list[int]:
+    if len(ext) >= 2:
+        return [ext[-2], ext[-1]]
+    if len(ext) == 1:
+        return ([context[-1]] if len(context) else []) + [ext[0]]
+    return list(context[-2:])
+
+
+def load_default_ngram(model_name: str) -> KatzTrigram | None:
+    path = default_ngram_path(model_name)
+    return None if path is None else KatzTrigram.load(path)
+
+
+def timed_load(path: str | os.PathLike) -> tuple[KatzTrigram, float]:
+    t = time.perf_counter()
+    m = KatzTrigram.load(path)
+    return m, time.perf_counter() - t

@@ -1,0 +1,100 @@
+"""Staged drafter (Spector & Ré 2023, DESIGN §4): the draft model's own decoding is speculated by
+draft2 (the n-gram model), and the same draft forwards grow the target's tree.
+
+Round, after the catch-up forward that gives the root's draft distribution:
+  the draft's greedy *spine* starts at the root. Repeatedly:
+  1. the next spine token is the draft's argmax at the spine end;
+  2. draft2 proposes a tree under it (widths 12, 7, 4, 1, 1, 1 in the paper);
+  3. ONE draft forward over [that token] + draft2's tree (tree mask):
+     (a) verifies draft2's proposals greedily: the spine walks the draft's argmax through them,
+         so every match is a token the draft itself would have produced (origin draft2);
+     (b) gives every node run its top-`width` children, candidates for the target's tree;
+  until the spine reaches depth D. The target batch is then the `budget` best candidates by
+  cumulative draft probability, exactly as for the best-first tree.
+Proposals are deterministic (q = None): under sampling the engine verifies by sample-walk.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from specstack.drafting.base import DraftContext
+from specstack.drafting.model import ModelDrafter, TreeParams, _Candidate
+from specstack.models.loading import LoadedModel
+from specstack.tree import DraftTree
+
+PAPER_WIDTHS = (12, 7, 4, 1, 1, 1)
+
+
+class ProposalSource(Protocol):
+    def reset(self, prompt_ids: Sequence[int]) -> None: ...
+
+    def proposal_tree(self, context: Sequence[int], widths: Sequence[int]) -> DraftTree: ...
+
+
+class StagedDrafter(ModelDrafter):
+    def __init__(self, draft: LoadedModel, draft2: ProposalSource, params: TreeParams,
+                 widths: Sequence[int] = PAPER_WIDTHS, capacity: int | None = None) -> None:
+        super().__init__(draft, params, capacity)
+        self.draft2 = draft2
+        self.widths = tuple(widths)
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        super().reset(prompt_ids)
+        self.draft2.reset(prompt_ids)
+
+    def _grow(self, root_probs: torch.Tensor, ctx: DraftContext) -> None:
+        depth_limit = self.params.depth
+        self._add_children(-1, root_probs, ctx)
+        dist: dict[int, torch.Tensor] = {-1: root_probs}  # next-token distribution of expanded nodes
+        spine_end, spine_tokens = -1, []
+        while self._depth(spine_end) < depth_limit:
+            # 1. the draft's own next token at the spine end (its argmax is always a top child)
+            token = int(dist[spine_end].argmax())
+            nxt = self._child(spine_end, token)
+            if nxt is None:
+                nxt = self._new(_Candidate(token, spine_end, 0.0, None))
+            # 2. draft2's proposal tree under it, mapped onto candidates (existing ones are reused)
+            proposal = self.draft2.proposal_tree(list(ctx.tokens) + spine_tokens + [token], self.widths)
+            block = [nxt] if self._cands[nxt].slot < 0 else []
+            mapped: dict[int, int] = {}
+            for i, (tok, par) in enumerate(zip(proposal.tokens, proposal.parent)):
+                parent = nxt if par < 0 else mapped.get(par)
+                if parent is None or self._depth(parent) >= depth_limit:
+                    continue
+                c = self._child(parent, tok)
+                if c is None:
+                    c = self._new(_Candidate(tok, parent, 0.0, None, proposal.origin[i]))
+                else:
+                    self._cands[c].origin = proposal.origin[i]  # draft2 proposed it too
+                mapped[i] = c
+                if self._cands[c].slot < 0:
+                    block.append(c)
+            if not block:
+                break
+            # 3. one draft forward: scores of the new nodes, their children, draft2's verification
+            block.sort()  # candidates are created parents-first: index order is topological
+            for c, probs in zip(block, self._run(block, ctx)):
+                dist[c] = probs
+            for c in block:  # parents first, so each score builds on a final one
+                self._cands[c].score = self._score(c, dist)
+            for c in block:
+                self._add_children(c, dist[c], ctx)
+            proposed = set(mapped.values())
+            node = nxt
+            spine_tokens.append(token)
+            while self._depth(node) < depth_limit:
+                want = int(dist[node].argmax())
+                ch = self._child(node, want)
+                if ch is None or ch not in proposed:
+                    break  # draft2 did not propose the draft's next token: the draft continues
+                node = ch
+                spine_tokens.append(want)
+            spine_end = node
+
+    def _score(self, c: int, dist: dict[int, torch.Tensor]) -> float:
+        cand = self._cands[c]
+        base = 1.0 if cand.parent < 0 else self._cands[cand.parent].score
+        return base * float(dist[cand.parent][cand.token])

@@ -1,0 +1,145 @@
+"""Decoding methods by name, with parameters: `ar`, `chain:k=4`, `tree:width=4,budget=36,depth=8`,
+`ngram`, `staged:budget=36,depth=8`. The engine never branches on a drafter's kind: a method is
+just a recipe that builds a drafter (or none, for autoregressive decoding)."""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from specstack.config import GenerationConfig
+from specstack.drafting.base import Drafter
+from specstack.engine.autoregressive import GenerationResult, generate
+from specstack.engine.speculative import speculative_generate
+from specstack.errors import SpecstackError
+from specstack.models.loading import LoadedModel, load_model
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    params: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.name + (":" + ",".join(f"{k}={v}" for k, v in self.params.items()) if self.params else "")
+
+
+@dataclass(frozen=True)
+class DraftSources:
+    """Where drafts come from. draft: a model name/path, or `self:N` (the target's first N layers and
+    its head, loaded in draft_dtype); ngram: a trained trigram file."""
+
+    draft: str | None = None
+    draft_dtype: str = "int4"
+    ngram: str | None = None
+
+
+# defaults for the embedded model until a trained draft ships (see README)
+DEFAULT_SOURCES: dict[str, DraftSources] = {
+    "smollm2-135m": DraftSources(draft="self:4", draft_dtype="int4", ngram="default"),
+}
+
+# method -> parameters it accepts (all integers) with their defaults
+METHOD_PARAMS: dict[str, dict[str, int]] = {
+    "ar": {},
+    "chain": {"k": 4},
+    "tree": {"width": 4, "budget": 36, "depth": 8, "expand": 4},
+    "ngram": {"width": 12, "depth": 6},
+    "staged": {"width": 4, "budget": 36, "depth": 8},
+}
+
+
+def parse_method(text: str) -> MethodSpec:
+    name, _, rest = text.strip().partition(":")
+    if name not in METHOD_PARAMS:
+        raise SpecstackError(f"unknown method {name!r}; choose from {', '.join(METHOD_PARAMS)}")
+    params = dict(METHOD_PARAMS[name])
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in params:
+            known = ", ".join(params) or "none"
+            raise SpecstackError(f"method {name!r}: bad parameter {item!r} (parameters: {known})")
+        try:
+            params[key] = int(value)
+        except ValueError:
+            raise SpecstackError(f"method {name!r}: {key} must be an integer, got {value!r}") from None
+        if params[key] < 1:
+            raise SpecstackError(f"method {name!r}: {key} must be >= 1, got {params[key]}")
+    return MethodSpec(name, params)
+
+
+def self_draft(target_name: str, n_layers: int, dtype: str, device: str) -> LoadedModel:
+    """The target's first `n_layers` blocks with its final norm and head (MagicDec-style self-draft
+    without training), loaded in `dtype` so the draft can be quantised while the target is not."""
+    full = load_model(target_name, dtype=dtype, device=device, tokenizer=False)
+    if not 1 <= n_layers <= full.config.n_layers:
+        raise SpecstackError(f"self-draft: {n_layers} layers requested, the model has {full.config.n_layers}")
+    model = copy.copy(full.model)  # shallow: shares embedding, norm, head and the kept blocks
+    model._modules = dict(full.model._modules)
+    model.layers = nn.ModuleList(list(full.model.layers)[:n_layers])
+    model.config = replace(full.config, n_layers=n_layers)
+    return LoadedModel(f"{full.name}[:{n_layers}]", model, None, model.config, dtype)
+
+
+def load_draft(target: LoadedModel, sources: DraftSources, device: str) -> LoadedModel:
+    spec = sources.draft or f"self:{max(1, target.config.n_layers // 8)}"
+    if spec.startswith("self:"):
+        try:
+            n = int(spec.removeprefix("self:"))
+        except ValueError:
+            raise SpecstackError(f"--draft {spec!r}: expected self:N with N layers") from None
+        return self_draft(target.name, n, sources.draft_dtype, device)
+    draft = load_model(spec, dtype=sources.draft_dtype, device=device, tokenizer=False)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise SpecstackError(f"draft {spec!r} has a vocabulary of {draft.config.vocab_size} tokens, "
+                             f"the target {target.config.vocab_size}: they must share a tokenizer")
+    return draft
+
+
+def load_ngram(target: LoadedModel, sources: DraftSources) -> Any:
+    from specstack.drafting.ngram import KatzTrigram, default_ngram_path
+
+    path = sources.ngram
+    if path in (None, "default"):
+        found = default_ngram_path(target.name)
+        if found is None:
+            raise SpecstackError(f"no default n-gram model for {target.name}: pass --ngram FILE "
+                                 "(train one with `specstack ngram train`)")
+        path = str(found)
+    if not Path(path).is_file():
+        raise SpecstackError(f"n-gram file not found: {path}")
+    return KatzTrigram.load(path)
+
+
+def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources, device: str = "cpu") -> Drafter | None:
+    from specstack.drafting.model import ModelDrafter, TreeParams
+
+    p = method.params
+    if method.name == "ar":
+        return None
+    if method.name == "chain":
+        return ModelDrafter(load_draft(target, sources, device), TreeParams.chain(p["k"]))
+    if method.name == "tree":
+        return ModelDrafter(load_draft(target, sources, device),
+                            TreeParams(p["width"], p["budget"], p["depth"], p["expand"]))
+    if method.name == "ngram":
+        from specstack.drafting.ngram import NgramDrafter
+
+        return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1))
+    if method.name == "staged":
+        from specstack.drafting.staged import StagedDrafter
+
+        return StagedDrafter(load_draft(target, sources, device), load_ngram(target, sources),
+                             TreeParams(p["width"], p["budget"], p["depth"]))
+    raise SpecstackError(f"unknown method {method.name!r}")  # parse_method keeps this unreachable
+
+
+def run_method(target: LoadedModel, drafter: Drafter | None, prompt_ids: Sequence[int], gen: GenerationConfig,
+               on_text: Callable[[str], None] | None = None) -> GenerationResult:
+    if drafter is None:
+        return generate(target, prompt_ids, gen, on_text=on_text)
+    return speculative_generate(target, drafter, prompt_ids, gen, on_text=on_text)
