@@ -84,6 +84,22 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="stop when the output contains STR (repeatable)")
 
 
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--method", default="ar", metavar="NAME[:k=v,...]",
+                   help="ar (default), chain[:k=4], tree[:width=4,budget=36,depth=8,expand=4], "
+                        "ngram[:width=12,depth=6], staged[:width=4,budget=36,depth=8]")
+    g.add_argument("--draft", default=None, metavar="MODEL",
+                   help="draft model (shares the tokenizer), or self:N = the target's first N layers "
+                        "(default for smollm2-135m: self:4)")
+    g.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default="int4", help="draft weight format (default int4)")
+    g.add_argument("--ngram", default=None, metavar="FILE",
+                   help="trigram file for ngram/staged (default: the shipped one for the model)")
+    g.add_argument("--show-origins", action="store_true",
+                   help="print the output coloured by token origin (target / draft / draft2 / context)")
+    g.add_argument("--html", type=Path, default=None, metavar="FILE", help="write the token-origin view as a page")
+
+
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description="Lossless speculative decoding engine.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -93,10 +109,14 @@ def build_parser() -> ArgumentParser:
     add_model_args(gen)
     add_prompt_args(gen)
     add_generation_args(gen)
+    add_method_args(gen)
     gen.set_defaults(func=cmd_generate)
     from specstack.bench import forward as bench_forward  # light: imports torch only when run
 
     bench_forward.add_parser(sub)  # `specstack bench-forward`
+    from specstack import ngram_cli  # light: numpy/tokenizers only when run
+
+    ngram_cli.add_parser(sub)  # `specstack ngram train`
     return parser
 
 
@@ -184,24 +204,53 @@ def finish_output(result: GenerationResult) -> None:
 # Subcommands
 # ---------------------------------------------------------------------------------------------------
 def run_generation(lm: LoadedModel, prompt_ids: list[int], gen: GenerationConfig,
-                   on_text: Callable[[str], None]) -> GenerationResult:
-    """The one method-dependent step: today autoregressive decoding."""
-    from specstack.engine.autoregressive import generate
+                   on_text: Callable[[str], None], drafter=None) -> GenerationResult:
+    """The one method-dependent step: autoregressive without a drafter, else speculative."""
+    from specstack.engine.methods import run_method
 
-    return generate(lm, prompt_ids, gen, on_text=on_text)
+    return run_method(lm, drafter, prompt_ids, gen, on_text=on_text)
+
+
+def build_method(args: argparse.Namespace, lm: LoadedModel):  # -> Drafter | None
+    from specstack.engine.methods import DEFAULT_SOURCES, DraftSources, build_drafter
+
+    defaults = DEFAULT_SOURCES.get(lm.name, DraftSources())
+    sources = DraftSources(draft=args.draft or defaults.draft, draft_dtype=args.draft_dtype,
+                           ngram=args.ngram or defaults.ngram)
+    return build_drafter(args.method_spec, lm, sources, args.device)
+
+
+def show_origins(args: argparse.Namespace, lm: LoadedModel, result: GenerationResult) -> None:
+    from specstack.report.origins import ansi, html_page, token_origins, token_pieces
+
+    pieces = token_pieces(lm.tokenizer, result.tokens)
+    origins = token_origins(result.stats, len(result.tokens))
+    if args.show_origins:
+        print(ansi(pieces, origins), file=sys.stderr, flush=True)
+    if args.html is not None:
+        title = f"specstack {args.method} on {lm.name}"
+        args.html.write_text(html_page(pieces, origins, title, result.stats.line()), encoding="utf-8")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from specstack.engine.methods import parse_method
+
     # 1. cheap checks, before any weights are read
     gen = generation_config(args)
+    args.method_spec = parse_method(args.method)
     text = read_prompt(args)
     dtype = check_runtime(args)
+    if args.html is not None and not args.html.parent.is_dir():
+        raise SpecstackError(f"--html: folder {args.html.parent} does not exist")
     # 2. load and encode (the context check needs the tokenizer and the model's limit)
     lm = load(args, dtype)
     prompt_ids = encode(lm, text, args.chat)
+    drafter = build_method(args, lm)
     # 3. generate, streaming to stdout; stats to stderr
-    result = run_generation(lm, prompt_ids, gen, on_text=print_text)
+    result = run_generation(lm, prompt_ids, gen, on_text=print_text, drafter=drafter)
     finish_output(result)
+    if args.show_origins or args.html is not None:
+        show_origins(args, lm, result)
     return 0
 
 

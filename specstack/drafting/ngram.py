@@ -32,7 +32,6 @@ from __future__ import annotations
 import heapq
 import json
 import os
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +88,10 @@ def good_turing_discounts(n: Sequence[int] | np.ndarray, k: int) -> tuple[np.nda
     return d, A
 
 
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
 def _discount_of(counts: np.ndarray, d: np.ndarray) -> np.ndarray:
     k = len(d) - 1
     return np.where(counts <= k, d[np.minimum(counts, k)], 1.0)
@@ -142,7 +145,6 @@ def _build_level(keys: np.ndarray, counts: np.ndarray, V: int, d: np.ndarray, mi
     p = (p * scale[g_k]).astype(np.float32)
     # store: contexts with kept entries, entries by (context, -p, token)
     order = np.lexsort((w_k, -p, ctx_k))
-    ctx_sorted = ctx_k[order]
     ctx_ids = np.flatnonzero(has)
     level_ctx = ctx_of[starts][ctx_ids] if G else np.zeros(0, np.int64)
     n_per = np.bincount(g_k, minlength=G)[ctx_ids]
@@ -150,7 +152,6 @@ def _build_level(keys: np.ndarray, counts: np.ndarray, V: int, d: np.ndarray, mi
     tok_dtype = np.uint16 if V <= 65536 else np.int32
     level = _Level(level_ctx.astype(np.int64), off, w_k[order].astype(tok_dtype), p[order],
                    alpha[ctx_ids].astype(np.float64))
-    assert np.array_equal(np.unique(ctx_sorted), level.ctx)
     return level, keys[kept], p
 
 
@@ -247,18 +248,17 @@ class KatzTrigram:
         k2, n2 = unique(bi)
         d2, A2 = good_turing_discounts(count_of_counts(n2, k + 1), k)
         bigram, bi_keys, bi_p = _build_level(k2, n2, V, d2, min_bi, lambda ctx, w: p1[w])
-        bi_ctx_alpha = bigram.alpha
 
         def p_bigram(v: np.ndarray, w: np.ndarray) -> np.ndarray:
             key = v * V + w
             pos = np.searchsorted(bi_keys, key)
             hit = pos < len(bi_keys)
             hit[hit] = bi_keys[pos[hit]] == key[hit]
-            row = np.searchsorted(bigram.ctx, v)
-            has = row < len(bigram.ctx)
-            has[has] = bigram.ctx[row[has]] == v[has]
-            alpha = np.where(has, bi_ctx_alpha[np.minimum(row, max(len(bigram.ctx) - 1, 0))] if len(bigram.ctx)
-                             else 1.0, 1.0)
+            alpha = np.ones(len(v))
+            if len(bigram.ctx):
+                row = np.minimum(np.searchsorted(bigram.ctx, v), len(bigram.ctx) - 1)
+                has = bigram.ctx[row] == v
+                alpha[has] = bigram.alpha[row[has]]
             p = alpha * p1[w]
             p[hit] = bi_p[pos[hit]]
             return p
@@ -275,7 +275,7 @@ class KatzTrigram:
             "kept": {"bigram": int(len(bigram.tok)), "trigram": int(len(trigram.tok))},
             "contexts": {"bigram": int(len(bigram.ctx)), "trigram": int(len(trigram.ctx))},
             "discounts": {"unigram": d1[1:].tolist(), "bigram": d2[1:].tolist(), "trigram": d3[1:].tolist()},
-            "A": {"unigram": A1, "bigram": A2, "trigram": A3},
+            "A": {"unigram": _finite(A1), "bigram": _finite(A2), "trigram": _finite(A3)},
         }
         return cls(V, k, p1, bigram, trigram, meta)
 
@@ -483,11 +483,17 @@ class ContextLookup:
         else:
             self.reset(tokens)
 
-    def _prepare(self, tokens: Sequence[int]) -> None:
+    def attach(self, tokens: Sequence[int]) -> None:
+        """Before querying with `tokens`: keep the index if the indexed sequence is a prefix of it
+        (the rest is scanned as an unindexed tail), else index `tokens` from scratch."""
         m = len(self.tokens)
-        if not (len(tokens) >= m and tokens[m - 1:m] == self.tokens[m - 1:] if m else True):
-            self.sync(tokens)  # a different sequence (cheap check: the last indexed token)
-        elif len(tokens) - m > self._MAX_TAIL:
+        if len(tokens) < m or list(tokens[:m]) != self.tokens or len(tokens) - m > self._MAX_TAIL:
+            self.sync(tokens)
+
+    def _prepare(self, tokens: Sequence[int]) -> None:
+        # cheap per-query check (length and last indexed token); attach() does the full one
+        m = len(self.tokens)
+        if len(tokens) < m or (m and tokens[m - 1] != self.tokens[-1]) or len(tokens) - m > self._MAX_TAIL:
             self.sync(tokens)
 
     def matches(self, tokens: Sequence[int], path: Sequence[int] = (), limit: int = 8) -> list[tuple[int, int]]:
@@ -550,7 +556,7 @@ class _Concat:
 # ---------------------------------------------------------------------------------------------------
 # The drafter
 # ---------------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(eq=False)
 class NgramDrafter:
     """Staged paper's draft2 as a stand-alone drafter (deterministic proposals, q = None).
 
@@ -599,11 +605,10 @@ class NgramDrafter:
         then the trigram's top tokens (origin "draft2"); no token twice among siblings."""
         widths = self.widths if widths is None else widths
         tree = DraftTree()
-        spine: list[int] = []
-        if self.lookup is not None:
-            n, spine = self.lookup.continuation(context, len(widths), path)
-            if n < self.context_min_n:
-                spine = []
+        self.lookup.attach(context)
+        n, spine = self.lookup.continuation(context, len(widths), path)
+        if n < self.context_min_n:
+            spine = []
         ext = list(path)  # path + the proposals chosen so far (the best node of each level)
         parent = -1
         for d, width in enumerate(widths):
@@ -647,12 +652,8 @@ def _last2(context: Sequence[int], ext: Sequence[int]) -> list[int]:
     return list(context[-2:])
 
 
+
 def load_default_ngram(model_name: str) -> KatzTrigram | None:
+    """The shipped trigram for `model_name`, loaded, or None."""
     path = default_ngram_path(model_name)
     return None if path is None else KatzTrigram.load(path)
-
-
-def timed_load(path: str | os.PathLike) -> tuple[KatzTrigram, float]:
-    t = time.perf_counter()
-    m = KatzTrigram.load(path)
-    return m, time.perf_counter() - t

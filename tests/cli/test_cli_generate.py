@@ -25,12 +25,12 @@ def test_output_is_streamed_and_matches_result(run_cli, tiny_model, monkeypatch)
     results = []
     run = specstack.cli.run_generation
 
-    def spy(lm, ids, gen, on_text):
+    def spy(lm, ids, gen, on_text, **kw):
         def tee(text: str) -> None:
             pieces.append(text)
             on_text(text)
 
-        res = run(lm, ids, gen, on_text=tee)
+        res = run(lm, ids, gen, on_text=tee, **kw)
         results.append(res)
         return res
 
