@@ -194,7 +194,7 @@ def cmd_train(args: argparse.Namespace) -> int:
           f"{m['distinct']['trigram']:,} trigrams")
     print(f"kept:     {m['kept']['bigram']:,} bigrams in {m['contexts']['bigram']:,} contexts, "
           f"{m['kept']['trigram']:,} trigrams in {m['contexts']['trigram']:,} contexts "
-          f"(min count {m['min_count_bigram']} / {m['min_count']})")
+          f"(min counts: bigram {m['min_count_bigram']}, trigram {m['min_count']})")
     for level in ("bigram", "trigram"):
         d = ", ".join(f"{x:.3f}" for x in m["discounts"][level])
         a = m["A"][level]

@@ -104,9 +104,18 @@ class ModelDrafter:
     def _child(self, parent: int, token: int) -> int | None:
         return next((c for c in self._kids.get(parent, []) if self._cands[c].token == token), None)
 
+    def _rank(self, i: int) -> float:
+        """Selection key. A node carrying q (sampled for recursive rejection sampling) ranks by its
+        parent's score, ties in draw order: whether it is kept must not depend on its own drawn token,
+        or the kept children are no longer draws from q without replacement and RRS is biased."""
+        c = self._cands[i]
+        if c.q is None:
+            return c.score
+        return 1.0 if c.parent < 0 else self._cands[c.parent].score
+
     def _selected(self) -> list[int]:
         """Candidate ids of the target batch: the `budget` best, parents before children."""
-        order = sorted(range(len(self._cands)), key=lambda i: (-self._cands[i].score, i))
+        order = sorted(range(len(self._cands)), key=lambda i: (-self._rank(i), i))
         return sorted(order[: self.params.budget])
 
     def _depth(self, i: int) -> int:
@@ -158,9 +167,11 @@ class ModelDrafter:
         """Best-first: expand the best unexpanded nodes of the would-be target batch, a level of
         `expand_per_forward` nodes per draft forward, until none is left within the depth."""
         p = self.params
+        # a node of depth d runs at the root's position + d, which must stay inside the context
+        max_depth = min(p.depth - 1, self.draft.config.max_seq_len - (self.cache.next_pos[0] + len(self.pending)))
         self._add_children(-1, root_probs, ctx)
         while True:
-            open_nodes = [i for i in self._selected() if self._cands[i].slot < 0 and self._depth(i) < p.depth]
+            open_nodes = [i for i in self._selected() if self._cands[i].slot < 0 and self._depth(i) <= max_depth]
             chosen = sorted(open_nodes, key=lambda i: -self._cands[i].score)[: p.expand_per_forward]
             if not chosen:
                 return

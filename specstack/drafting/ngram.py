@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 
 from specstack.drafting.base import DraftContext
+from specstack.errors import SpecstackError
 from specstack.tree import DraftTree, Origin
 from specstack.verify import VerifyResult
 
@@ -110,11 +112,6 @@ class _Level:
     prob: np.ndarray  # float32 [E]
     alpha: np.ndarray  # float64 [C] backoff weight of each context
 
-    @staticmethod
-    def empty() -> "_Level":
-        return _Level(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32),
-                      np.zeros(0, np.float32), np.zeros(0, np.float64))
-
 
 def _build_level(keys: np.ndarray, counts: np.ndarray, V: int, d: np.ndarray, min_count: int,
                  lower_prob) -> tuple[_Level, np.ndarray, np.ndarray]:
@@ -171,6 +168,7 @@ class KatzTrigram:
     """Katz backoff trigram over token ids 0..V-1 (see the module docstring for the formulas)."""
 
     _CACHE_LIMIT = 200_000  # cached contexts (Python lists) before the cache is dropped
+    _WARM_ENTRIES = 256  # contexts with more continuations than this are materialised at load
 
     def __init__(self, vocab_size: int, k: int, unigram: np.ndarray, bigram: _Level, trigram: _Level,
                  meta: Mapping | None = None) -> None:
@@ -185,9 +183,14 @@ class KatzTrigram:
         self._bi_row = dict(zip(bigram.ctx.tolist(), range(len(bigram.ctx))))
         self._tri_row = dict(zip(trigram.ctx.tolist(), range(len(trigram.ctx))))
         self._uni_list: list[float] = self.unigram.tolist()
-        self._uni_order: list[int] | None = None  # tokens by unigram probability, built on first top()
+        # tokens by unigram probability (descending, ties by id): the last stream of top()
+        self._uni_order: list[int] = np.lexsort((np.arange(self.vocab_size), -self.unigram)).tolist()
         self._bi_cache: dict[int, _Entry] = {}
         self._tri_cache: dict[int, _Entry] = {}
+        # materialise the few very common contexts now (~10 ms), so no proposal pays for them later
+        for level, rows, cache in ((bigram, self._bi_row, self._bi_cache), (trigram, self._tri_row, self._tri_cache)):
+            for row in np.flatnonzero(np.diff(level.off) > self._WARM_ENTRIES):
+                self._entry(level, rows, cache, int(level.ctx[row]))
 
     # ---- training -------------------------------------------------------------------------------
     @classmethod
@@ -197,8 +200,8 @@ class KatzTrigram:
         with Good–Turing (counts <= k), drop n-grams seen fewer than min_count times (trigrams) /
         min_count_bigram times (bigrams; default: min_count), and compute the backoff weights."""
         V = int(vocab_size)
-        if V < 1:
-            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        if not 1 <= V < 2 ** 21:  # trigram keys (u*V + v)*V + w must fit in int64
+            raise ValueError(f"vocab_size must be in [1, 2**21), got {vocab_size}")
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         min_bi = min_count if min_count_bigram is None else min_count_bigram
@@ -302,16 +305,29 @@ class KatzTrigram:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "KatzTrigram":
+        """Load a file written by `save` (a bad or missing file is a SpecstackError)."""
         path = Path(path)
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(str(z["meta"]))
-            if meta.get("format") != FORMAT_VERSION:
-                raise ValueError(f"{path}: unsupported n-gram format {meta.get('format')!r}")
-            levels = {name: _Level(z[f"{name}_ctx"], z[f"{name}_off"], z[f"{name}_tok"], z[f"{name}_prob"],
-                                   z[f"{name}_alpha"]) for name in ("bi", "tri")}
-            unigram = z["unigram"].astype(np.float64)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(str(z["meta"]))
+                if meta.get("format") != FORMAT_VERSION:
+                    raise ValueError(f"unsupported format {meta.get('format')!r} (expected {FORMAT_VERSION})")
+                levels = {name: _Level(z[f"{name}_ctx"], z[f"{name}_off"], z[f"{name}_tok"], z[f"{name}_prob"],
+                                       z[f"{name}_alpha"]) for name in ("bi", "tri")}
+                unigram = z["unigram"].astype(np.float64)
+        except FileNotFoundError:
+            raise SpecstackError(f"n-gram file not found: {path}") from None
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise SpecstackError(f"cannot read n-gram file {path}: {e}") from None
         unigram /= unigram.sum()
         return cls(meta["vocab_size"], meta["k"], unigram, levels["bi"], levels["tri"], meta)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """A trigram for another tokenizer would propose foreign (or out-of-range) token ids."""
+        if self.vocab_size != vocab_size:
+            name = self.meta.get("model_name", "another model")
+            raise SpecstackError(f"the n-gram model covers {self.vocab_size} tokens ({name}), "
+                                 f"the target {vocab_size}: train one with its tokenizer")
 
     # ---- queries --------------------------------------------------------------------------------
     def _entry(self, level: _Level, rows: dict[int, int], cache: dict[int, _Entry], key: int) -> _Entry | None:
@@ -325,7 +341,7 @@ class KatzTrigram:
         toks = level.tok[a:b].tolist()
         probs = level.prob[a:b].astype(np.float64).tolist()
         if len(cache) >= self._CACHE_LIMIT:
-            cache.clear()
+            cache.clear()  # rare; the warm contexts come back on first use
         e = cache[key] = _Entry(toks, probs, dict(zip(toks, probs)), float(level.alpha[row]))
         return e
 
@@ -385,11 +401,6 @@ class KatzTrigram:
                 d[lv.tok[a:b].astype(np.int64)] = scale * lv.prob[a:b].astype(np.float64)
         return torch.from_numpy(d.astype(np.float32))
 
-    def _unigram_order(self) -> list[int]:
-        if self._uni_order is None:
-            self._uni_order = np.lexsort((np.arange(self.vocab_size), -self.unigram)).tolist()
-        return self._uni_order
-
     def top(self, context: Sequence[int], n: int) -> list[tuple[int, float]]:
         """The n most likely next tokens with their probabilities, in the order of `distribution`
         (probability descending, ties by token id): a merge of three already-sorted streams — the
@@ -417,7 +428,7 @@ class KatzTrigram:
         def stream_uni():
             s = a3 * a2
             if s > 0:
-                for t in self._unigram_order():
+                for t in self._uni_order:
                     if t not in skip3 and t not in skip2:
                         yield t, s * uni[t]
 
@@ -439,13 +450,12 @@ class KatzTrigram:
 class ContextLookup:
     """Prompt-lookup decoding: where did the last n tokens (n = max_n .. 1) occur before, and what
     followed them? An index maps each n-gram to the positions of the tokens that followed its most
-    recent occurrences (the last `keep`); it is extended incrementally as tokens are appended.
+    recent occurrences (the last `keep`, most recent last).
 
-    Queries take the sequence as it is now plus an optional `path` (speculative tokens under the
-    root): the indexed tokens must be a prefix of it; the part not yet indexed (normally just the
-    path) is scanned directly."""
-
-    _MAX_TAIL = 256  # an unindexed tail longer than this is indexed on the spot
+    The index follows the sequence it is shown: `attach(tokens)` keeps the longest common prefix of
+    what is indexed and `tokens`, rolls back the rest and indexes the new tokens, so a caller can
+    pass the whole context every time (the engine's growing ctx.tokens, or the staged drafter's
+    ctx.tokens + speculative spine) and pays only for what changed."""
 
     def __init__(self, max_n: int = 3, keep: int = 4) -> None:
         if max_n < 1 or keep < 1:
@@ -454,16 +464,19 @@ class ContextLookup:
         self.tokens: list[int] = []
         self._index: dict[tuple[int, ...], list[int]] = {}
 
-    def reset(self, tokens: Sequence[int] = ()) -> None:
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def reset(self, tokens: Iterable[int] = ()) -> None:
         self.tokens = []
         self._index = {}
         self.extend(tokens)
 
     def extend(self, tokens: Iterable[int]) -> None:
-        toks, index, keep = self.tokens, self._index, self.keep
+        toks, index, keep, max_n = self.tokens, self._index, self.keep, self.max_n
         for t in tokens:
             i = len(toks)  # the new token's position: it follows the n-grams ending at i - 1
-            for n in range(1, min(self.max_n, i) + 1):
+            for n in range(1, min(max_n, i) + 1):
                 key = tuple(toks[i - n:i])
                 pos = index.get(key)
                 if pos is None:
@@ -474,67 +487,60 @@ class ContextLookup:
                         del pos[0]
             toks.append(int(t))
 
-    def sync(self, tokens: Sequence[int]) -> None:
-        """Make the indexed sequence equal `tokens`: append what is new, or rebuild if it diverged."""
-        m = len(self.tokens)
-        if len(tokens) >= m and list(tokens[:m]) == self.tokens:
-            if len(tokens) > m:
-                self.extend(tokens[m:])
-        else:
-            self.reset(tokens)
+    def truncate(self, length: int) -> None:
+        """Roll back to the first `length` tokens (O(tokens removed)). Occurrences that the `keep`
+        cap had already evicted do not come back: the index may hold fewer than `keep` afterwards."""
+        toks, index = self.tokens, self._index
+        for i in range(len(toks) - 1, max(length, 0) - 1, -1):
+            for n in range(1, min(self.max_n, i) + 1):
+                key = tuple(toks[i - n:i])
+                pos = index.get(key)
+                if pos and pos[-1] == i:
+                    pos.pop()
+                    if not pos:
+                        del index[key]
+        del toks[max(length, 0):]
 
     def attach(self, tokens: Sequence[int]) -> None:
-        """Before querying with `tokens`: keep the index if the indexed sequence is a prefix of it
-        (the rest is scanned as an unindexed tail), else index `tokens` from scratch."""
-        m = len(self.tokens)
-        if len(tokens) < m or list(tokens[:m]) != self.tokens or len(tokens) - m > self._MAX_TAIL:
-            self.sync(tokens)
+        """Make the indexed sequence equal `tokens`, reusing the common prefix."""
+        keep = _common_prefix(self.tokens, tokens)
+        if keep < len(self.tokens):
+            if keep < len(self.tokens) - len(tokens) // 2 - 64:
+                self.reset(tokens)  # mostly a different sequence: rebuilding is cheaper
+                return
+            self.truncate(keep)
+        if len(tokens) > keep:
+            self.extend(tokens[keep:])
 
-    def _prepare(self, tokens: Sequence[int]) -> None:
-        # cheap per-query check (length and last indexed token); attach() does the full one
-        m = len(self.tokens)
-        if len(tokens) < m or (m and tokens[m - 1] != self.tokens[-1]) or len(tokens) - m > self._MAX_TAIL:
-            self.sync(tokens)
+    sync = attach
 
-    def matches(self, tokens: Sequence[int], path: Sequence[int] = (), limit: int = 8) -> list[tuple[int, int]]:
-        """(n, f) for earlier occurrences of the last n tokens of tokens + path, best first: longest
-        n, then most recent; f is the position of the token that followed (in tokens + path)."""
-        self._prepare(tokens)
-        L, m = len(tokens) + len(path), len(self.tokens)
-        seq = _Concat(tokens, path)
+    def matches(self, limit: int = 8) -> list[tuple[int, int]]:
+        """(n, f) for earlier occurrences of the last n tokens, best first: longest n, then most
+        recent; f is the position of the token that followed that occurrence."""
+        toks, L = self.tokens, len(self.tokens)
         out: list[tuple[int, int]] = []
         for n in range(min(self.max_n, L - 1), 0, -1):
-            suffix = tuple(seq[L - n + j] for j in range(n))
-            # followers in the unindexed tail first (they are the most recent), then the index
-            for f in range(L - 1, max(m, n) - 1, -1):
-                if all(seq[f - n + j] == suffix[j] for j in range(n)):
-                    out.append((n, f))
-                    if len(out) >= limit:
-                        return out
-            for f in reversed(self._index.get(suffix, ())):
+            for f in reversed(self._index.get(tuple(toks[L - n:]), ())):
                 out.append((n, f))
                 if len(out) >= limit:
                     return out
         return out
 
-    def continuation(self, tokens: Sequence[int], length: int, path: Sequence[int] = ()) -> tuple[int, list[int]]:
-        """(n, chain): the up-to-`length` tokens that followed the best match, n its length (0: none)."""
-        best = self.matches(tokens, path, limit=1)
+    def continuation(self, length: int) -> tuple[int, list[int]]:
+        """(n, chain): up to `length` tokens that followed the best match, n its length (0: none)."""
+        best = self.matches(limit=1)
         if not best:
             return 0, []
         n, f = best[0]
-        seq, L = _Concat(tokens, path), len(tokens) + len(path)
-        return n, [seq[g] for g in range(f, min(f + length, L))]
+        return n, self.tokens[f:f + length]
 
-    def next_tokens(self, tokens: Sequence[int], path: Sequence[int] = (), limit: int = 4,
-                    min_n: int = 1) -> list[int]:
+    def next_tokens(self, limit: int = 4, min_n: int = 1) -> list[int]:
         """Distinct tokens that followed earlier occurrences of the suffix (matches of length >= min_n)."""
-        seq = _Concat(tokens, path)
         out: list[int] = []
-        for n, f in self.matches(tokens, path, limit=4 * limit):
+        for n, f in self.matches(limit=4 * limit):
             if n < min_n:
                 break
-            t = seq[f]
+            t = self.tokens[f]
             if t not in out:
                 out.append(t)
                 if len(out) >= limit:
@@ -542,15 +548,26 @@ class ContextLookup:
         return out
 
 
-class _Concat:
-    """tokens + path, indexed without copying the (long) tokens list."""
-    __slots__ = ("a", "b", "na")
-
-    def __init__(self, a: Sequence[int], b: Sequence[int]) -> None:
-        self.a, self.b, self.na = a, b, len(a)
-
-    def __getitem__(self, i: int) -> int:
-        return self.a[i] if i < self.na else self.b[i - self.na]
+def _common_prefix(a: list[int], b: Sequence[int]) -> int:
+    """Length of the common prefix; fast when b extends a or differs only near the end."""
+    n = min(len(a), len(b))
+    b = b if isinstance(b, list) else list(b)
+    if a[:n] == b[:n]:
+        return n
+    lo, hi, step = 0, n, 1  # a[:lo] == b[:lo] holds, a[:hi] != b[:hi]
+    while True:  # step back from the end (divergence is usually recent), then bisect
+        j = max(0, n - step)
+        if a[:j] == b[:j]:
+            lo = j
+            break
+        hi, step = j, step * 4
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -560,13 +577,13 @@ class _Concat:
 class NgramDrafter:
     """Staged paper's draft2 as a stand-alone drafter (deterministic proposals, q = None).
 
-    The staged drafter calls `proposal_tree(context, widths, path)` directly with the draft's spine as
-    `path`, after `sync(committed tokens)` once per step (so only the spine is scanned unindexed)."""
+    The staged drafter calls `proposal_tree(context, widths)` directly (context = the committed
+    tokens + its speculative spine); the context lookup follows whatever context it is given."""
     model: KatzTrigram | None = None  # None: context lookup only
     widths: tuple[int, ...] = STAGED_WIDTHS
     max_n: int = 3  # longest suffix the context lookup matches
     context_min_n: int = 1  # shortest context match whose continuation is proposed
-    context_per_level: int = 3  # at most this many context candidates among a level's siblings
+    context_per_level: int = 5  # at most this many context candidates among a level's siblings
     lookup: ContextLookup = field(init=False)
 
     def __post_init__(self) -> None:
@@ -578,79 +595,67 @@ class NgramDrafter:
     @classmethod
     def for_model(cls, model_name: str, **kwargs) -> "NgramDrafter":
         """With the shipped trigram for `model_name` if there is one, else context lookup only."""
-        path = default_ngram_path(model_name)
-        return cls(KatzTrigram.load(path) if path is not None else None, **kwargs)
+        return cls(load_default_ngram(model_name), **kwargs)
 
     # ---- Drafter protocol -----------------------------------------------------------------------
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.lookup.reset(prompt_ids)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        self.lookup.sync(ctx.tokens)
         return self.proposal_tree(ctx.tokens, self.widths)
 
     def observe(self, tree: DraftTree, result: VerifyResult) -> None:
         pass  # the next propose indexes the emitted tokens (ctx.tokens grows by result.tokens)
 
     # ---- the proposal tree ----------------------------------------------------------------------
-    def sync(self, tokens: Sequence[int]) -> None:
-        """Index the committed sequence (the staged drafter calls this once per step)."""
-        self.lookup.sync(tokens)
-
-    def proposal_tree(self, context: Sequence[int], widths: Sequence[int] | None = None,
-                      path: Sequence[int] = ()) -> DraftTree:
-        """A tree hanging off (context + path)[-1]: widths[0] siblings at level 1, widths[1] children
-        under the best of them, and so on (staged paper: 12, 7, 4, 1, 1, 1). Siblings are the context
+    def proposal_tree(self, context: Sequence[int], widths: Sequence[int] | None = None) -> DraftTree:
+        """A tree hanging off context[-1]: widths[0] siblings at level 1, widths[1] children under
+        the best of them, and so on (staged paper: 12, 7, 4, 1, 1, 1). Siblings are the context
         lookup's candidates first (origin "context"; the best match's continuation is the spine),
         then the trigram's top tokens (origin "draft2"); no token twice among siblings."""
         widths = self.widths if widths is None else widths
-        tree = DraftTree()
-        self.lookup.attach(context)
-        n, spine = self.lookup.continuation(context, len(widths), path)
+        lookup = self.lookup
+        lookup.attach(context)
+        base = len(lookup)
+        n, spine = lookup.continuation(len(widths))
         if n < self.context_min_n:
             spine = []
-        ext = list(path)  # path + the proposals chosen so far (the best node of each level)
+        tree = DraftTree()
         parent = -1
-        for d, width in enumerate(widths):
-            if width <= 0:
-                break
-            cand: list[int] = []
-            origin: list[Origin] = []
-            if d < len(spine):
-                cand.append(spine[d])
-                origin.append("context")
-            if self.context_per_level > len(cand) and width > len(cand):
-                for t in self.lookup.next_tokens(context, ext, self.context_per_level, self.context_min_n):
-                    if t not in cand:
-                        cand.append(t)
-                        origin.append("context")
-                        if len(cand) >= min(width, self.context_per_level):
-                            break
-            if self.model is not None and len(cand) < width:
-                last2 = _last2(context, ext)
-                for t, _ in self.model.top(last2, width + len(cand)):
-                    if t not in cand:
-                        cand.append(t)
-                        origin.append("draft2")
-                        if len(cand) >= width:
-                            break
-            if not cand:
-                break
-            first = len(tree)
-            for t, o in zip(cand[:width], origin[:width]):
-                tree.add(t, parent, o)
-            parent = first
-            ext.append(cand[0])
+        try:
+            for d, width in enumerate(widths):
+                if width <= 0:
+                    break
+                cand: list[int] = []
+                origin: list[Origin] = []
+                if d < len(spine):
+                    cand.append(spine[d])
+                    origin.append("context")
+                room = min(width, self.context_per_level)
+                if room > len(cand):
+                    for t in lookup.next_tokens(room, self.context_min_n):
+                        if t not in cand:
+                            cand.append(t)
+                            origin.append("context")
+                            if len(cand) >= room:
+                                break
+                if self.model is not None and len(cand) < width:
+                    for t, _ in self.model.top(lookup.tokens[-2:], width + len(cand)):
+                        if t not in cand:
+                            cand.append(t)
+                            origin.append("draft2")
+                            if len(cand) >= width:
+                                break
+                if not cand:
+                    break
+                first = len(tree)
+                for t, o in zip(cand[:width], origin[:width]):
+                    tree.add(t, parent, o)
+                parent = first
+                lookup.extend((cand[0],))  # the next level is proposed under the best node
+        finally:
+            lookup.truncate(base)
         return tree
-
-
-def _last2(context: Sequence[int], ext: Sequence[int]) -> list[int]:
-    if len(ext) >= 2:
-        return [ext[-2], ext[-1]]
-    if len(ext) == 1:
-        return ([context[-1]] if len(context) else []) + [ext[0]]
-    return list(context[-2:])
-
 
 
 def load_default_ngram(model_name: str) -> KatzTrigram | None:

@@ -112,7 +112,9 @@ def load_ngram(target: LoadedModel, sources: DraftSources) -> Any:
         path = str(found)
     if not Path(path).is_file():
         raise SpecstackError(f"n-gram file not found: {path}")
-    return KatzTrigram.load(path)
+    model = KatzTrigram.load(path)
+    model.check_vocab(target.config.vocab_size)
+    return model
 
 
 def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources, device: str = "cpu") -> Drafter | None:
@@ -131,9 +133,10 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
 
         return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1))
     if method.name == "staged":
+        from specstack.drafting.ngram import NgramDrafter
         from specstack.drafting.staged import StagedDrafter
 
-        return StagedDrafter(load_draft(target, sources, device), load_ngram(target, sources),
+        return StagedDrafter(load_draft(target, sources, device), NgramDrafter(load_ngram(target, sources)),
                              TreeParams(p["width"], p["budget"], p["depth"]))
     raise SpecstackError(f"unknown method {method.name!r}")  # parse_method keeps this unreachable
 

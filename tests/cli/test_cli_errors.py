@@ -69,7 +69,7 @@ CHEAP_CASES = {
     "prompt and file": ((*GEN, "--prompt-file", "x.txt"), "not allowed with argument"),
     "unknown flag": ((*GEN, "--bogus"), "unrecognized arguments: --bogus"),
     "no command": ((), "required: COMMAND"),
-    "unknown command": (("ngram",), "invalid choice: 'ngram'"),
+    "unknown command": (("frobnicate",), "invalid choice: 'frobnicate'"),
 }
 
 

@@ -1,0 +1,66 @@
+"""Fixtures for the lossless tests: drafts for the tiny V = 257 targets of tests/conftest.py (a random
+one-layer Llama, and the target's own first layer via engine.methods.self_draft), and a tiny V = 8
+target/draft pair small enough for chi-square tests over whole token sequences."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specstack.models.loading import LoadedModel, load_model
+
+
+def save_llama(path: Path, seed: int, vocab: int, layers: int, hidden: int, max_pos: int, init: float) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=max_pos,
+        rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=init, bos_token_id=1, eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).float().eval().save_pretrained(str(path))
+    return path
+
+
+def load_fp32(path: Path) -> LoadedModel:
+    return load_model(str(path), dtype="fp32", use_cache=False, tokenizer=False)
+
+
+@pytest.fixture(scope="session")
+def random_draft(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """A one-layer Llama with the tiny targets' vocabulary (257) and context (256), other weights."""
+    root = tmp_path_factory.mktemp("random-draft")
+    return load_fp32(save_llama(root / "d", seed=999, vocab=257, layers=1, hidden=32, max_pos=256, init=0.15))
+
+
+@pytest.fixture(scope="session")
+def self_drafts(tiny_models, tmp_path_factory: pytest.TempPathFactory) -> dict[str, LoadedModel]:
+    """engine.methods.self_draft: each tiny target's first layer plus its final norm and head."""
+    from specstack.engine.methods import self_draft
+
+    with pytest.MonkeyPatch.context() as mp:  # self_draft loads through the on-disk weight cache
+        mp.setenv("SPECSTACK_CACHE", str(tmp_path_factory.mktemp("specstack-cache")))
+        return {arch: self_draft(str(t.path), 1, "fp32", "cpu") for arch, t in tiny_models.items()}
+
+
+@pytest.fixture(scope="session")
+def vocab8(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, LoadedModel]:
+    """(target, draft): tiny Llamas with an 8-token vocabulary. A large init spreads the logits so the
+    distributions are far from uniform and the draft is often, but not always, right."""
+    root = tmp_path_factory.mktemp("vocab8")
+    target = load_fp32(save_llama(root / "t", seed=11, vocab=8, layers=2, hidden=32, max_pos=64, init=0.5))
+    draft = load_fp32(save_llama(root / "d", seed=12, vocab=8, layers=1, hidden=32, max_pos=64, init=0.5))
+    return target, draft
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and on a shared machine two spinning threads can slow
+    these many small forwards down by an order of magnitude."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

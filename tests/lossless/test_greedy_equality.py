@@ -1,0 +1,103 @@
+"""Greedy losslessness (DESIGN §2.1): speculative decoding with a model drafter emits exactly the
+target's own greedy tokens, token for token, in fp32, for chains and trees, with drafts that are
+perfect (the target itself), partial (the target's first layer, engine.methods.self_draft) and
+useless (an unrelated random model); with EOS inside an accepted run; and up to the context limit."""
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from specstack.config import GenerationConfig
+from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.engine.autoregressive import generate
+from specstack.engine.speculative import speculative_generate
+
+SHAPES = {
+    "chain1": TreeParams.chain(1),
+    "chain2": TreeParams.chain(2),
+    "chain4": TreeParams.chain(4),
+    "chain8": TreeParams.chain(8),
+    "tree4-36-8-4": TreeParams(width=4, budget=36, depth=8, expand_per_forward=4),
+    "tree2-10-5-1": TreeParams(width=2, budget=10, depth=5, expand_per_forward=1),
+    "tree3-20-4-2": TreeParams(width=3, budget=20, depth=4, expand_per_forward=2),
+}
+_rnd = random.Random(2024)
+PROMPTS = [[_rnd.randrange(257) for _ in range(n)] for n in (1, 2, 3, 5, 8, 13, 21, 34, 55, 89)]
+GEN = GenerationConfig(max_new_tokens=30, stop_on_eos=False)
+DRAFTS = ("target", "self1", "random")
+
+_ar_cache: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
+
+
+def ar_tokens(tiny, prompt: list[int], max_new: int = 30) -> list[int]:
+    key = (tiny.arch, tuple(prompt), max_new)
+    if key not in _ar_cache:
+        gen = GenerationConfig(max_new_tokens=max_new, stop_on_eos=False)
+        _ar_cache[key] = generate(tiny.lm, prompt, gen).tokens
+    return _ar_cache[key]
+
+
+@pytest.fixture
+def drafts(tiny, self_drafts, random_draft):
+    return {"target": tiny.lm, "self1": self_drafts[tiny.arch], "random": random_draft}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_speculative_greedy_equals_autoregressive(tiny, drafts, shape):
+    params = SHAPES[shape]
+    s = list(SHAPES).index(shape)
+    for d, name in enumerate(DRAFTS):
+        drafter = ModelDrafter(drafts[name], params)  # one drafter, reset for every prompt
+        start = 3 * s + 5 * d
+        for i in range(start, start + 4):
+            prompt = PROMPTS[i % len(PROMPTS)]
+            out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+            assert out.tokens == ar_tokens(tiny, prompt), f"draft {name}, prompt {i % len(PROMPTS)}"
+            assert out.finish_reason == "length"
+            steps = out.stats.steps
+            assert sum(st.emitted for st in steps) == 30
+            assert all(len(st.origins) == st.emitted for st in steps)
+            if name == "target":
+                if params.width == 1:
+                    # a perfect draft has every chain accepted in full: tau = k + 1
+                    assert [st.accepted for st in steps] == [params.depth] * len(steps)
+                    assert len(steps) == -(-30 // (params.depth + 1))
+                else:
+                    # its best child of the root is the target's argmax
+                    assert all(st.accepted >= 1 for st in steps)
+
+
+@pytest.mark.parametrize("shape", ["chain4", "tree4-36-8-4"])
+@pytest.mark.parametrize("draft", ["target", "random"])
+def test_eos_inside_an_accepted_run(tiny, drafts, shape, draft):
+    """EOS (here: a token the target emits mid-way, declared EOS) ends generation at the same token
+    as autoregressive decoding, even when it sits inside a run of accepted draft tokens."""
+    for prompt in PROMPTS[3:6]:
+        ref = ar_tokens(tiny, prompt)
+        eos = ref[12]
+        cut = ref.index(eos)
+        target = replace(tiny.lm, config=replace(tiny.lm.config, eos_token_ids=(eos,)))
+        gen = GenerationConfig(max_new_tokens=30, stop_on_eos=True)
+        ar = generate(target, prompt, gen)
+        assert ar.tokens == ref[:cut] and ar.finish_reason == "eos"
+        out = speculative_generate(target, ModelDrafter(drafts[draft], SHAPES[shape]), prompt, gen)
+        assert out.tokens == ar.tokens
+        assert out.finish_reason == "eos"
+
+
+@pytest.mark.parametrize("shape", ["chain8", "tree4-36-8-4"])
+@pytest.mark.parametrize("draft", ["target", "random"])
+def test_generation_up_to_the_context_limit(tiny, drafts, shape, draft):
+    """Prompts ending near max_seq_len (256): the tree and the draft must not run past the last
+    position; the output is the autoregressive one, cut at the context limit."""
+    max_len = tiny.lm.config.max_seq_len
+    rnd = random.Random(7)
+    drafter = ModelDrafter(drafts[draft], SHAPES[shape])
+    for n_prompt in (max_len - 30, max_len - 12, max_len - 3, max_len - 1):
+        prompt = [rnd.randrange(257) for _ in range(n_prompt)]
+        ref = ar_tokens(tiny, prompt)
+        assert len(ref) == min(30, max_len - n_prompt)
+        out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+        assert out.tokens == ref, f"prompt of {n_prompt} tokens"
