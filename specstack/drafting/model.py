@@ -10,7 +10,9 @@ were computed with exactly their accepted ancestors), so no token is ever run tw
 Tree (staged paper, DESIGN §4): candidates scored by cumulative draft probability; the target batch
 is the `budget` best (a prefix-closed set: a child never outscores its parent). Greedy target: the
 top-`width` children of each expanded node. Sampling target: `width` children drawn from the warped q
-without replacement (Gumbel top-k), so recursive rejection sampling can use q.
+without replacement (Gumbel top-k), so recursive rejection sampling can use q; the budget then ranks
+a sampled node by its parent's score (`_rank`), keeping each node's children as a prefix of their
+draw order: keeping the likeliest draws instead would bias RRS.
 """
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ class ModelDrafter:
         self.draft = draft
         self.params = params
         self.capacity = capacity
-        self.cache = draft.model.new_cache(1, capacity)
+        self.cache = draft.model.new_cache(1, capacity or draft.config.max_seq_len + self._scratch_bound())
         self.pending: list[int] = []
         self._cands: list[_Candidate] = []
         self._kids: dict[int, list[int]] = {}  # candidate -> its children candidates
@@ -103,6 +105,17 @@ class ModelDrafter:
 
     def _child(self, parent: int, token: int) -> int | None:
         return next((c for c in self._kids.get(parent, []) if self._cands[c].token == token), None)
+
+    def _scratch_bound(self) -> int:
+        """Most scratch slots one round can write: the pending tokens (at most an accepted path and
+        the bonus token) plus every node expanded."""
+        return self.params.depth + 2 + self.params.budget
+
+    def _max_run_depth(self) -> int:
+        """Deepest node the draft may run: its children stay within `depth`, and its position
+        (root position + depth) within the draft's context."""
+        room = self.draft.config.max_seq_len - (self.cache.next_pos[0] + len(self.pending))
+        return min(self.params.depth - 1, room)
 
     def _rank(self, i: int) -> float:
         """Selection key. A node carrying q (sampled for recursive rejection sampling) ranks by its
@@ -168,7 +181,7 @@ class ModelDrafter:
         `expand_per_forward` nodes per draft forward, until none is left within the depth."""
         p = self.params
         # a node of depth d runs at the root's position + d, which must stay inside the context
-        max_depth = min(p.depth - 1, self.draft.config.max_seq_len - (self.cache.next_pos[0] + len(self.pending)))
+        max_depth = self._max_run_depth()
         self._add_children(-1, root_probs, ctx)
         while True:
             open_nodes = [i for i in self._selected() if self._cands[i].slot < 0 and self._depth(i) <= max_depth]

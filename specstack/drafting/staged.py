@@ -37,16 +37,20 @@ class ProposalSource(Protocol):
 class StagedDrafter(ModelDrafter):
     def __init__(self, draft: LoadedModel, draft2: ProposalSource, params: TreeParams,
                  widths: Sequence[int] = PAPER_WIDTHS, capacity: int | None = None) -> None:
+        self.widths = tuple(widths)
         super().__init__(draft, params, capacity)
         self.draft2 = draft2
-        self.widths = tuple(widths)
+
+    def _scratch_bound(self) -> int:
+        # each spine step runs its token and, at most, all of draft2's proposal tree
+        return self.params.depth + 2 + self.params.depth * (1 + sum(self.widths))
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         super().reset(prompt_ids)
         self.draft2.reset(prompt_ids)
 
     def _grow(self, root_probs: torch.Tensor, ctx: DraftContext) -> None:
-        depth_limit = self.params.depth
+        depth_limit = self._max_run_depth()  # nodes up to this depth may be run
         self._add_children(-1, root_probs, ctx)
         dist: dict[int, torch.Tensor] = {-1: root_probs}  # next-token distribution of expanded nodes
         spine_end, spine_tokens = -1, []

@@ -56,7 +56,7 @@ def vocab8(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, Loade
     return target, draft
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def one_thread():
     """Tiny models run fastest on one thread, and on a shared machine two spinning threads can slow
     these many small forwards down by an order of magnitude."""

@@ -14,6 +14,8 @@ from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine.autoregressive import generate
 from specstack.engine.speculative import speculative_generate
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SHAPES = {
     "chain1": TreeParams.chain(1),
     "chain2": TreeParams.chain(2),
@@ -50,8 +52,8 @@ def test_speculative_greedy_equals_autoregressive(tiny, drafts, shape):
     s = list(SHAPES).index(shape)
     for d, name in enumerate(DRAFTS):
         drafter = ModelDrafter(drafts[name], params)  # one drafter, reset for every prompt
-        start = 3 * s + 5 * d
-        for i in range(start, start + 4):
+        start = 3 * s + 4 * d  # 3 prompts per draft, rotating so every prompt meets every draft
+        for i in range(start, start + 3):
             prompt = PROMPTS[i % len(PROMPTS)]
             out = speculative_generate(tiny.lm, drafter, prompt, GEN)
             assert out.tokens == ar_tokens(tiny, prompt), f"draft {name}, prompt {i % len(PROMPTS)}"
@@ -101,3 +103,65 @@ def test_generation_up_to_the_context_limit(tiny, drafts, shape, draft):
         assert len(ref) == min(30, max_len - n_prompt)
         out = speculative_generate(tiny.lm, drafter, prompt, GEN)
         assert out.tokens == ref, f"prompt of {n_prompt} tokens"
+
+
+class RandomProposals:
+    """draft2 stand-in that proposes random tokens in the paper's tree shape, plus the target's own
+    continuation on some levels when given one: proposals of any quality must leave the output alone."""
+
+    def __init__(self, seed: int, oracle=None) -> None:
+        self.rng = random.Random(seed)
+        self.oracle = oracle
+
+    def reset(self, prompt_ids) -> None:
+        pass
+
+    def proposal_tree(self, context, widths):
+        from specstack.tree import DraftTree
+
+        tree, parent = DraftTree(), -1
+        good = generate(self.oracle, list(context), replace(GEN, max_new_tokens=len(widths))).tokens if self.oracle else []
+        for d, w in enumerate(widths):
+            first = good[d] if d < len(good) and self.rng.random() < 0.7 else self.rng.randrange(257)
+            best = tree.add(first, parent, "draft2")
+            for _ in range(w - 1):
+                tok = self.rng.randrange(257)
+                if tok != first:
+                    tree.add(tok, parent, "draft2")
+            parent = best
+        return tree
+
+
+@pytest.mark.parametrize("draft", DRAFTS)
+@pytest.mark.parametrize("oracle", [False, True])
+def test_staged_greedy_equals_autoregressive(tiny, drafts, draft, oracle):
+    from specstack.drafting.staged import StagedDrafter
+
+    source = RandomProposals(5, tiny.lm if oracle else None)
+    drafter = StagedDrafter(drafts[draft], source, TreeParams(width=3, budget=20, depth=6), widths=(4, 3, 2, 1, 1))
+    for prompt in PROMPTS[2:6]:
+        out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+        assert out.tokens == ar_tokens(tiny, prompt)
+    if draft == "target" and oracle:
+        assert out.stats.origins["draft2"] > 0  # draft2 really speculated the draft
+
+
+@pytest.mark.parametrize("draft", ["target", "random"])
+def test_staged_up_to_the_context_limit(tiny, drafts, draft):
+    from specstack.drafting.staged import StagedDrafter
+
+    max_len = tiny.lm.config.max_seq_len
+    rnd = random.Random(11)
+    drafter = StagedDrafter(drafts[draft], RandomProposals(3), TreeParams(width=3, budget=20, depth=6))
+    for n_prompt in (max_len - 12, max_len - 3, max_len - 1):
+        prompt = [rnd.randrange(257) for _ in range(n_prompt)]
+        assert speculative_generate(tiny.lm, drafter, prompt, GEN).tokens == ar_tokens(tiny, prompt)
+
+
+def test_ngram_drafter_greedy_equals_autoregressive(tiny):
+    from specstack.drafting.ngram import KatzTrigram, NgramDrafter
+
+    corpus = [[_rnd.randrange(257) for _ in range(400)] for _ in range(3)] + [ar_tokens(tiny, p) for p in PROMPTS[:4]]
+    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257))
+    for prompt in PROMPTS[:6]:
+        assert speculative_generate(tiny.lm, drafter, prompt, GEN).tokens == ar_tokens(tiny, prompt)

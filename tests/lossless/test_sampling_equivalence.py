@@ -21,6 +21,8 @@ from specstack.engine.speculative import speculative_generate
 from specstack.sampling import warp
 from specstack.verify import verify_rrs
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ALPHA = 1e-4
 PROMPT = [3, 5, 2, 6]
 V = 8
@@ -54,7 +56,7 @@ CONFIGS = {
     "chain2-t1": (TreeParams.chain(2), dict(temperature=1.0)),
     "tree3-4-2-1-t1": (TreeParams(width=3, budget=4, depth=2, expand_per_forward=1), dict(temperature=1.0)),
     "chain2-k3-t0.7": (TreeParams.chain(2), dict(temperature=0.7, top_k=3)),
-    "tree2-5-3-2-k3-t0.7": (TreeParams(width=2, budget=5, depth=3, expand_per_forward=2),
+    "tree2-4-2-2-k3-t0.7": (TreeParams(width=2, budget=4, depth=2, expand_per_forward=2),
                             dict(temperature=0.7, top_k=3)),
 }
 
@@ -65,7 +67,7 @@ def test_first_two_tokens_follow_the_target(vocab8, config):
     params, warp_args = CONFIGS[config]
     expected = exact_pairs(target, SamplingParams(**warp_args))
     drafter = ModelDrafter(draft, params)
-    n = 1200
+    n = 1000
     counts = np.zeros((V, V))
     accepted = 0
     for seed in range(n):
@@ -105,7 +107,7 @@ def test_model_drafter_trees_keep_rrs_lossless(vocab8):
     p0 = target_probs(target, PROMPT, sp).float()
     drafter = ModelDrafter(draft, params)
     g = torch.Generator().manual_seed(5)
-    n = 1500
+    n = 1000
     counts = np.zeros(V)
     for _ in range(n):
         drafter.reset(PROMPT)

@@ -164,13 +164,13 @@ T1 = SamplingParams(temperature=1.0)
 @pytest.mark.parametrize("widths", [(1, 1), (3, 2), (2, 2, 1)], ids=["chain2", "tree3x2", "tree2x2x1"])
 def test_rrs_is_lossless(widths):
     toy = Toy(6, T1)
-    run_and_check(toy, sampled_tree(widths), verify_rrs, n=8000, seed=100 + len(widths) * 10 + widths[0])
+    run_and_check(toy, sampled_tree(widths), verify_rrs, n=6000, seed=100 + len(widths) * 10 + widths[0])
 
 
 @pytest.mark.parametrize("widths", [(1, 1), (3, 2)], ids=["chain2", "tree3x2"])
 def test_sample_walk_is_lossless(widths):
     toy = Toy(6, T1)
-    run_and_check(toy, fixed_tree(widths), verify_sample_walk, n=8000, seed=200 + widths[0])
+    run_and_check(toy, fixed_tree(widths), verify_sample_walk, n=6000, seed=200 + widths[0])
 
 
 def test_rrs_with_top_k_and_top_p_warps_p_and_q_alike():
@@ -179,7 +179,7 @@ def test_rrs_with_top_k_and_top_p_warps_p_and_q_alike():
     sp = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
     toy = Toy(7, sp)
     assert all(int((toy.p(c) > 0).sum()) < 7 for c in [(), (0,), (1,)])  # the warp really truncates
-    run_and_check(toy, sampled_tree((3, 2)), verify_rrs, n=8000, seed=300)
+    run_and_check(toy, sampled_tree((3, 2)), verify_rrs, n=6000, seed=300)
 
 
 def test_the_toy_draft_is_accepted_sometimes_and_rejected_sometimes():

@@ -1,0 +1,215 @@
+"""DraftTree as data (DESIGN §4), and the model drafter's best-first tree builder checked against an
+independent oracle: the `budget` nodes of highest cumulative draft probability in the full top-`width`
+tree of depth `depth`, computed here with from-scratch forwards of every path."""
+from __future__ import annotations
+
+import heapq
+import random
+
+import pytest
+import torch
+
+from specstack.attention import ancestor_mask
+from specstack.config import SamplingParams
+from specstack.drafting.base import DraftContext
+from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.sampling import warp
+from specstack.tree import DraftTree
+from specstack.verify import VerifyResult
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def example() -> DraftTree:
+    # root -> n0 -> {n2, n3}; root -> n1 -> n4 -> n5
+    return DraftTree([3, 1, 2, 4, 0, 6], [-1, -1, 0, 0, 1, 4])
+
+
+# -- DraftTree ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("parents", [[0], [-1, 1], [-1, 2, 0], [-2], [-1, 0, 5]])
+def test_parents_must_precede_their_children(parents):
+    with pytest.raises(ValueError):
+        DraftTree(list(range(len(parents))), parents)
+
+
+def test_fields_need_one_entry_per_node_and_default_sensibly():
+    with pytest.raises(ValueError):
+        DraftTree([1, 2], [-1])
+    with pytest.raises(ValueError):
+        DraftTree([1, 2], [-1, 0], origin=["draft"])
+    with pytest.raises(ValueError):
+        DraftTree([1, 2], [-1, 0], q=[None])
+    t = DraftTree([1, 2], [-1, 0])
+    assert t.origin == ["draft", "draft"] and t.q == [None, None] and len(t) == 2
+    with pytest.raises(ValueError):
+        t.add(5, 2)  # node 2 does not exist yet
+    assert t.add(5, 1, "draft2") == 2 and t.parent == [-1, 0, 1] and t.origin[2] == "draft2"
+    assert t.add(7, -1) == 3
+
+
+def test_paths_children_depth_and_mask():
+    t = example()
+    assert t.depth == [1, 1, 2, 2, 2, 3]
+    assert t.children(-1) == [0, 1] and t.children(0) == [2, 3] and t.children(5) == []
+    assert t.path_to(-1) == [] and t.path_to(3) == [0, 3] and t.path_to(5) == [1, 4, 5]
+    assert t.paths() == [[0, 2], [0, 3], [1, 4, 5]]
+    assert torch.equal(t.mask(), ancestor_mask(t.parent))
+    assert DraftTree().paths() == [] and len(DraftTree()) == 0
+
+
+def test_truncated_is_a_prefix_closed_tree():
+    rnd = random.Random(3)
+    for _ in range(50):
+        n = rnd.randint(0, 15)
+        parents = [rnd.randint(-1, i - 1) for i in range(n)]
+        q = [torch.rand(4) for _ in range(n)]
+        t = DraftTree([rnd.randrange(9) for _ in range(n)], parents, ["draft"] * n, q)
+        for m in range(n + 2):
+            s = t.truncated(m)
+            k = min(m, n)
+            assert len(s) == k
+            assert s.tokens == t.tokens[:k] and s.parent == t.parent[:k] and s.q[:k] == t.q[:k]
+            kept = set(range(k))
+            for i in range(k):  # every kept node's whole path is kept
+                assert set(s.path_to(i)) <= kept
+                assert s.path_to(i) == t.path_to(i)
+    assert example().truncated(0).tokens == []
+
+
+def test_chain():
+    t = DraftTree.chain([5, 6, 7], origin="context")
+    assert t.tokens == [5, 6, 7] and t.parent == [-1, 0, 1] and t.depth == [1, 2, 3]
+    assert t.paths() == [[0, 1, 2]] and t.origin == ["context"] * 3
+    assert DraftTree.chain([]).tokens == []
+
+
+# -- the model drafter's tree ---------------------------------------------------------------------
+PROMPTS = [[17, 4, 250, 9, 33, 61, 2, 118], [5], [100, 101, 102, 100, 101]]
+
+
+def draft_probs(lm, context: list[int], sampling: SamplingParams | None = None) -> torch.Tensor:
+    """The draft's next-token distribution after `context`, from one plain causal forward."""
+    model = lm.model
+    logits = model.extend(torch.tensor([context]), model.new_cache(1)).logits[0, -1]
+    return torch.softmax(logits, -1) if sampling is None else warp(logits, sampling)
+
+
+def node_paths(tree: DraftTree) -> list[tuple[int, ...]]:
+    return [tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))]
+
+
+def oracle_best_first(lm, prompt: list[int], params: TreeParams) -> set[tuple[int, ...]]:
+    """Top-`budget` token paths by cumulative probability in the full tree where every node of depth
+    < D has its top-`width` tokens as children (a child never outscores its parent, so popping a heap
+    `budget` times finds them)."""
+    heap: list[tuple[float, tuple[int, ...]]] = []
+
+    def push_children(path: tuple[int, ...], score: float) -> None:
+        probs = draft_probs(lm, prompt + list(path))
+        for tok in torch.topk(probs, params.width).indices.tolist():
+            heapq.heappush(heap, (-score * float(probs[tok]), path + (tok,)))
+
+    push_children((), 1.0)
+    chosen = set()
+    while heap and len(chosen) < params.budget:
+        neg, path = heapq.heappop(heap)
+        chosen.add(path)
+        if len(path) < params.depth:
+            push_children(path, -neg)
+    return chosen
+
+
+def check_shape(tree: DraftTree, params: TreeParams) -> None:
+    assert 1 <= len(tree) <= params.budget
+    assert max(tree.depth) <= params.depth
+    for node in [-1] + list(range(len(tree))):
+        kids = tree.children(node)
+        assert len(kids) <= params.width
+        assert len({tree.tokens[k] for k in kids}) == len(kids), "duplicate sibling tokens"
+
+
+def propose(drafter: ModelDrafter, prompt: list[int], sampling: SamplingParams,
+            g: torch.Generator | None = None) -> DraftTree:
+    drafter.reset(prompt)
+    return drafter.propose(DraftContext(list(prompt), sampling, g))
+
+
+@pytest.mark.parametrize("params", [TreeParams(4, 36, 8, 4), TreeParams(2, 10, 5, 1), TreeParams(3, 20, 4, 2),
+                                    TreeParams(3, 7, 8, 1)], ids=str)
+def test_greedy_tree_is_the_best_first_oracle(tiny_llama, params):
+    lm = tiny_llama.lm
+    drafter = ModelDrafter(lm, params)
+    for prompt in PROMPTS:
+        tree = propose(drafter, prompt, SamplingParams())
+        check_shape(tree, params)
+        assert all(q is None for q in tree.q)
+        assert set(node_paths(tree)) == oracle_best_first(lm, prompt, params)
+        assert len(tree) == params.budget  # the full tree is larger than the budget here
+        # the first path (first child at every level) is the draft's greedy continuation
+        node, ctx = -1, list(prompt)
+        while tree.children(node):
+            node = tree.children(node)[0]
+            assert tree.tokens[node] == int(draft_probs(lm, ctx).argmax())
+            ctx.append(tree.tokens[node])
+        assert len(ctx) > len(prompt)
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_chain_is_the_drafts_greedy_decoding(tiny_gpt2, k):
+    lm = tiny_gpt2.lm
+    drafter = ModelDrafter(lm, TreeParams.chain(k))
+    prompt = PROMPTS[0]
+    tree = propose(drafter, prompt, SamplingParams())
+    assert tree.parent == list(range(-1, k - 1))
+    ctx = list(prompt)
+    for tok in tree.tokens:
+        assert tok == int(draft_probs(lm, ctx).argmax())
+        ctx.append(tok)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["t1", "t0.8-k20-p0.9"])
+@pytest.mark.parametrize("params", [TreeParams(4, 12, 4, 2), TreeParams.chain(4)], ids=str)
+def test_sampled_tree_carries_the_warped_draft_q(tiny_llama, sampling, params):
+    """Each node carries q = warp(draft logits at its parent's context) (the one warp), with q > 0 for
+    its token, and siblings are distinct draws (without replacement)."""
+    lm = tiny_llama.lm
+    drafter = ModelDrafter(lm, params)
+    g = torch.Generator().manual_seed(0)
+    for prompt in PROMPTS[:2]:
+        tree = propose(drafter, prompt, sampling, g)
+        check_shape(tree, params)
+        for i, path in enumerate(node_paths(tree)):
+            q = tree.q[i]
+            assert q is not None and q[tree.tokens[i]] > 0
+            torch.testing.assert_close(q, draft_probs(lm, prompt + list(path[:-1]), sampling), atol=1e-5, rtol=1e-4)
+        for node in [-1] + list(range(len(tree))):  # siblings share their parent's q
+            kids = tree.children(node)
+            assert all(tree.q[k] is tree.q[kids[0]] for k in kids)
+
+
+@pytest.mark.parametrize("params", [TreeParams(3, 15, 5, 2), TreeParams.chain(3)], ids=str)
+def test_observe_keeps_the_draft_cache_exact(tiny_gpt2, params):
+    """After observe(), the next proposal equals a fresh drafter's proposal on the whole context: the
+    draft's cache holds exactly the accepted tokens (DESIGN §2.4), whatever path was accepted."""
+    lm = tiny_gpt2.lm
+    drafter = ModelDrafter(lm, params)
+    fresh = ModelDrafter(lm, params)
+    sp = SamplingParams()
+    ctx = list(PROMPTS[0])
+    drafter.reset(ctx)
+    rnd = random.Random(1)
+    for _ in range(6):
+        tree = drafter.propose(DraftContext(list(ctx), sp))
+        assert [node_paths(tree), tree.parent] == [node_paths(f := propose(fresh, ctx, sp)), f.parent]
+        # accept a random root-to-node path (possibly empty), then one "target" token
+        path = tree.path_to(rnd.randrange(len(tree)))[: rnd.randint(0, 3)]
+        result = VerifyResult(path, [tree.tokens[i] for i in path] + [rnd.randrange(257)])
+        drafter.observe(tree, result)
+        ctx += result.tokens
