@@ -114,6 +114,9 @@ def build_parser() -> ArgumentParser:
     from specstack.bench import forward as bench_forward  # light: imports torch only when run
 
     bench_forward.add_parser(sub)  # `specstack bench-forward`
+    from specstack.bench import run as bench_run  # light: torch and the models only when run
+
+    bench_run.add_parser(sub)  # `specstack bench`
     from specstack import ngram_cli  # light: numpy/tokenizers only when run
 
     ngram_cli.add_parser(sub)  # `specstack ngram train`

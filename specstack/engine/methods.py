@@ -82,7 +82,7 @@ def self_draft(target_name: str, n_layers: int, dtype: str, device: str) -> Load
     model._modules = dict(full.model._modules)
     model.layers = nn.ModuleList(list(full.model.layers)[:n_layers])
     model.config = replace(full.config, n_layers=n_layers)
-    return LoadedModel(f"{full.name}[:{n_layers}]", model, None, model.config, dtype)
+    return LoadedModel(f"{full.name}[:{n_layers}]", model, None, model.config, dtype, source=full.source)
 
 
 def load_draft(target: LoadedModel, sources: DraftSources, device: str) -> LoadedModel:
@@ -92,7 +92,7 @@ def load_draft(target: LoadedModel, sources: DraftSources, device: str) -> Loade
             n = int(spec.removeprefix("self:"))
         except ValueError:
             raise SpecstackError(f"--draft {spec!r}: expected self:N with N layers") from None
-        return self_draft(target.name, n, sources.draft_dtype, device)
+        return self_draft(target.source or target.name, n, sources.draft_dtype, device)
     draft = load_model(spec, dtype=sources.draft_dtype, device=device, tokenizer=False)
     if draft.config.vocab_size != target.config.vocab_size:
         raise SpecstackError(f"draft {spec!r} has a vocabulary of {draft.config.vocab_size} tokens, "

@@ -25,7 +25,7 @@ from specstack.errors import SpecstackError
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Q4Weight, Transformer, Weight
 
-CACHE_VERSION = "2"  # bump whenever the built layout changes
+CACHE_VERSION = "3"  # bump whenever the built layout changes
 
 
 def cache_root() -> Path:
@@ -250,6 +250,7 @@ class LoadedModel:
     tokenizer: Any  # a transformers tokenizer, or None for weights without one
     config: ModelConfig
     fmt: str
+    source: str = ""  # what load_model was given (a registry name or a path): reloads the same model
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -312,4 +313,4 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
             tmp.replace(built)  # atomic: an interrupted save never leaves a half-written cache
     model = model.to(device).eval()
     tok = load_tokenizer(src, cdir) if tokenizer and src.has_tokenizer else None
-    return LoadedModel(src.name, model, tok, cfg, dtype)
+    return LoadedModel(src.name, model, tok, cfg, dtype, source=name)

@@ -35,11 +35,15 @@ class QLinear(nn.Module):
     """y = x W^T (+ b) with W stored in one of the four formats."""
 
     def __init__(self, in_features: int, out_features: int, fmt: str, bias: bool = False,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, activation: torch.dtype | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
         n, k = out_features, in_features
-        act = activation_dtype(fmt)
+        # int8/int4 kernels also take fp32 activations (and then return fp32)
+        act = activation or activation_dtype(fmt)
+        if fmt in ("fp32", "bf16") and act != activation_dtype(fmt):
+            raise ValueError(f"{fmt} weights compute in {activation_dtype(fmt)}")
+        self.act_dtype = act
         if fmt in ("fp32", "bf16"):
             self.register_buffer("weight", torch.empty(n, k, dtype=act, device=device))
         elif fmt == "int8":
@@ -61,7 +65,7 @@ class QLinear(nn.Module):
     def set_float(self, w: torch.Tensor, b: torch.Tensor | None = None) -> "QLinear":
         """Quantise a float weight [out, in] into this layer's format."""
         w = w.to(self.weight.device, torch.float32)
-        act = activation_dtype(self.fmt)
+        act = self.act_dtype
         if self.fmt in ("fp32", "bf16"):
             self.weight.copy_(w)
         elif self.fmt == "int8":
@@ -125,7 +129,7 @@ class QLinear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The float weight [out, in] this layer computes with (for tests and conversions)."""
-        eye = torch.eye(self.in_features, dtype=activation_dtype(self.fmt), device=self.weight.device)
+        eye = torch.eye(self.in_features, dtype=self.act_dtype, device=self.weight.device)
         bias, self.bias = self.bias, None
         try:
             return self.forward(eye).float().t().contiguous()

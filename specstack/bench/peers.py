@@ -1,0 +1,169 @@
+"""What people would otherwise use, run on the same model file: Hugging Face transformers (`generate`,
+prompt lookup, assisted generation) and llama.cpp (llama-cpp-python, plain and with prompt lookup);
+plus the machine description every benchmark prints beside its numbers.
+
+Every generate function here takes prompt token ids and returns exactly `n` new token ids: EOS does
+not stop it (as the engine with stop_on_eos=False), so tokens/s compare like with like.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib.metadata
+import platform
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specstack.config import SamplingParams
+from specstack.models.registry import ModelSource
+
+HF_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Machine
+# ---------------------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    return {"specstack": _version("specstack"), "torch": torch.__version__, "transformers": _version("transformers"),
+            "llama-cpp-python": _version("llama_cpp_python"), "python": platform.python_version()}
+
+
+def now() -> str:
+    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------------------------------------------
+# transformers
+# ---------------------------------------------------------------------------------------------------
+def hf_dtype(dtype: str) -> str:
+    """transformers runs bf16 and fp32 only: the quantized formats fall back to bf16."""
+    return dtype if dtype in HF_DTYPES else "bf16"
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+
+
+def load_hf(src: ModelSource, dtype: str, device: str = "cpu") -> Any:
+    """transformers' model of the same source (a GGUF is dequantized by transformers) in `dtype`."""
+    from transformers import AutoModelForCausalLM
+
+    with _quiet_transformers():
+        if src.kind == "gguf":
+            model = AutoModelForCausalLM.from_pretrained(str(src.path.parent), gguf_file=src.path.name,
+                                                         dtype=HF_DTYPES[dtype])
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(src.path), dtype=HF_DTYPES[dtype])
+    return model.to(device).eval()
+
+
+class ForwardCounter:
+    """Counts forward calls of a transformers model (a hook on its top module)."""
+
+    def __init__(self, model: Any) -> None:
+        self.calls = 0
+        model.register_forward_hook(self._hook)
+
+    def _hook(self, *_: Any) -> None:
+        self.calls += 1
+
+
+def hf_generate(model: Any, ids: Sequence[int], n: int, sampling: SamplingParams, pad_id: int | None,
+                **extra: Any) -> list[int]:
+    """Exactly n new tokens with transformers' `generate` (extra: prompt_lookup_num_tokens=,
+    assistant_model=). eos_token_id=None keeps EOS from stopping (and, unlike min_new_tokens, from
+    being suppressed), so the output follows the model as the engine's does."""
+    x = torch.tensor([list(ids)], device=model.device)
+    kw: dict[str, Any] = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    if not sampling.greedy:
+        kw = {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k,  # 0: off, as ours
+              "top_p": sampling.top_p}
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+    with _quiet_transformers(), torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, eos_token_id=None,
+                             pad_token_id=0 if pad_id is None else pad_id, **kw, **extra)
+    return out[0, len(ids):].tolist()
+
+
+# ---------------------------------------------------------------------------------------------------
+# llama.cpp
+# ---------------------------------------------------------------------------------------------------
+def llama_cpp_unavailable(src: ModelSource) -> str | None:
+    """Why llama.cpp cannot run this model here (None when it can)."""
+    if src.kind != "gguf":
+        return "the model is not a GGUF file"
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return "llama-cpp-python is not installed: pip install llama-cpp-python"
+    return None
+
+
+def load_llama_cpp(src: ModelSource, threads: int, n_ctx: int, prompt_lookup: int = 0) -> Any | None:
+    """A llama.cpp model of the same GGUF (with prompt-lookup drafting of `prompt_lookup` tokens when
+    > 0), or None with a message on stderr when that is not possible."""
+    import sys
+
+    reason = llama_cpp_unavailable(src)
+    if reason is not None:
+        print(f"llama.cpp: skipped ({reason})", file=sys.stderr)
+        return None
+    from llama_cpp import Llama
+
+    draft = None
+    if prompt_lookup > 0:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
+    return Llama(model_path=str(src.path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                 draft_model=draft, verbose=False)
+
+
+def llama_cpp_generate(llm: Any, ids: Sequence[int], n: int, sampling: SamplingParams) -> list[int]:
+    """Exactly n new tokens; the prompt is given as token ids (same vocabulary: same GGUF), and the
+    state is reset first so a repeated prompt pays its prefill again (no prefix-cache reuse)."""
+    llm.reset()
+    if sampling.seed is not None:
+        llm.set_seed(sampling.seed)
+    if sampling.greedy:
+        kw = {"temp": 0.0, "top_k": 1, "top_p": 1.0}
+    else:
+        kw = {"temp": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
+    out: list[int] = []
+    # generate() never stops by itself (EOS is the caller's business)
+    for tok in llm.generate(list(ids), min_p=0.0, typical_p=1.0, repeat_penalty=1.0, reset=True, **kw):
+        out.append(int(tok))
+        if len(out) == n:
+            break
+    return out

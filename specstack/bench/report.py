@@ -1,0 +1,306 @@
+"""Reports of `specstack bench`, built only from its rows (results.jsonl; DESIGN §2.7): summary.json,
+summary.md, speedup_per_prompt.png, tau_hist.png, origins.html; and `--compare` of two runs.
+
+Speed-ups are per prompt: a method's tokens/s on a prompt (the mean over its repeats) divided by the
+baseline's on the same prompt; `mean_speedup_vs_X` / `median_speedup_vs_X` are the mean / median of
+those ratios over the prompts both ran. `tokens_per_s` is total tokens / total seconds. `tau` is
+total tokens / total target forwards that produced tokens (rows that report one). `identical_rate`
+is the share of rows whose tokens equal the greedy `ar` reference (null when sampling).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from specstack.errors import SpecstackError
+
+Row = dict[str, Any]
+SUMMARY_FIELDS = ("dtype", "prompts", "rows", "new_tokens", "seconds", "tokens_per_s", "mean_speedup_vs_hf",
+                  "median_speedup_vs_hf", "mean_speedup_vs_ar", "median_speedup_vs_ar", "tau", "identical_rate")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Numbers
+# ---------------------------------------------------------------------------------------------------
+def methods_in(rows: Sequence[Row], order: Sequence[str] = ()) -> list[str]:
+    """Method labels: `order` first (those with rows), then any others in row order."""
+    present = dict.fromkeys(r["method"] for r in rows)
+    return [m for m in order if m in present] + [m for m in present if m not in order]
+
+
+def prompt_speeds(rows: Sequence[Row], method: str) -> dict[str, float]:
+    """task_id -> tokens/s of `method` on it, averaged over its repeats."""
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["method"] == method:
+            by_task[r["task_id"]].append(r["tokens_per_s"])
+    return {t: statistics.mean(v) for t, v in by_task.items()}
+
+
+def prompt_speedups(rows: Sequence[Row], method: str, baseline: str) -> dict[str, float]:
+    """task_id -> speed-up of `method` over `baseline` (prompts both ran, baseline speed > 0)."""
+    mine, base = prompt_speeds(rows, method), prompt_speeds(rows, baseline)
+    return {t: mine[t] / base[t] for t in mine if t in base and base[t] > 0}
+
+
+def _mean_median(values: Sequence[float]) -> tuple[float | None, float | None]:
+    return (statistics.mean(values), statistics.median(values)) if values else (None, None)
+
+
+def summarize(rows: Sequence[Row], ar: str | None, hf: str | None,
+              order: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Per method: the fields of SUMMARY_FIELDS (see the module doc); ar / hf name the baseline
+    methods (None: the matching speed-ups are null)."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in methods_in(rows, order):
+        mine = [r for r in rows if r["method"] == m]
+        tokens = sum(r["new_tokens"] for r in mine)
+        seconds = sum(r["seconds"] for r in mine)
+        s: dict[str, Any] = {"dtype": mine[0].get("dtype"), "prompts": len({r["task_id"] for r in mine}),
+                             "rows": len(mine), "new_tokens": tokens, "seconds": seconds,
+                             "tokens_per_s": tokens / seconds if seconds > 0 else None}
+        for key, base in (("hf", hf), ("ar", ar)):
+            ratios = list(prompt_speedups(rows, m, base).values()) if base else []
+            s[f"mean_speedup_vs_{key}"], s[f"median_speedup_vs_{key}"] = _mean_median(ratios)
+        with_tau = [r for r in mine if r.get("tau")]
+        forwards = sum(r["new_tokens"] / r["tau"] for r in with_tau)
+        s["tau"] = sum(r["new_tokens"] for r in with_tau) / forwards if forwards > 0 else None
+        checked = [r["identical_to_ar"] for r in mine if r.get("identical_to_ar") is not None]
+        s["identical_rate"] = sum(checked) / len(checked) if checked else None
+        out[m] = s
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Text
+# ---------------------------------------------------------------------------------------------------
+def _f(v: Any, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if v is None else format(v, spec) + suffix
+
+
+def summary_table(summary: Mapping[str, Mapping[str, Any]], hf: str | None, ar: str | None) -> str:
+    hf, ar = hf or "hf", ar or "ar"
+    lines = [f"| method | dtype | prompts | tokens | seconds | tokens/s | mean speed-up vs {hf} | median vs {hf} | "
+             f"mean speed-up vs {ar} | median vs {ar} | tau | identical to ar |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for m, s in summary.items():
+        lines.append(f"| {m} | {s['dtype']} | {s['prompts']} | {s['new_tokens']} | {s['seconds']:.1f} | "
+                     f"{_f(s['tokens_per_s'], '.1f')} | {_f(s['mean_speedup_vs_hf'])} | "
+                     f"{_f(s['median_speedup_vs_hf'])} | "
+                     f"{_f(s['mean_speedup_vs_ar'])} | {_f(s['median_speedup_vs_ar'])} | {_f(s['tau'])} | "
+                     f"{_f(None if s['identical_rate'] is None else 100 * s['identical_rate'], '.0f', ' %')} |")
+    return "\n".join(lines)
+
+
+def render_md(summary: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
+    st, mach, v = meta["settings"], meta["machine"], meta["versions"]
+    sampling = "greedy" if not st["temperature"] else (
+        f"sampling: temperature {st['temperature']}, top-k {st['top_k']}, top-p {st['top_p']}, seed {st['seed']}")
+    parts = [
+        f"# specstack bench: {st['model']} on {st['prompts']}", "",
+        f"- command: `{meta['command']}`",
+        f"- machine: {mach['cpu']}; {mach['threads']} threads for torch and llama.cpp; device {st['device']}",
+        "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val),
+        f"- date: {meta['date']}",
+        f"- {meta['n_prompts']} prompts x {st['max_new_tokens']} new tokens x {st['repeats']} repeats; {sampling}; "
+        f"default weight format {st['dtype']}",
+        "- protocol: models loaded once, one warm-up generation per method, then per prompt every method in "
+        "turn (A B C A B C ...); every method generates exactly max-new-tokens tokens (EOS does not stop it), "
+        "wall time includes the prefill; speed-ups are per-prompt ratios of tokens/s (repeats averaged first).",
+        "", summary_table(summary, meta["baselines"].get("hf"), meta["baselines"].get("ar")),
+    ]
+    notes = list(meta.get("notes", []))
+    notes += [f"{m}: skipped ({why})" for m, why in meta.get("skipped", {}).items()]
+    if notes:
+        parts += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    files = ", ".join(meta.get("files", []))
+    parts += ["", f"Files: results.jsonl (one row per prompt, method and repeat), {files}."]
+    if meta.get("origins"):
+        parts.append(f"origins.html: {meta['origins']}.")
+    return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Figures and the origins page
+# ---------------------------------------------------------------------------------------------------
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_speedups(rows: Sequence[Row], methods: Sequence[str], baseline: str | None, path: Path) -> None:
+    """Per-prompt speed-up over the baseline of every other method, prompts sorted (staged paper,
+    Figure 2); without a baseline, per-prompt tokens/s."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for m in methods:
+        if m == baseline:
+            continue
+        values = prompt_speedups(rows, m, baseline) if baseline else prompt_speeds(rows, m)
+        ys = sorted(values.values())
+        ax.plot(range(1, len(ys) + 1), ys, marker="o" if len(ys) <= 40 else None, ms=3, label=m)
+    if baseline:
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("prompt (sorted by speed-up)" if baseline else "prompt (sorted)")
+    ax.set_ylabel(f"speed-up over {baseline}" if baseline else "tokens/s")
+    ax.set_title("Per-prompt speed-up" if baseline else "Per-prompt tokens/s")
+    if ax.lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_tau_hist(rows: Sequence[Row], methods: Sequence[str], path: Path) -> None:
+    """Histogram of accepted draft tokens per step, per speculative method (share of steps)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    per_method = {m: [a for r in rows if r["method"] == m for a in (r.get("accepted_per_step") or [])]
+                  for m in methods}
+    per_method = {m: v for m, v in per_method.items() if v}
+    if per_method:
+        top = max(max(v) for v in per_method.values())
+        width = 0.8 / len(per_method)
+        for i, (m, values) in enumerate(per_method.items()):
+            counts = [values.count(k) / len(values) for k in range(top + 1)]
+            ax.bar([k - 0.4 + (i + 0.5) * width for k in range(top + 1)], counts, width=width, label=m)
+        ax.set_xticks(range(top + 1))
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no speculative method in this run", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("draft tokens accepted per target forward (the step emits one more)")
+    ax.set_ylabel("share of steps")
+    ax.set_title("Accepted tokens per step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def origins_choice(rows: Sequence[Row], methods: Sequence[str], baseline: str | None) -> Row | None:
+    """The row for the token-origin page: the first speculative method (rows with per-token origins),
+    on its best-speed-up prompt over the baseline (or its fastest prompt without one), first repeat."""
+    method = next((m for m in methods if any(r["method"] == m and r.get("token_origins") for r in rows)), None)
+    if method is None:
+        return None
+    scores = prompt_speedups(rows, method, baseline) if baseline else {}
+    scores = scores or prompt_speeds(rows, method)
+    best = max(scores, key=lambda t: scores[t])
+    return min((r for r in rows if r["method"] == method and r["task_id"] == best and r.get("token_origins")),
+               key=lambda r: r["repeat"])
+
+
+def origins_html(row: Row, tokenizer: Any, title: str) -> str:
+    from specstack.report.origins import html_page, token_pieces
+
+    pieces = token_pieces(tokenizer, row["tokens"])
+    line = (f"{row['task_id']}: {row['new_tokens']} tokens in {row['seconds']:.2f} s "
+            f"({row['tokens_per_s']:.1f} tokens/s), tau {row['tau']:.2f}")
+    return html_page(pieces, row["token_origins"], title, line)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------------
+def read_rows(path: Path) -> list[Row]:
+    """The rows of a results.jsonl (none if it does not exist); a cut-off last line (an interrupted
+    run) is dropped."""
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break
+            raise SpecstackError(f"{path}:{n}: not valid JSON") from None
+    return rows
+
+
+def write_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], order: Sequence[str],
+                 tokenizer: Any = None) -> dict[str, Any]:
+    """summary.json, summary.md and the figures from all rows; origins.html when a speculative
+    method ran and a tokenizer is given. Returns summary.json's content."""
+    ar, hf = meta["baselines"].get("ar"), meta["baselines"].get("hf")
+    methods = methods_in(rows, order)
+    summary = summarize(rows, ar, hf, methods)
+    baseline = hf if hf in summary else (ar if ar in summary else None)
+    meta["n_prompts"] = len({r["task_id"] for r in rows})
+    chosen = origins_choice(rows, methods, baseline) if tokenizer is not None else None
+    meta["origins"] = None
+    if chosen is not None:
+        title = f"{chosen['method']} on {chosen['task_id']}"
+        page = origins_html(chosen, tokenizer, f"specstack bench: {title}")
+        (out / "origins.html").write_text(page, encoding="utf-8")
+        meta["origins"] = f"{title} (best speed-up over {baseline})" if baseline else title
+    else:
+        (out / "origins.html").unlink(missing_ok=True)  # never leave a stale page from an earlier run
+    try:
+        plot_speedups(rows, methods, baseline, out / "speedup_per_prompt.png")
+        plot_tau_hist(rows, methods, out / "tau_hist.png")
+    except ImportError:
+        meta["notes"] = [*meta["notes"], "figures skipped: matplotlib is not installed (pip install matplotlib)"]
+    meta["files"] = [f for f in ("summary.json", "summary.md", "speedup_per_prompt.png", "tau_hist.png", "origins.html")
+                     if f.startswith("summary") or (out / f).is_file()]
+    doc = {"methods": summary, **{k: meta[k] for k in ("baselines", "skipped", "notes", "settings", "machine",
+                                                         "versions", "command", "date", "n_prompts")}}
+    (out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    (out / "summary.md").write_text(render_md(summary, meta), encoding="utf-8")
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------------
+# --compare
+# ---------------------------------------------------------------------------------------------------
+def read_summary(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / "summary.json"
+    if not path.is_file():
+        raise SpecstackError(f"--compare: {folder} has no summary.json (not a finished `specstack bench` run)")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise SpecstackError(f"--compare: {path} is not valid JSON") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("methods"), dict):
+        raise SpecstackError(f"--compare: {path} has no 'methods' table")
+    return doc
+
+
+def _change(a: float | None, b: float | None, spec: str) -> str:
+    if a is None and b is None:
+        return "–"
+    text = f"{_f(a, spec)} → {_f(b, spec)}"
+    if a and b is not None:
+        text += f" ({100 * (b / a - 1):+.0f} %)"
+    return text
+
+
+def compare(dir1: Path, dir2: Path) -> str:
+    """Per method (in either run): tokens/s, mean speed-ups and tau, first run → second run."""
+    a, b = read_summary(dir1)["methods"], read_summary(dir2)["methods"]
+    lines = [f"Comparing {dir1} → {dir2}", "",
+             "| method | tokens/s | mean speed-up vs hf | mean speed-up vs ar | tau | identical to ar |",
+             "|---|---|---|---|---|---|"]
+    for m in list(a) + [m for m in b if m not in a]:
+        x, y = a.get(m, {}), b.get(m, {})
+        ident = [None if s.get("identical_rate") is None else 100 * s["identical_rate"] for s in (x, y)]
+        lines.append(f"| {m}{'' if m in a else ' (new)'}{'' if m in b else ' (gone)'} | "
+                     f"{_change(x.get('tokens_per_s'), y.get('tokens_per_s'), '.1f')} | "
+                     f"{_change(x.get('mean_speedup_vs_hf'), y.get('mean_speedup_vs_hf'), '.2f')} | "
+                     f"{_change(x.get('mean_speedup_vs_ar'), y.get('mean_speedup_vs_ar'), '.2f')} | "
+                     f"{_change(x.get('tau'), y.get('tau'), '.2f')} | "
+                     f"{_f(ident[0], '.0f')} → {_f(ident[1], '.0f')} % |")
+    return "\n".join(lines)
