@@ -19,12 +19,10 @@ import torch
 from specstack.attention import tree_batch
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import DraftContext, Drafter
-from specstack.engine.autoregressive import GenerationResult
-from specstack.engine.stats import RunStats, StepStats
-from specstack.engine.stopping import TokenStream
+from specstack.engine.session import GenerationResult, open_session
+from specstack.engine.stats import StepStats
 from specstack.models.loading import LoadedModel
-from specstack.prompts import check_context
-from specstack.sampling import make_generator, warp
+from specstack.sampling import warp
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult, verify_greedy, verify_rrs, verify_sample_walk
 
@@ -43,13 +41,8 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequ
                          gen: GenerationConfig, on_text: Callable[[str], None] | None = None,
                          max_tree: int = 64) -> GenerationResult:
     model, cfg = target.model, target.config
-    check_context(len(prompt_ids), cfg.max_seq_len)
-    max_new = min(gen.max_new_tokens, cfg.max_seq_len - len(prompt_ids))
-    stream = TokenStream(target.tokenizer, max_new, target.eos_token_ids if gen.stop_on_eos else (),
-                         gen.stop_strings, on_text)
-    stats = RunStats(prompt_tokens=len(prompt_ids))
-    cache = model.new_cache(1, len(prompt_ids) + max_new + max_tree + 1)
-    rng = make_generator(gen.sampling, model.device)
+    run = open_session(target, prompt_ids, gen, on_text, scratch=max_tree + 1)
+    stream, stats, cache, rng = run.stream, run.stats, run.cache, run.generator
     ctx = DraftContext(list(prompt_ids), gen.sampling, rng)
 
     t0 = time.perf_counter()
@@ -86,5 +79,4 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequ
         step.overhead_seconds = time.perf_counter() - t
         stats.add_step(step)
     stats.decode_seconds = time.perf_counter() - t_start
-    stats.new_tokens = len(stream.tokens)
-    return GenerationResult(list(prompt_ids), stream.tokens, stream.text, stream.finish_reason or "length", stats)
+    return run.result()
