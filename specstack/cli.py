@@ -88,7 +88,7 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--method", default="ar", metavar="NAME[:k=v,...]",
                    help="ar (default), chain[:k=4], tree[:width=4,budget=36,depth=8,expand=4], "
-                        "ngram[:width=12,depth=6], staged[:width=4,budget=36,depth=8]")
+                        "ngram[:width=1,depth=3], staged[:width=4,budget=36,depth=8]")
     g.add_argument("--draft", default=None, metavar="MODEL",
                    help="draft model (shares the tokenizer), or self:N = the target's first N layers "
                         "(default for smollm2-135m: self:4)")

@@ -35,7 +35,7 @@ def step_logits(lm, ids: list[int]) -> torch.Tensor:
     return lm.model.extend(torch.tensor([ids]), cache).logits[0, -1]
 
 
-@pytest.mark.parametrize("method", ["ngram", "chain:k=3"])
+@pytest.mark.parametrize("method", ["ngram:width=12,depth=6", "chain:k=3"])
 def test_bf16_divergences_are_near_ties(target, method):
     gen = GenerationConfig(max_new_tokens=32, stop_on_eos=False)
     drafter = build_drafter(parse_method(method), target, DEFAULT_SOURCES["smollm2-135m"])
