@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
+from chisq import chi2_pvalue
 
 from specstack.config import SamplingParams
 from specstack.drafting.model import children_of
@@ -66,9 +66,9 @@ class Toy:
 TreeBuilder = Callable[[Toy, tuple[int, ...], torch.Generator], DraftTree]
 
 
-def sampled_tree(widths: tuple[int, ...]) -> TreeBuilder:
-    """Every node at depth d gets widths[d] children drawn from the draft's q without replacement
-    (drafting.model.children_of, Gumbel top-k, in draw order), each carrying that q: an RRS tree."""
+def _tree_builder(widths: tuple[int, ...], children) -> TreeBuilder:
+    """A tree with widths[d] children under every node at depth d; children(toy, ctx, w, g) gives
+    them as (token, q) pairs."""
 
     def build(toy: Toy, ctx: tuple[int, ...], g: torch.Generator) -> DraftTree:
         tree = DraftTree()
@@ -76,8 +76,7 @@ def sampled_tree(widths: tuple[int, ...]) -> TreeBuilder:
         for w in widths:
             nxt = []
             for node, c in frontier:
-                q = toy.q(c)
-                for tok in children_of(q, w, toy.sampling, g):
+                for tok, q in children(toy, c, w, g):
                     nxt.append((tree.add(tok, node, q=q), c + (tok,)))
             frontier = nxt
         return tree
@@ -85,21 +84,15 @@ def sampled_tree(widths: tuple[int, ...]) -> TreeBuilder:
     return build
 
 
+def sampled_tree(widths: tuple[int, ...]) -> TreeBuilder:
+    """Children drawn from the draft's q without replacement (drafting.model.children_of, Gumbel
+    top-k, in draw order), each carrying that q: an RRS tree."""
+    return _tree_builder(widths, lambda toy, c, w, g: [(t, toy.q(c)) for t in children_of(toy.q(c), w, toy.sampling, g)])
+
+
 def fixed_tree(widths: tuple[int, ...]) -> TreeBuilder:
     """Deterministic proposals: the draft's top-widths[d] tokens at every node, no q (sample-walk)."""
-
-    def build(toy: Toy, ctx: tuple[int, ...], g: torch.Generator) -> DraftTree:
-        tree = DraftTree()
-        frontier = [(-1, ctx)]
-        for w in widths:
-            nxt = []
-            for node, c in frontier:
-                for tok in torch.topk(toy.draft_logits(c), w).indices.tolist():
-                    nxt.append((tree.add(tok, node), c + (tok,)))
-            frontier = nxt
-        return tree
-
-    return build
+    return _tree_builder(widths, lambda toy, c, w, g: [(t, None) for t in torch.topk(toy.draft_logits(c), w).indices.tolist()])
 
 
 def target_rows(toy: Toy, ctx: tuple[int, ...], tree: DraftTree) -> torch.Tensor:
@@ -125,22 +118,6 @@ def first_two(toy: Toy, build: TreeBuilder, verifier: Verifier, g: torch.Generat
         out += result.tokens
         ctx += tuple(result.tokens)
     return out[0], out[1]
-
-
-def chi2_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
-    """Goodness of fit of counts to probs. Cells of probability 0 must be empty; cells expected fewer
-    than `min_expected` times are pooled into one cell (the chi-square approximation needs it)."""
-    counts, probs = counts.ravel().astype(float), probs.ravel().astype(float)
-    assert counts[probs == 0].sum() == 0, "emitted a token sequence of target probability 0"
-    n = counts.sum()
-    probs = probs / probs.sum()
-    expected = n * probs
-    big = expected >= min_expected
-    small = (~big) & (probs > 0)
-    obs = list(counts[big]) + ([counts[small].sum()] if small.any() else [])
-    exp = list(expected[big]) + ([expected[small].sum()] if small.any() else [])
-    assert len(obs) >= 2
-    return float(chisquare(np.array(obs), np.array(exp)).pvalue)
 
 
 def run_and_check(toy: Toy, build: TreeBuilder, verifier: Verifier, n: int, seed: int) -> None:
