@@ -120,6 +120,9 @@ def build_parser() -> ArgumentParser:
     from specstack import ngram_cli  # light: numpy/tokenizers only when run
 
     ngram_cli.add_parser(sub)  # `specstack ngram train`
+    from specstack.spire import throughput_cli  # light: torch only for --tau auto, calibrate and check
+
+    throughput_cli.add_parser(sub)  # `specstack throughput`, `throughput-calibrate`, `throughput-check`
     return parser
 
 

@@ -1,0 +1,193 @@
+"""Fit this machine's own hardware preset from measured forwards (`specstack throughput-calibrate`).
+
+The foundation's forward benchmark (bench/forward.py: prefill a context once, then time forwards of
+T query tokens that never commit) times the target and a draft at a few T and contexts. Every timed
+pass has a known cost (throughput.pass_cost: FLOPs, weight bytes, KV bytes), and the fit is
+
+    seconds = c0 + FLOPs / F + weight bytes / BW + KV bytes / BW_kv
+
+by non-negative least squares on relative errors. A sum, not the roofline's max: on a CPU the int4
+kernels are bound by unpacking weights, which competes with the multiply for the same two cores, so
+a forward's time grows with T from the first token on (DESIGN §3 table) instead of staying flat
+until a compute roof; c0 is the per-forward cost of dispatching small operators. Measurements are at
+batch 1, so predictions for larger batches extrapolate the FLOP term.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specstack.errors import SpecstackError
+from specstack.spire.shapes import ModelShape
+from specstack.spire.throughput import (
+    ENGINE,
+    PRESETS,
+    Conventions,
+    Hardware,
+    PassCost,
+    pass_cost,
+)
+
+LOCAL = "local"  # --hardware local: the preset written by throughput-calibrate
+_TINY = 1e-30  # a coefficient fitted to 0: that resource costs nothing measurable here
+
+
+@dataclass(frozen=True)
+class Sample:
+    model: str
+    layers: int
+    tokens: int
+    context: int
+    seconds: float  # median of the repeats
+    cost: PassCost
+
+
+@dataclass(frozen=True)
+class Calibration:
+    hardware: Hardware
+    samples: list[Sample]
+    max_rel_error: float
+    mean_rel_error: float
+    machine: dict[str, Any]
+
+    def predicted(self, s: Sample) -> float:
+        return self.hardware.seconds(s.cost)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hardware": self.hardware.to_json(), "max_rel_error": self.max_rel_error,
+                "mean_rel_error": self.mean_rel_error, "machine": self.machine,
+                "samples": [asdict(s) | {"predicted": self.predicted(s)} for s in self.samples]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fitting (numpy only)
+# ---------------------------------------------------------------------------------------------------
+def _design_matrix(samples: Sequence[Sample]) -> np.ndarray:
+    return np.array([[1.0, s.cost.flops, s.cost.weight_bytes, s.cost.kv_bytes] for s in samples])
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min ||a x - b|| subject to x >= 0, exactly, by trying every set of free columns (4 here)."""
+    best, best_err = np.zeros(a.shape[1]), float(np.sum(b * b))
+    for r in range(1, a.shape[1] + 1):
+        for cols in itertools.combinations(range(a.shape[1]), r):
+            sub = a[:, cols]
+            if np.linalg.matrix_rank(sub) < r:
+                continue
+            x, *_ = np.linalg.lstsq(sub, b, rcond=None)
+            if np.any(x < 0):
+                continue
+            err = float(np.sum((sub @ x - b) ** 2))
+            if err < best_err:
+                best, best_err = np.zeros(a.shape[1]), err
+                best[list(cols)] = x
+    return best
+
+
+def fit(samples: Sequence[Sample], name: str = LOCAL, fmt: str = "int4", note: str = "") -> Hardware:
+    """The additive model of the module docstring, fitted on relative errors (each row / its time)."""
+    if len(samples) < 4:
+        raise SpecstackError(f"calibration needs at least 4 timed passes, got {len(samples)}")
+    t = np.array([s.seconds for s in samples])
+    if np.any(t <= 0):
+        raise SpecstackError("calibration: every timed pass must take a positive time")
+    a = _design_matrix(samples) / t[:, None]
+    scale = np.max(np.abs(a), axis=0)  # columns in very different units (1, FLOPs, bytes): equilibrate
+    scale[scale == 0] = 1.0
+    x = nnls(a / scale, np.ones(len(samples))) / scale
+    c0, per_flop, per_byte, per_kv_byte = (float(v) for v in x)
+    return Hardware(name, 1.0 / max(per_flop, _TINY), 1.0 / max(per_byte, _TINY), 1.0 / max(per_kv_byte, _TINY),
+                    overlap="sum", seconds_per_pass=c0, fmt=fmt, note=note)
+
+
+def errors(hw: Hardware, samples: Sequence[Sample]) -> list[float]:
+    return [abs(hw.seconds(s.cost) - s.seconds) / s.seconds for s in samples]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measuring (torch)
+# ---------------------------------------------------------------------------------------------------
+def measure(lm: Any, shape: ModelShape, tokenizer: Any, contexts: Sequence[int], tokens: Sequence[int],
+            repeats: int, warmup: int, conv: Conventions = ENGINE) -> list[Sample]:
+    """Median seconds of chain forwards of T tokens at each context (bench/forward.py's protocol)."""
+    from specstack.bench.forward import context_ids, ours_forward_steps, time_forwards
+
+    vocab = lm.config.vocab_size
+    out: list[Sample] = []
+    for ctx in contexts:
+        if ctx + max(tokens) > lm.config.max_seq_len:
+            raise SpecstackError(f"context {ctx} + {max(tokens)} tokens exceeds {lm.name}'s {lm.config.max_seq_len}")
+        steps = ours_forward_steps(lm, context_ids(tokenizer, ctx, vocab), max(tokens))
+        chain = {name: step for name, step in steps.items() if name.endswith(" chain")}
+        for row in time_forwards(chain, tokens, vocab, repeats, warmup):
+            cost = pass_cost(shape, 1, row.tokens, ctx, conv)
+            out.append(Sample(lm.name, shape.n_layers, row.tokens, ctx, row.median_ms / 1e3, cost))
+    return out
+
+
+def calibrate(model: str, dtype: str, draft: str | None, draft_dtype: str, contexts: Sequence[int],
+              tokens: Sequence[int], repeats: int, warmup: int, threads: int | None) -> Calibration:
+    """Time the target and the draft (default: the engine's default draft for the model) and fit."""
+    import torch
+
+    from specstack.bench.peers import cpu_model, now, versions
+    from specstack.engine.methods import DEFAULT_SOURCES, DraftSources, load_draft
+    from specstack.models.loading import load_model
+    from specstack.spire.shapes import from_config
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    target = load_model(model, dtype=dtype)
+    if target.tokenizer is None:
+        raise SpecstackError(f"{model} has no tokenizer: calibration times forwards over real text")
+    spec = draft or DEFAULT_SOURCES.get(target.name, DraftSources()).draft or f"self:{max(1, target.config.n_layers // 8)}"
+    drafted = load_draft(target, DraftSources(draft=spec, draft_dtype=draft_dtype), "cpu")
+    samples: list[Sample] = []
+    for lm, fmt in ((target, dtype), (drafted, draft_dtype)):
+        shape = from_config(lm.config, lm.name, fmt)
+        samples += measure(lm, shape, target.tokenizer, contexts, tokens, repeats, warmup)
+    machine = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": versions()["torch"], "date": now(),
+               "model": model, "dtype": dtype, "draft": spec, "draft_dtype": draft_dtype}
+    note = f"{machine['cpu']}, {machine['threads']} threads, fitted on {model} {dtype} + {spec} {draft_dtype}"
+    hw = fit(samples, LOCAL, dtype, note)
+    errs = errors(hw, samples)
+    return Calibration(hw, samples, max(errs), sum(errs) / len(errs), machine)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Presets on disk
+# ---------------------------------------------------------------------------------------------------
+def local_path() -> Path:
+    from specstack.models.loading import cache_root
+
+    return cache_root() / "hardware" / f"{LOCAL}.json"
+
+
+def save(cal: Calibration, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cal.to_json(), indent=1) + "\n", encoding="utf-8")
+
+
+def load_hardware(spec: str) -> Hardware:
+    """A preset name, `local` (this machine's calibration) or a calibration JSON file."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    path = local_path() if spec == LOCAL else Path(spec).expanduser()
+    if not path.is_file():
+        if spec == LOCAL:
+            raise SpecstackError(f"no calibration of this machine at {path}: run `specstack throughput-calibrate`")
+        raise SpecstackError(f"unknown hardware {spec!r}: use one of {', '.join([*PRESETS, LOCAL])} "
+                             "or a calibration JSON file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecstackError(f"cannot read the hardware file {path}: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("hardware"), dict):
+        raise SpecstackError(f"{path} is not a calibration file (no 'hardware' object)")
+    return Hardware.from_json(data["hardware"])

@@ -1,0 +1,154 @@
+"""Predicted against measured (`specstack throughput-check DIR`): for every `chain` method of a finished
+`specstack bench` run, the throughput model's multiplier at batch 1 (with the run's own τ and the
+pass times of a hardware preset, normally this machine's calibration) beside the speed-up the run
+measured over its `ar` in the same weight format.
+
+Measured multiplier: seconds per token of `ar`'s decoding (decode time / target forwards: its first
+token comes from the prefill) over `chain`'s (decode time / tokens), so prefill, which the model
+leaves out, is left out of both. The wall-clock speed-up (prefill included) is shown beside it. The
+run's phase times split a round into draft passes, the verification pass and the rest (verify walk,
+commits, bookkeeping): the model predicts the first two and ignores the rest, so a miss can be
+placed. The context is each prompt's length plus half the new tokens, averaged.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specstack.errors import SpecstackError
+from specstack.spire.shapes import ModelShape, draft_shape, from_config, read_config
+from specstack.spire.throughput import (
+    Conventions,
+    Hardware,
+    Round,
+    round_times,
+    vanilla_draft,
+)
+
+
+@dataclass(frozen=True)
+class Totals:
+    new_tokens: int
+    rounds: int  # target forwards that produced tokens
+    seconds: float
+    phases: dict[str, float]
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    method: str
+    k: int
+    tau: float
+    context: float
+    predicted: Round
+    t_target: float  # measured seconds per ar decoding step
+    t_draft_round: float  # measured draft seconds per round (k passes and their bookkeeping)
+    t_verify: float  # measured target-forward seconds per round
+    t_other: float  # verify walk, commit, drafter feedback per round
+    measured: float  # decode speed-up
+    wall: float  # wall-clock speed-up, prefill included
+
+    @property
+    def predicted_multiplier(self) -> float:
+        return self.predicted.multiplier(self.tau)
+
+    @property
+    def passes_multiplier(self) -> float:
+        """The model's formula on the measured pass times: what is left of the miss is the rest."""
+        return self.tau * self.t_target / (self.t_draft_round + self.t_verify)
+
+    @property
+    def error(self) -> float:
+        return self.predicted_multiplier / self.measured - 1
+
+
+def totals(rows: Sequence[dict[str, Any]], method: str) -> Totals:
+    mine = [r for r in rows if r["method"] == method]
+    if not mine:
+        raise SpecstackError(f"the run has no rows of {method!r}")
+    phases: dict[str, float] = {}
+    for r in mine:
+        for k, v in (r.get("phases") or {}).items():
+            phases[k] = phases.get(k, 0.0) + v
+    if "decode" not in phases:
+        raise SpecstackError(f"rows of {method!r} carry no phase times: rerun the benchmark with this version")
+    return Totals(sum(r["new_tokens"] for r in mine), sum(r["target_forwards"] or 0 for r in mine),
+                  sum(r["seconds"] for r in mine), phases)
+
+
+def mean_context(settings: dict[str, Any], task_ids: set[str], new_tokens: int) -> float:
+    """Each benchmarked prompt's token count plus half the new tokens, averaged."""
+    from specstack.bench.datasets import iter_prompts
+    from specstack.models.loading import load_tokenizer
+    from specstack.models.registry import resolve
+    from specstack.prompts import encode_prompt
+
+    tok = load_tokenizer(resolve(settings["model"]), None)
+    lengths = [len(encode_prompt(tok, p.text, chat=p.chat)) for p in iter_prompts(settings["prompts"])
+               if p.task_id in task_ids]
+    if not lengths:
+        raise SpecstackError("none of the run's prompts were found in its prompt set")
+    return sum(lengths) / len(lengths) + new_tokens / 2
+
+
+def check(run_dir: Path, hw: Hardware, conv: Conventions, context: float | None = None) -> tuple[list[CheckRow], str]:
+    """Rows for every chain method of the run; also the draft spec the run used."""
+    from specstack.bench.report import read_rows
+    from specstack.bench.run import parse_methods
+    from specstack.engine.methods import DEFAULT_SOURCES, DraftSources
+
+    settings_file = run_dir / "run.json"
+    if not settings_file.is_file():
+        raise SpecstackError(f"{run_dir} is not a finished `specstack bench` run (no run.json)")
+    settings = json.loads(settings_file.read_text(encoding="utf-8"))
+    rows = read_rows(run_dir / "results.jsonl")
+    if not rows:
+        raise SpecstackError(f"{run_dir} has no results")
+    if settings.get("temperature", 0) != 0:
+        raise SpecstackError("throughput-check compares greedy runs (τ of a sampled run is another quantity)")
+    methods = parse_methods(settings["methods"], settings["dtype"])
+    chains = [m for m in methods if m.name == "chain"]
+    if not chains:
+        raise SpecstackError(f"{run_dir} has no chain method to check")
+    cfg = read_config(settings["model"])
+    draft_spec = settings.get("draft") or DEFAULT_SOURCES.get(settings["model"], DraftSources()).draft \
+        or f"self:{max(1, cfg.n_layers // 8)}"
+    if context is None:
+        context = mean_context(settings, {r["task_id"] for r in rows}, settings["max_new_tokens"])
+    out = []
+    for m in chains:
+        ar = next((a for a in methods if a.name == "ar" and a.dtype == m.dtype), None)
+        if ar is None:
+            raise SpecstackError(f"{m.label}: the run has no `ar` in {m.dtype} to measure the speed-up against")
+        target: ModelShape = from_config(cfg, settings["model"], m.dtype)
+        draft = draft_shape(draft_spec, target, settings["draft_dtype"])
+        k = m.spec.params["k"]
+        a, c = totals(rows, ar.label), totals(rows, m.label)
+        n = max(1, c.rounds)
+        t_target = a.phases["decode"] / max(1, a.rounds)
+        predicted = round_times(target, vanilla_draft(draft), hw, 1, round(context), k, conv)
+        out.append(CheckRow(
+            m.label, k, c.new_tokens / n, context, predicted, t_target, c.phases.get("draft", 0.0) / n,
+            c.phases.get("target", 0.0) / n, (c.phases.get("verify", 0.0) + c.phases.get("overhead", 0.0)) / n,
+            t_target / (c.phases["decode"] / c.new_tokens), (a.seconds / a.new_tokens) / (c.seconds / c.new_tokens)))
+    return out, draft_spec
+
+
+def table(rows: Sequence[CheckRow]) -> str:
+    ms = 1e3
+    header = ("| method | τ | t_target ms (model / run) | k·t_draft ms | t_verify ms | other ms/round (run) "
+              "| Δt (model / run) | multiplier: model | from run's passes | measured (decode) | model error "
+              "| measured (wall) |")
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        p = r.predicted
+        run_dt = r.tau / r.measured
+        lines.append(
+            f"| {r.method} | {r.tau:.3f} | {p.t_target * ms:.1f} / {r.t_target * ms:.1f} "
+            f"| {p.k * p.t_draft * ms:.1f} / {r.t_draft_round * ms:.1f} | {p.t_verify * ms:.1f} / {r.t_verify * ms:.1f} "
+            f"| {r.t_other * ms:.1f} | {p.delta_t:.2f} / {run_dt:.2f} | {r.predicted_multiplier:.3f} "
+            f"| {r.passes_multiplier:.3f} | {r.measured:.3f} | {r.error:+.1%} | {r.wall:.3f} |")
+    return "\n".join(lines)
