@@ -1,16 +1,25 @@
 """Fit this machine's own hardware preset from measured forwards (`specstack throughput-calibrate`).
 
 The foundation's forward benchmark (bench/forward.py: prefill a context once, then time forwards of
-T query tokens that never commit) times the target and a draft at a few T and contexts. Every timed
-pass has a known cost (throughput.pass_cost: FLOPs, weight bytes, KV bytes), and the fit is
+T query tokens that never commit) times the target and a draft at a few T and contexts, both models
+interleaved so they see the same machine. Every timed pass has a known cost (throughput.pass_cost:
+FLOPs, weight bytes, KV bytes, layers), and the fit is
 
-    seconds = c0 + FLOPs / F + weight bytes / BW + KV bytes / BW_kv
+    seconds = c0 + c_layer · layers + FLOPs / F + weight bytes / BW + KV bytes / BW_kv
 
 by non-negative least squares on relative errors. A sum, not the roofline's max: on a CPU the int4
 kernels are bound by unpacking weights, which competes with the multiply for the same two cores, so
 a forward's time grows with T from the first token on (DESIGN §3 table) instead of staying flat
-until a compute roof; c0 is the per-forward cost of dispatching small operators. Measurements are at
-batch 1, so predictions for larger batches extrapolate the FLOP term.
+until a compute roof. c0 and c_layer are dispatch: eager PyTorch launches ~25 small operators per
+block (DESIGN §3: ~4 ms of a 13.7 ms int4 step). Each point is the median of its repeats, the
+statistic bench-forward reports: on a shared machine the fastest repeat describes an idle machine,
+while generation (and `specstack bench`) runs at the typical speed, and longer forwards lose more
+to interference than short ones. Measurements are at batch 1, so predictions for larger batches
+extrapolate the FLOP term.
+
+With only self-drafts of one model, layers and weight bytes move together (every block has the same
+size), so c_layer and BW cannot be told apart: the fit keeps whichever explains the times (a zero
+for the other), which predicts any depth of that model; a draft of another width separates them.
 """
 from __future__ import annotations
 
@@ -69,11 +78,11 @@ class Calibration:
 # Fitting (numpy only)
 # ---------------------------------------------------------------------------------------------------
 def _design_matrix(samples: Sequence[Sample]) -> np.ndarray:
-    return np.array([[1.0, s.cost.flops, s.cost.weight_bytes, s.cost.kv_bytes] for s in samples])
+    return np.array([[1.0, s.cost.layers, s.cost.flops, s.cost.weight_bytes, s.cost.kv_bytes] for s in samples])
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """min ||a x - b|| subject to x >= 0, exactly, by trying every set of free columns (4 here)."""
+    """min ||a x - b|| subject to x >= 0, exactly, by trying every set of free columns (5 here)."""
     best, best_err = np.zeros(a.shape[1]), float(np.sum(b * b))
     for r in range(1, a.shape[1] + 1):
         for cols in itertools.combinations(range(a.shape[1]), r):
@@ -101,9 +110,9 @@ def fit(samples: Sequence[Sample], name: str = LOCAL, fmt: str = "int4", note: s
     scale = np.max(np.abs(a), axis=0)  # columns in very different units (1, FLOPs, bytes): equilibrate
     scale[scale == 0] = 1.0
     x = nnls(a / scale, np.ones(len(samples))) / scale
-    c0, per_flop, per_byte, per_kv_byte = (float(v) for v in x)
+    c0, per_layer, per_flop, per_byte, per_kv_byte = (float(v) for v in x)
     return Hardware(name, 1.0 / max(per_flop, _TINY), 1.0 / max(per_byte, _TINY), 1.0 / max(per_kv_byte, _TINY),
-                    overlap="sum", seconds_per_pass=c0, fmt=fmt, note=note)
+                    overlap="sum", seconds_per_pass=c0, seconds_per_layer=per_layer, fmt=fmt, note=note)
 
 
 def errors(hw: Hardware, samples: Sequence[Sample]) -> list[float]:
@@ -113,21 +122,29 @@ def errors(hw: Hardware, samples: Sequence[Sample]) -> list[float]:
 # ---------------------------------------------------------------------------------------------------
 # Measuring (torch)
 # ---------------------------------------------------------------------------------------------------
-def measure(lm: Any, shape: ModelShape, tokenizer: Any, contexts: Sequence[int], tokens: Sequence[int],
-            repeats: int, warmup: int, conv: Conventions = ENGINE) -> list[Sample]:
-    """Median seconds of chain forwards of T tokens at each context (bench/forward.py's protocol)."""
+def measure(models: Sequence[tuple[Any, ModelShape]], tokenizer: Any, contexts: Sequence[int],
+            tokens: Sequence[int], repeats: int, warmup: int, conv: Conventions = ENGINE) -> list[Sample]:
+    """Median of `repeats` chain forwards of T tokens at each context, for every (model, shape),
+    the models interleaved in one run of bench/forward.py's protocol per context."""
     from specstack.bench.forward import context_ids, ours_forward_steps, time_forwards
 
-    vocab = lm.config.vocab_size
     out: list[Sample] = []
     for ctx in contexts:
-        if ctx + max(tokens) > lm.config.max_seq_len:
-            raise SpecstackError(f"context {ctx} + {max(tokens)} tokens exceeds {lm.name}'s {lm.config.max_seq_len}")
-        steps = ours_forward_steps(lm, context_ids(tokenizer, ctx, vocab), max(tokens))
-        chain = {name: step for name, step in steps.items() if name.endswith(" chain")}
-        for row in time_forwards(chain, tokens, vocab, repeats, warmup):
-            cost = pass_cost(shape, 1, row.tokens, ctx, conv)
-            out.append(Sample(lm.name, shape.n_layers, row.tokens, ctx, row.median_ms / 1e3, cost))
+        steps, shapes = {}, {}
+        for lm, shape in models:
+            if ctx + max(tokens) > lm.config.max_seq_len:
+                raise SpecstackError(f"context {ctx} + {max(tokens)} tokens exceeds {lm.name}'s "
+                                     f"{lm.config.max_seq_len}")
+            ids = context_ids(tokenizer, ctx, lm.config.vocab_size)
+            for name, step in ours_forward_steps(lm, ids, max(tokens)).items():
+                if name.endswith(" chain"):
+                    steps[f"{lm.name} chain"] = step
+                    shapes[f"{lm.name} chain"] = (lm.name, shape)
+        vocab = min(lm.config.vocab_size for lm, _ in models)
+        for row in time_forwards(steps, tokens, vocab, repeats, warmup):
+            name, shape = shapes[row.method]
+            out.append(Sample(name, shape.n_layers, row.tokens, ctx, row.median_ms / 1e3,
+                              pass_cost(shape, 1, row.tokens, ctx, conv)))
     return out
 
 
@@ -148,10 +165,8 @@ def calibrate(model: str, dtype: str, draft: str | None, draft_dtype: str, conte
         raise SpecstackError(f"{model} has no tokenizer: calibration times forwards over real text")
     spec = draft or DEFAULT_SOURCES.get(target.name, DraftSources()).draft or f"self:{max(1, target.config.n_layers // 8)}"
     drafted = load_draft(target, DraftSources(draft=spec, draft_dtype=draft_dtype), "cpu")
-    samples: list[Sample] = []
-    for lm, fmt in ((target, dtype), (drafted, draft_dtype)):
-        shape = from_config(lm.config, lm.name, fmt)
-        samples += measure(lm, shape, target.tokenizer, contexts, tokens, repeats, warmup)
+    models = [(lm, from_config(lm.config, lm.name, fmt)) for lm, fmt in ((target, dtype), (drafted, draft_dtype))]
+    samples = measure(models, target.tokenizer, contexts, tokens, repeats, warmup)
     machine = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": versions()["torch"], "date": now(),
                "model": model, "dtype": dtype, "draft": spec, "draft_dtype": draft_dtype}
     note = f"{machine['cpu']}, {machine['threads']} threads, fitted on {model} {dtype} + {spec} {draft_dtype}"

@@ -10,7 +10,8 @@ A pass of T tokens for each of B sequences at context L costs, on hardware of pe
 bandwidth BW bytes/s, max(FLOPs / F, bytes / BW) (the roofline; in FLOP units max(FLOPs, bytes · HOI),
 HOI = F / BW), where FLOPs = 2 · N · B · T and bytes = weights + KV = W + B · L_kv · x (x = 2 · layers ·
 kv_heads · head_dim values per cached token). A calibrated machine (calibrate.py) adds the two times
-instead of taking the larger, plus a fixed cost per pass: what small forwards on a CPU look like.
+instead of taking the larger, plus fixed costs per pass and per layer: what small forwards on a CPU
+look like.
 
 Drafts: vanilla (a small model, full KV), SPIRe (a few target-shaped blocks with a sparse KV that also
 projects the target's memories into keys and values every pass: 2 · (2 · layers · kv_heads · d_model ·
@@ -103,6 +104,7 @@ class PassCost:
     flops: float
     weight_bytes: float
     kv_bytes: float
+    layers: int = 0  # decoder blocks run (a calibrated machine's per-layer dispatch cost)
 
     @property
     def bytes(self) -> float:
@@ -113,7 +115,9 @@ class PassCost:
 class Hardware:
     """Peak FLOP/s and bandwidth. overlap "max": compute and memory traffic overlap (a roofline, the
     published model); "sum": they do not (a calibrated CPU). kv_bytes_per_s: the KV cache's own
-    bandwidth when calibrated apart from the weights' (None: the same). fmt: the format it is for."""
+    bandwidth when calibrated apart from the weights' (None: the same). seconds_per_pass and
+    seconds_per_layer: fixed costs of launching a forward and its blocks' small operators (zero for
+    the implementation-agnostic presets). fmt: the weight format it is for."""
 
     name: str
     flops_per_s: float
@@ -121,6 +125,7 @@ class Hardware:
     kv_bytes_per_s: float | None = None
     overlap: Literal["max", "sum"] = "max"
     seconds_per_pass: float = 0.0
+    seconds_per_layer: float = 0.0
     fmt: str = "fp8"
     note: str = ""
 
@@ -128,8 +133,10 @@ class Hardware:
         rates = (self.flops_per_s, self.bytes_per_s, self.kv_bytes_per_s or 1.0)
         if not all(math.isfinite(r) and r > 0 for r in rates):
             raise SpecstackError(f"hardware {self.name!r}: FLOP/s and bandwidths must be positive")
-        if self.overlap not in ("max", "sum") or not self.seconds_per_pass >= 0:
-            raise SpecstackError(f"hardware {self.name!r}: overlap must be max or sum, seconds_per_pass >= 0")
+        if self.overlap not in ("max", "sum"):
+            raise SpecstackError(f"hardware {self.name!r}: overlap must be max or sum, got {self.overlap!r}")
+        if not (self.seconds_per_pass >= 0 and self.seconds_per_layer >= 0):
+            raise SpecstackError(f"hardware {self.name!r}: fixed costs per pass and per layer must be >= 0")
 
     @property
     def hoi(self) -> float:
@@ -148,7 +155,8 @@ class Hardware:
 
     def seconds(self, cost: PassCost) -> float:
         f, b = self.flop_seconds(cost), self.byte_seconds(cost)
-        return self.seconds_per_pass + (max(f, b) if self.overlap == "max" else f + b)
+        fixed = self.seconds_per_pass + self.seconds_per_layer * cost.layers
+        return fixed + (max(f, b) if self.overlap == "max" else f + b)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,7 +195,7 @@ def pass_cost(shape: ModelShape, batch: int, tokens: int, kv_positions: int, con
         flops += 4.0 * batch * tokens * kv_positions * shape.q_dim * shape.n_layers
     if memory_projection:
         flops += 2.0 * (2 * shape.n_layers * shape.n_kv_heads * shape.d_model * shape.head_dim) * batch
-    return PassCost(flops, shape.weight_bytes, float(batch) * kv_positions * shape.kv_bytes_per_token)
+    return PassCost(flops, shape.weight_bytes, float(batch) * kv_positions * shape.kv_bytes_per_token, shape.n_layers)
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,22 @@
 """Predicted against measured (`specstack throughput-check DIR`): for every `chain` method of a finished
-`specstack bench` run, the throughput model's multiplier at batch 1 (with the run's own τ and the
-pass times of a hardware preset, normally this machine's calibration) beside the speed-up the run
+greedy `specstack bench` run, the throughput model's multiplier at batch 1 (with the run's own τ and
+the pass times of a hardware preset, normally this machine's calibration) beside the speed-up the run
 measured over its `ar` in the same weight format.
 
-Measured multiplier: seconds per token of `ar`'s decoding (decode time / target forwards: its first
-token comes from the prefill) over `chain`'s (decode time / tokens), so prefill, which the model
-leaves out, is left out of both. The wall-clock speed-up (prefill included) is shown beside it. The
+Measured multiplier, per prompt: seconds per token of `ar`'s decoding (decode time / target forwards:
+its first token comes from the prefill) over `chain`'s (decode time / tokens), so the prefill, which
+the model leaves out, is left out of both; the median over prompts is reported, because on a shared
+machine the load changes between prompts but hardly within one (bench runs the methods of a prompt
+back to back). The wall-clock speed-up (prefill included, total over total) is shown beside it. The
 run's phase times split a round into draft passes, the verification pass and the rest (verify walk,
-commits, bookkeeping): the model predicts the first two and ignores the rest, so a miss can be
-placed. The context is each prompt's length plus half the new tokens, averaged.
+commits): the model predicts the first two and ignores the rest, so a miss can be placed. τ is
+pooled (total tokens / total rounds). The context is each prompt's length plus half the new tokens,
+averaged.
 """
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +34,34 @@ from specstack.spire.throughput import (
 
 
 @dataclass(frozen=True)
-class Totals:
+class Run:
+    """One method's rows on one prompt, summed over repeats."""
+
     new_tokens: int
     rounds: int  # target forwards that produced tokens
     seconds: float
     phases: dict[str, float]
+
+
+def runs(rows: Sequence[dict[str, Any]], method: str) -> dict[str, Run]:
+    """task_id -> that method's totals on it."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["method"] == method:
+            by_task.setdefault(r["task_id"], []).append(r)
+    if not by_task:
+        raise SpecstackError(f"the run has no rows of {method!r}")
+    out = {}
+    for task, mine in by_task.items():
+        phases: dict[str, float] = {}
+        for r in mine:
+            for k, v in (r.get("phases") or {}).items():
+                phases[k] = phases.get(k, 0.0) + v
+        if "decode" not in phases:
+            raise SpecstackError(f"rows of {method!r} carry no phase times: rerun the benchmark with this version")
+        out[task] = Run(sum(r["new_tokens"] for r in mine), sum(r["target_forwards"] or 0 for r in mine),
+                        sum(r["seconds"] for r in mine), phases)
+    return out
 
 
 @dataclass(frozen=True)
@@ -44,39 +71,23 @@ class CheckRow:
     tau: float
     context: float
     predicted: Round
-    t_target: float  # measured seconds per ar decoding step
-    t_draft_round: float  # measured draft seconds per round (k passes and their bookkeeping)
-    t_verify: float  # measured target-forward seconds per round
+    prompts: int
+    # measured, medians over prompts
+    t_target: float  # seconds per ar decoding step
+    t_draft_round: float  # draft seconds per round (k passes and their bookkeeping)
+    t_verify: float  # target-forward seconds per round
     t_other: float  # verify walk, commit, drafter feedback per round
     measured: float  # decode speed-up
-    wall: float  # wall-clock speed-up, prefill included
+    passes_multiplier: float  # the model's formula on the measured pass times: the miss left is the rest
+    wall: float  # wall-clock speed-up, prefill included, total over total
 
     @property
     def predicted_multiplier(self) -> float:
         return self.predicted.multiplier(self.tau)
 
     @property
-    def passes_multiplier(self) -> float:
-        """The model's formula on the measured pass times: what is left of the miss is the rest."""
-        return self.tau * self.t_target / (self.t_draft_round + self.t_verify)
-
-    @property
     def error(self) -> float:
         return self.predicted_multiplier / self.measured - 1
-
-
-def totals(rows: Sequence[dict[str, Any]], method: str) -> Totals:
-    mine = [r for r in rows if r["method"] == method]
-    if not mine:
-        raise SpecstackError(f"the run has no rows of {method!r}")
-    phases: dict[str, float] = {}
-    for r in mine:
-        for k, v in (r.get("phases") or {}).items():
-            phases[k] = phases.get(k, 0.0) + v
-    if "decode" not in phases:
-        raise SpecstackError(f"rows of {method!r} carry no phase times: rerun the benchmark with this version")
-    return Totals(sum(r["new_tokens"] for r in mine), sum(r["target_forwards"] or 0 for r in mine),
-                  sum(r["seconds"] for r in mine), phases)
 
 
 def mean_context(settings: dict[str, Any], task_ids: set[str], new_tokens: int) -> float:
@@ -126,15 +137,32 @@ def check(run_dir: Path, hw: Hardware, conv: Conventions, context: float | None 
         target: ModelShape = from_config(cfg, settings["model"], m.dtype)
         draft = draft_shape(draft_spec, target, settings["draft_dtype"])
         k = m.spec.params["k"]
-        a, c = totals(rows, ar.label), totals(rows, m.label)
-        n = max(1, c.rounds)
-        t_target = a.phases["decode"] / max(1, a.rounds)
+        base, spec = runs(rows, ar.label), runs(rows, m.label)
+        tasks = [t for t in spec if t in base]
+        if not tasks:
+            raise SpecstackError(f"{m.label} and {ar.label} share no prompt")
+        tau = sum(spec[t].new_tokens for t in tasks) / max(1, sum(spec[t].rounds for t in tasks))
         predicted = round_times(target, vanilla_draft(draft), hw, 1, round(context), k, conv)
-        out.append(CheckRow(
-            m.label, k, c.new_tokens / n, context, predicted, t_target, c.phases.get("draft", 0.0) / n,
-            c.phases.get("target", 0.0) / n, (c.phases.get("verify", 0.0) + c.phases.get("overhead", 0.0)) / n,
-            t_target / (c.phases["decode"] / c.new_tokens), (a.seconds / a.new_tokens) / (c.seconds / c.new_tokens)))
+        out.append(_row(m.label, k, tau, context, predicted, [base[t] for t in tasks], [spec[t] for t in tasks]))
     return out, draft_spec
+
+
+def _row(method: str, k: int, tau: float, context: float, predicted: Round, base: list[Run], spec: list[Run]
+         ) -> CheckRow:
+    def med(values: Sequence[float]) -> float:
+        return statistics.median(values)
+
+    t_target = [a.phases["decode"] / max(1, a.rounds) for a in base]
+    n = [max(1, c.rounds) for c in spec]
+    draft = [c.phases.get("draft", 0.0) / r for c, r in zip(spec, n)]
+    verify = [c.phases.get("target", 0.0) / r for c, r in zip(spec, n)]
+    other = [(c.phases.get("verify", 0.0) + c.phases.get("overhead", 0.0)) / r for c, r in zip(spec, n)]
+    measured = [t / (c.phases["decode"] / c.new_tokens) for t, c in zip(t_target, spec)]
+    passes = [(c.new_tokens / r) * t / (d + v) for c, r, t, d, v in zip(spec, n, t_target, draft, verify)]
+    wall = (sum(a.seconds for a in base) / sum(a.new_tokens for a in base)) / \
+        (sum(c.seconds for c in spec) / sum(c.new_tokens for c in spec))
+    return CheckRow(method, k, tau, context, predicted, len(spec), med(t_target), med(draft), med(verify), med(other),
+                    med(measured), med(passes), wall)
 
 
 def table(rows: Sequence[CheckRow]) -> str:
@@ -142,6 +170,7 @@ def table(rows: Sequence[CheckRow]) -> str:
     header = ("| method | τ | t_target ms (model / run) | k·t_draft ms | t_verify ms | other ms/round (run) "
               "| Δt (model / run) | multiplier: model | from run's passes | measured (decode) | model error "
               "| measured (wall) |")
+    # run columns: medians over prompts; the run's Δt is τ / its measured multiplier
     lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         p = r.predicted

@@ -116,7 +116,7 @@ def add_parser(subparsers: Any) -> None:
 
     c = subparsers.add_parser("throughput-calibrate", help="fit this machine's hardware preset from its forwards",
                               description="Time forwards of the target and a draft (bench-forward's protocol) "
-                                          "and fit seconds = c0 + FLOPs/F + bytes/BW + KV bytes/BW_kv "
+                                          "and fit seconds = c0 + c_layer x layers + FLOPs/F + bytes/BW + KV bytes/BW_kv "
                                           "(specstack/spire/calibrate.py).")
     c.add_argument("--model", default=DEFAULT_MODEL, help=f"default {DEFAULT_MODEL}")
     c.add_argument("--dtype", choices=WEIGHT_FORMATS, default="int4", help="default int4")
@@ -259,26 +259,40 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
+def _rate(value: float, unit: str) -> str:
+    return "∞ (fitted to 0: the other terms cover it)" if value > 1e20 else f"{value / 1e9:,.1f} {unit}"
+
+
+def _rates(hw: Hardware) -> str:
+    if hw.overlap == "max":
+        return f"HOI = {hw.hoi:.3g} FLOP/byte"
+    return (f"F = {_rate(hw.flops_per_s, 'GFLOP/s')}, BW = {_rate(hw.bytes_per_s, 'GB/s')}, "
+            f"BW_kv = {_rate(hw.kv_rate, 'GB/s')}")
+
+
 def report(args: argparse.Namespace, target: ModelShape, drafts: list[Draft], cells: list[Cell], hw: Hardware,
            conv: Conventions) -> str:
-    lc = l_crit(target, hw, args.k, conv)
-    kind = "roofline (max)" if hw.overlap == "max" else "additive"
+    kind = "roofline (max)" if hw.overlap == "max" else "additive (FLOP and byte times add)"
     per_pass = f", {hw.seconds_per_pass * 1e3:.2f} ms per pass" if hw.seconds_per_pass else ""
+    per_pass += f", {hw.seconds_per_layer * 1e3:.3f} ms per layer" if hw.seconds_per_layer else ""
     note = f" ({hw.note})" if hw.note else ""
     window = "1 + L // 8" if args.sparse_window is None else args.sparse_window
-    crit = ("∞ (verification never stays memory-bound at every batch)" if math.isinf(lc)
-            else f"{lc:,.0f} tokens: from this context on, verification stays memory-bound at any batch")
-    b_crits = ", ".join(f"L = {n:,}: " + (f"{b:,.1f}" if (b := b_crit(target, hw, n, args.k, conv)) is not None
-                                          else "none") for n in args.context)
     lines = [
         (f"target {target.name}: N = {_count(target.params)} matrix parameters, {target.n_layers} layers, "
          f"x = {target.kv_values_per_token:,} KV values/token, {target.fmt}"),
-        f"hardware {hw.name}: HOI = {hw.hoi:.3g} FLOP/byte, {kind}{per_pass}{note}",
+        f"hardware {hw.name}: {_rates(hw)}, {kind}{per_pass}{note}",
         (f"k = {args.k}; conventions {args.conventions}: {conv.verify_tokens(args.k)} tokens verified, "
          f"sparse KV {window} positions"),
-        f"L_crit = {crit}",
-        f"B_crit (verification compute-bound from this batch on): {b_crits}",
     ]
+    if hw.overlap == "max":
+        lc = l_crit(target, hw, args.k, conv)
+        crit = ("∞ (verification never stays memory-bound at every batch)" if math.isinf(lc)
+                else f"{lc:,.0f} tokens: from this context on, verification stays memory-bound at any batch")
+        b_crits = ", ".join(f"L = {n:,}: " + (f"{b:,.1f}" if (b := b_crit(target, hw, n, args.k, conv)) is not None
+                                              else "none") for n in args.context)
+        lines += [f"L_crit = {crit}", f"B_crit (verification compute-bound from this batch on): {b_crits}"]
+    else:
+        lines.append("B_crit, L_crit: none on an additive machine (no roof: every verified token adds time)")
     for d in drafts:
         mine = [c for c in cells if c.design == d.design]
         if not mine:
@@ -379,13 +393,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     cal = calibrate(args.model, args.dtype, args.draft, args.draft_dtype, args.contexts, args.tokens, args.repeats,
                     args.warmup, args.threads)
     hw = cal.hardware
-
-    def rate(value: float, unit: str) -> str:  # a term fitted to zero: free at the measured sizes
-        return "∞" if value > 1e20 else f"{value / 1e9:.1f} {unit}"
-
     print(f"fitted on {cal.machine['cpu']}, {cal.machine['threads']} threads: seconds = "
-          f"{hw.seconds_per_pass * 1e3:.2f} ms + FLOPs / {rate(hw.flops_per_s, 'GFLOP/s')} "
-          f"+ weight bytes / {rate(hw.bytes_per_s, 'GB/s')} + KV bytes / {rate(hw.kv_rate, 'GB/s')}")
+          f"{hw.seconds_per_pass * 1e3:.2f} ms + {hw.seconds_per_layer * 1e3:.3f} ms x layers "
+          f"+ FLOPs / F + weight bytes / BW + KV bytes / BW_kv; {_rates(hw)}")
     print("\n| model | layers | T | context | measured ms | model ms | error |\n|---|---:|---:|---:|---:|---:|---:|")
     for s in cal.samples:
         pred = cal.predicted(s)

@@ -69,6 +69,10 @@ def test_tau_auto_calibrate_and_check_on_a_tiny_model(run_cli, tiny_model, tmp_p
     assert r.code == 0, r.err
     saved = json.loads(cal.read_text())
     assert saved["hardware"]["overlap"] == "sum" and len(saved["samples"]) == 2 * 2 * 3
+    r = run_cli("throughput", "--target", tiny_model, "--hardware", str(cal), "--tau", "1.5", "--k", "2",
+                "--plot", str(tmp_path / "local.png"))
+    assert r.code == 0, r.err
+    assert "additive" in r.out and "none on an additive machine" in r.out and "fp32" in r.out  # the preset's format
     # 3. a bench run checked against it
     bench = tmp_path / "bench"
     r = run_cli("bench", "--model", tiny_model, "--prompts", prompts, "--methods", "ar;chain:k=2", "--dtype", "fp32",

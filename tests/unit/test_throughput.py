@@ -180,10 +180,12 @@ def test_attention_flops_are_counted_in_the_engine_conventions():
     assert a == 4 * 2 * 3 * 100 * TARGET.q_dim * TARGET.n_layers
 
 
-def test_additive_hardware_adds_times_and_a_fixed_cost():
-    hw = Hardware("cpu", 1e9, 1e8, kv_bytes_per_s=5e7, overlap="sum", seconds_per_pass=0.002)
+def test_additive_hardware_adds_times_and_fixed_costs():
+    hw = Hardware("cpu", 1e9, 1e8, kv_bytes_per_s=5e7, overlap="sum", seconds_per_pass=0.002, seconds_per_layer=1e-4)
     cost = pass_cost(TARGET, 1, 1, 10, ENGINE)
-    assert hw.seconds(cost) == pytest.approx(0.002 + cost.flops / 1e9 + cost.weight_bytes / 1e8 + cost.kv_bytes / 5e7)
+    assert cost.layers == 8
+    fixed = 0.002 + 8 * 1e-4
+    assert hw.seconds(cost) == pytest.approx(fixed + cost.flops / 1e9 + cost.weight_bytes / 1e8 + cost.kv_bytes / 5e7)
 
 
 def test_k_zero_is_plain_decoding():
@@ -273,10 +275,14 @@ def test_bad_hardware_and_conventions():
 # ---------------------------------------------------------------------------------------------------
 # Calibration fit (the measuring half needs the model: tests/cli/test_cli_throughput.py)
 # ---------------------------------------------------------------------------------------------------
-def _samples(hw: Hardware) -> list[calibrate.Sample]:
-    small = shape("s", layers=2, d_model=64, kv_heads=2, head_dim=16, d_ff=128, vocab=1000, fmt="int4")
+SMALL = shape("s", layers=2, d_model=64, kv_heads=2, head_dim=16, d_ff=128, vocab=1000, fmt="int4")
+WIDE = shape("w", layers=3, d_model=128, kv_heads=2, head_dim=32, d_ff=512, vocab=300, fmt="int4")
+THREE_SHAPES = (SMALL, SMALL.first_layers(1), WIDE)  # two widths: every term of the fit is identifiable
+
+
+def _samples(hw: Hardware, shapes=THREE_SHAPES) -> list[calibrate.Sample]:
     out = []
-    for s in (small, small.first_layers(1)):
+    for s in shapes:
         for t in (1, 2, 4, 8):
             for ctx in (16, 256):
                 cost = pass_cost(s, 1, t, ctx, ENGINE)
@@ -284,13 +290,23 @@ def _samples(hw: Hardware) -> list[calibrate.Sample]:
     return out
 
 
+TRUE = Hardware("made", 3e9, 2e9, kv_bytes_per_s=5e8, overlap="sum", seconds_per_pass=1e-3, seconds_per_layer=2e-4)
+
+
 def test_fit_recovers_the_machine_that_made_the_times():
-    true = Hardware("made", 3e9, 2e9, kv_bytes_per_s=5e8, overlap="sum", seconds_per_pass=1e-3)
-    got = calibrate.fit(_samples(true), fmt="int4")
+    got = calibrate.fit(_samples(TRUE), fmt="int4")
     assert got.overlap == "sum"
-    for field in ("flops_per_s", "bytes_per_s", "kv_bytes_per_s", "seconds_per_pass"):
-        assert getattr(got, field) == pytest.approx(getattr(true, field), rel=1e-6), field
-    assert max(calibrate.errors(got, _samples(true))) < 1e-9
+    for field in ("flops_per_s", "bytes_per_s", "kv_bytes_per_s", "seconds_per_pass", "seconds_per_layer"):
+        assert getattr(got, field) == pytest.approx(getattr(TRUE, field), rel=1e-6), field
+    assert max(calibrate.errors(got, _samples(TRUE))) < 1e-9
+
+
+def test_fit_on_self_drafts_alone_still_predicts_every_depth():
+    # layers and weight bytes move together: the split between them is not identifiable, the times are
+    one_model = (SMALL, SMALL.first_layers(1))
+    got = calibrate.fit(_samples(TRUE, one_model))
+    deeper = replace(SMALL, n_layers=6, body_params=SMALL.body_params * 3)
+    assert max(calibrate.errors(got, _samples(TRUE, (deeper,)))) < 1e-6
 
 
 def test_fit_never_returns_a_negative_cost():
@@ -304,7 +320,8 @@ def test_fit_never_returns_a_negative_cost():
 
 
 def test_calibration_files_round_trip(tmp_path):
-    hw = Hardware("local", 3e9, 2e9, kv_bytes_per_s=5e8, overlap="sum", seconds_per_pass=1e-3, fmt="int4")
+    hw = Hardware("local", 3e9, 2e9, kv_bytes_per_s=5e8, overlap="sum", seconds_per_pass=1e-3, seconds_per_layer=1e-4,
+                  fmt="int4")
     cal = calibrate.Calibration(hw, _samples(hw), 0.0, 0.0, {"cpu": "test"})
     path = tmp_path / "cal.json"
     calibrate.save(cal, path)
@@ -315,3 +332,18 @@ def test_calibration_files_round_trip(tmp_path):
         calibrate.load_hardware(str(tmp_path / "bad.json"))
     with pytest.raises(SpecstackError, match="unknown hardware"):
         calibrate.load_hardware("tpu-v9")
+
+
+def test_check_row_takes_per_prompt_ratios():
+    from specstack.spire.throughput_check import Run, _row
+
+    rnd = round_times(TARGET, spire_draft(TARGET), H100, 1, 512, 2)
+    # ar: 10 ms per step on prompt a, 20 ms on b (the machine got busier); chain: 2 tokens per round
+    base = [Run(64, 63, 1.0, {"decode": 0.63}), Run(64, 63, 2.0, {"decode": 1.26})]
+    spec = [Run(64, 32, 1.0, {"decode": 0.96, "draft": 0.32, "target": 0.64}),
+            Run(64, 32, 3.0, {"decode": 1.92, "draft": 0.64, "target": 1.28})]
+    row = _row("chain:k=2", 2, 2.0, 512, rnd, base, spec)
+    assert row.measured == pytest.approx(10 / 15)  # 10 ms vs 0.96 s / 64 = 15 ms per token, on both prompts
+    assert row.passes_multiplier == pytest.approx(2 * 10 / 30)  # τ t_target / (draft + verify per round)
+    assert row.wall == pytest.approx((3.0 / 128) / (4.0 / 128))
+    assert row.t_target == pytest.approx(0.015)  # median of 10 and 20 ms
