@@ -90,9 +90,13 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                    help="ar (default), chain[:k=4], tree[:width=4,budget=36,depth=8,expand=4], "
                         "ngram[:width=1,depth=3], staged[:width=4,budget=36,depth=8]")
     g.add_argument("--draft", default=None, metavar="MODEL",
-                   help="draft model (shares the tokenizer), or self:N = the target's first N layers "
-                        "(default for smollm2-135m: self:4)")
-    g.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default="int4", help="draft weight format (default int4)")
+                   help="draft: a model (shares the tokenizer), a trained draft FILE.safetensors "
+                        "(specstack train-draft), self:N = the target's first N layers, or magicdec:W = the "
+                        "target itself with a sliding-window KV of W tokens (default for smollm2-135m: the "
+                        "shipped SPIRe draft)")
+    g.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default="int4",
+                   help="weight format of a model or self:N draft (default int4); a trained draft computes in "
+                        "bf16 (fp32 if asked)")
     g.add_argument("--ngram", default=None, metavar="FILE",
                    help="trigram file for ngram/staged (default: the shipped one for the model)")
     g.add_argument("--show-origins", action="store_true",
@@ -111,18 +115,27 @@ def build_parser() -> ArgumentParser:
     add_generation_args(gen)
     add_method_args(gen)
     gen.set_defaults(func=cmd_generate)
-    from specstack.bench import forward as bench_forward  # light: imports torch only when run
+    from specstack.bench import (
+        forward as bench_forward,  # light: imports torch only when run
+    )
 
     bench_forward.add_parser(sub)  # `specstack bench-forward`
-    from specstack.bench import run as bench_run  # light: torch and the models only when run
+    from specstack.bench import (
+        run as bench_run,  # light: torch and the models only when run
+    )
 
     bench_run.add_parser(sub)  # `specstack bench`
     from specstack import ngram_cli  # light: numpy/tokenizers only when run
 
     ngram_cli.add_parser(sub)  # `specstack ngram train`
-    from specstack.spire import throughput_cli  # light: torch only for --tau auto, calibrate and check
+    from specstack.spire import (
+        throughput_cli,  # light: torch only for --tau auto, calibrate and check
+    )
 
     throughput_cli.add_parser(sub)  # `specstack throughput`, `throughput-calibrate`, `throughput-check`
+    from specstack.spire import train_cli  # light: torch only when run
+
+    train_cli.add_parser(sub)  # `specstack train-draft`
     return parser
 
 

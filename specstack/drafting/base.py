@@ -25,11 +25,18 @@ class DraftContext:
 
 
 class Drafter(Protocol):
-    def reset(self, prompt_ids: Sequence[int]) -> None:
-        """Start a new sequence (e.g. prefill the draft model's cache with the prompt)."""
+    # Target hidden layers (0 = embeddings, i = output of block i) this drafter reads for verified
+    # tokens (SPIRe's target activations); () for most. The engine asks its forwards for them.
+    target_layers: tuple[int, ...]
+
+    def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        """Start a new sequence (e.g. prefill the draft model's cache with the prompt).
+        target_hidden [1, len(prompt) - 1, L, d]: the target's hidden states of all but the last
+        prompt token (None when target_layers is empty)."""
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         """A tree of candidate continuations of ctx.tokens (may be empty)."""
 
-    def observe(self, tree: DraftTree, result: VerifyResult) -> None:
-        """The target accepted result.accepted (node ids of `tree`) and emitted result.tokens."""
+    def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
+        """The target accepted result.accepted (node ids of `tree`) and emitted result.tokens.
+        target_hidden [1, 1 + len(tree), L, d]: the target's hidden states of the root and the tree."""

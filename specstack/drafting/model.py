@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from specstack.attention import build_batch
-from specstack.config import SamplingParams
+from specstack.config import SamplingParams, WindowSpec
 from specstack.drafting.base import DraftContext
 from specstack.errors import SpecstackError
 from specstack.models.loading import LoadedModel
@@ -43,7 +43,7 @@ class TreeParams:
             raise SpecstackError(f"tree parameters must be >= 1: {self}")
 
     @staticmethod
-    def chain(k: int) -> "TreeParams":
+    def chain(k: int) -> TreeParams:
         return TreeParams(width=1, budget=k, depth=k, expand_per_forward=1)
 
 
@@ -70,19 +70,34 @@ def children_of(probs: torch.Tensor, width: int, sampling: SamplingParams,
 
 
 class ModelDrafter:
-    def __init__(self, draft: LoadedModel, params: TreeParams, capacity: int | None = None) -> None:
+    def __init__(self, draft: LoadedModel, params: TreeParams, capacity: int | None = None,
+                 window: WindowSpec | None = None) -> None:
+        """window: a sliding-window KV for the draft (MagicDec: the target itself as its own draft)."""
         self.draft = draft
         self.params = params
         self.capacity = capacity
-        self.cache = draft.model.new_cache(1, capacity or draft.config.max_seq_len + self._scratch_bound())
+        cap = capacity or draft.config.max_seq_len + self._scratch_bound()
+        self.cache = draft.model.new_cache(1, cap, window) if window else draft.model.new_cache(1, cap)
+        # a draft that reads the target's activations (SPIRe) never runs verified tokens itself
+        self.target_layers: tuple[int, ...] = tuple(draft.model.target_hidden_layers)
         self.pending: list[int] = []
         self._cands: list[_Candidate] = []
         self._kids: dict[int, list[int]] = {}  # candidate -> its children candidates
         self._tree_ids: list[int] = []  # candidate index of each node in the proposed tree
 
-    def reset(self, prompt_ids: Sequence[int]) -> None:
+    def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         self.cache.reset()
         self.pending = list(prompt_ids)
+        if self.target_layers:  # the target's prefill gave the memories of all but the root
+            self._remember(self.pending[:-1], target_hidden)
+            self.pending = self.pending[-1:]
+
+    def _remember(self, tokens: list[int], hidden: torch.Tensor | None) -> None:
+        if hidden is None or hidden.shape[1] != len(tokens):
+            raise ValueError(f"this draft needs the target's hidden states of {len(tokens)} verified tokens")
+        if tokens:
+            ids = torch.tensor([tokens], device=self.draft.model.device)
+            self.draft.model.write_memories(ids, hidden, self.cache)
 
     # -- proposing --------------------------------------------------------------------------------
     def _probs(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -193,7 +208,15 @@ class ModelDrafter:
                 self._add_children(i, probs, ctx)
 
     # -- feedback ---------------------------------------------------------------------------------
-    def observe(self, tree: DraftTree, result: VerifyResult) -> None:
+    def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
+        """target_hidden [1, 1 + len(tree), L, d]: the target's hidden states of root + tree (rows as
+        scored), for a draft with target_layers."""
+        if self.target_layers:  # root and accepted path stored from the target's activations
+            rows = [0] + [a + 1 for a in result.accepted]
+            self._remember(self.pending + [tree.tokens[a] for a in result.accepted],
+                           None if target_hidden is None else target_hidden[:, rows])
+            self.pending = [result.next_token]
+            return
         keep = list(range(len(self.pending)))
         run = []
         for node in result.accepted:

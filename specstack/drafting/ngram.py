@@ -195,7 +195,7 @@ class KatzTrigram:
     # ---- training -------------------------------------------------------------------------------
     @classmethod
     def train(cls, token_streams: Iterable[Sequence[int]], vocab_size: int, k: int = 5,
-              min_count: int = 1, min_count_bigram: int | None = None) -> "KatzTrigram":
+              min_count: int = 1, min_count_bigram: int | None = None) -> KatzTrigram:
         """Count uni/bi/trigrams within each stream (no n-gram crosses a stream boundary), discount
         with Good–Turing (counts <= k), drop n-grams seen fewer than min_count times (trigrams) /
         min_count_bigram times (bigrams; default: min_count), and compute the backoff weights."""
@@ -274,9 +274,9 @@ class KatzTrigram:
         meta = {
             "format": FORMAT_VERSION, "k": k, "min_count": min_count, "min_count_bigram": min_bi,
             "streams": n_streams, "tokens": N,
-            "distinct": {"unigram": int((c1 > 0).sum()), "bigram": int(len(k2)), "trigram": int(len(k3))},
-            "kept": {"bigram": int(len(bigram.tok)), "trigram": int(len(trigram.tok))},
-            "contexts": {"bigram": int(len(bigram.ctx)), "trigram": int(len(trigram.ctx))},
+            "distinct": {"unigram": int((c1 > 0).sum()), "bigram": len(k2), "trigram": len(k3)},
+            "kept": {"bigram": len(bigram.tok), "trigram": len(trigram.tok)},
+            "contexts": {"bigram": len(bigram.ctx), "trigram": len(trigram.ctx)},
             "discounts": {"unigram": d1[1:].tolist(), "bigram": d2[1:].tolist(), "trigram": d3[1:].tolist()},
             "A": {"unigram": _finite(A1), "bigram": _finite(A2), "trigram": _finite(A3)},
         }
@@ -304,7 +304,7 @@ class KatzTrigram:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "KatzTrigram":
+    def load(cls, path: str | os.PathLike) -> KatzTrigram:
         """Load a file written by `save` (a bad or missing file is a SpecstackError)."""
         path = Path(path)
         try:
@@ -593,18 +593,20 @@ class NgramDrafter:
         self.lookup = ContextLookup(self.max_n)
 
     @classmethod
-    def for_model(cls, model_name: str, **kwargs) -> "NgramDrafter":
+    def for_model(cls, model_name: str, **kwargs) -> NgramDrafter:
         """With the shipped trigram for `model_name` if there is one, else context lookup only."""
         return cls(load_default_ngram(model_name), **kwargs)
 
     # ---- Drafter protocol -----------------------------------------------------------------------
-    def reset(self, prompt_ids: Sequence[int]) -> None:
+    target_layers: tuple[int, ...] = ()  # reads no target activations
+
+    def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         self.lookup.reset(prompt_ids)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         return self.proposal_tree(ctx.tokens, self.widths)
 
-    def observe(self, tree: DraftTree, result: VerifyResult) -> None:
+    def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
         pass  # the next propose indexes the emitted tokens (ctx.tokens grows by result.tokens)
 
     # ---- the proposal tree ----------------------------------------------------------------------

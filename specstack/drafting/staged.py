@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext
 from specstack.drafting.model import ModelDrafter, TreeParams, _Candidate
 from specstack.models.loading import LoadedModel
@@ -36,17 +37,18 @@ class ProposalSource(Protocol):
 
 class StagedDrafter(ModelDrafter):
     def __init__(self, draft: LoadedModel, draft2: ProposalSource, params: TreeParams,
-                 widths: Sequence[int] = PAPER_WIDTHS, capacity: int | None = None) -> None:
+                 widths: Sequence[int] = PAPER_WIDTHS, capacity: int | None = None,
+                 window: WindowSpec | None = None) -> None:
         self.widths = tuple(widths)
-        super().__init__(draft, params, capacity)
+        super().__init__(draft, params, capacity, window)
         self.draft2 = draft2
 
     def _scratch_bound(self) -> int:
         # each spine step runs its token and, at most, all of draft2's proposal tree
         return self.params.depth + 2 + self.params.depth * (1 + sum(self.widths))
 
-    def reset(self, prompt_ids: Sequence[int]) -> None:
-        super().reset(prompt_ids)
+    def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
+        super().reset(prompt_ids, target_hidden)
         self.draft2.reset(prompt_ids)
 
     def _grow(self, root_probs: torch.Tensor, ctx: DraftContext) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from specstack.config import GenerationConfig
+from specstack.config import GenerationConfig, WindowSpec
 from specstack.drafting.base import Drafter
 from specstack.engine.autoregressive import GenerationResult, generate
 from specstack.engine.speculative import speculative_generate
@@ -87,8 +87,39 @@ def self_draft(target_name: str, n_layers: int, dtype: str, device: str) -> Load
     return LoadedModel(f"{full.name}[:{n_layers}]", model, None, model.config, dtype, source=full.source)
 
 
+@dataclass(frozen=True)
+class DraftModel:
+    lm: LoadedModel
+    window: WindowSpec | None = None  # a sliding-window KV for the draft's cache
+
+
 def load_draft(target: LoadedModel, sources: DraftSources, device: str) -> LoadedModel:
+    """The draft model alone (its window, if any, in resolve_draft)."""
+    return resolve_draft(target, sources, device).lm
+
+
+def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> DraftModel:
+    """The draft named by sources.draft: a model name/path, a trained draft file (.safetensors from
+    `specstack train-draft`), `self:N`, or `magicdec:W` (MagicDec: the target itself, as it is loaded,
+    drafting with a sliding-window KV of 1 sink + W positions)."""
     spec = sources.draft or f"self:{max(1, target.config.n_layers // 8)}"
+    if spec.startswith("magicdec:"):
+        try:
+            w = int(spec.removeprefix("magicdec:"))
+        except ValueError:
+            raise SpecstackError(f"--draft {spec!r}: expected magicdec:W with a window of W tokens") from None
+        return DraftModel(target, WindowSpec(1, w))
+    return DraftModel(_load_draft_model(target, sources, device))
+
+
+def _load_draft_model(target: LoadedModel, sources: DraftSources, device: str) -> LoadedModel:
+    spec = sources.draft or f"self:{max(1, target.config.n_layers // 8)}"
+    if spec.endswith(".safetensors"):  # a trained draft (specstack train-draft), sharing the target's embeddings
+        import torch
+
+        from specstack.spire.store import load_draft_file
+
+        return load_draft_file(spec, target, torch.float32 if sources.draft_dtype == "fp32" else torch.bfloat16)
     if spec.startswith("self:"):
         try:
             n = int(spec.removeprefix("self:"))
@@ -126,10 +157,11 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
     if method.name == "ar":
         return None
     if method.name == "chain":
-        return ModelDrafter(load_draft(target, sources, device), TreeParams.chain(p["k"]))
+        d = resolve_draft(target, sources, device)
+        return ModelDrafter(d.lm, TreeParams.chain(p["k"]), window=d.window)
     if method.name == "tree":
-        return ModelDrafter(load_draft(target, sources, device),
-                            TreeParams(p["width"], p["budget"], p["depth"], p["expand"]))
+        d = resolve_draft(target, sources, device)
+        return ModelDrafter(d.lm, TreeParams(p["width"], p["budget"], p["depth"], p["expand"]), window=d.window)
     if method.name == "ngram":
         from specstack.drafting.ngram import NgramDrafter
 
@@ -138,8 +170,9 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
         from specstack.drafting.ngram import NgramDrafter
         from specstack.drafting.staged import StagedDrafter
 
-        return StagedDrafter(load_draft(target, sources, device), NgramDrafter(load_ngram(target, sources)),
-                             TreeParams(p["width"], p["budget"], p["depth"]))
+        d = resolve_draft(target, sources, device)
+        return StagedDrafter(d.lm, NgramDrafter(load_ngram(target, sources)),
+                             TreeParams(p["width"], p["budget"], p["depth"]), window=d.window)
     raise SpecstackError(f"unknown method {method.name!r}")  # parse_method keeps this unreachable
 
 

@@ -37,6 +37,11 @@ def verify(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams,
     return verify_sample_walk(tree, p, generator)
 
 
+def stack_hidden(hidden: dict[int, torch.Tensor], layers: tuple[int, ...]) -> torch.Tensor | None:
+    """{layer: [1, T, d]} -> [1, T, L, d] in the drafter's order (None when it reads none)."""
+    return torch.stack([hidden[i] for i in layers], 2) if layers else None
+
+
 def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequence[int],
                          gen: GenerationConfig, on_text: Callable[[str], None] | None = None,
                          max_tree: int = 64) -> GenerationResult:
@@ -45,10 +50,15 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequ
     stream, stats, cache, rng = run.stream, run.stats, run.cache, run.generator
     ctx = DraftContext(list(prompt_ids), gen.sampling, rng)
 
+    layers = tuple(drafter.target_layers)  # target activations the drafter reads (SPIRe)
     t0 = time.perf_counter()
+    hidden = None
     if len(prompt_ids) > 1:  # everything but the root
-        model.extend(torch.tensor([list(prompt_ids[:-1])], device=model.device), cache)
-    drafter.reset(prompt_ids)
+        out = model.extend(torch.tensor([list(prompt_ids[:-1])], device=model.device), cache, layers)
+        hidden = stack_hidden(out.hidden, layers)
+    elif layers:
+        hidden = torch.zeros(1, 0, len(layers), cfg.d_model, device=model.device)
+    drafter.reset(prompt_ids, hidden)
     stats.prefill_seconds = time.perf_counter() - t0
     t_start = time.perf_counter()
     while not stream.done:
@@ -63,7 +73,8 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequ
         t = time.perf_counter()
         tokens = torch.tensor([[ctx.tokens[-1]] + tree.tokens], device=model.device)
         parents = [-1] + [p + 1 for p in tree.parent]
-        logits = model.forward(tokens, tree_batch(cache, parents), cache).logits[0]
+        out = model.forward(tokens, tree_batch(cache, parents), cache, layers)
+        logits = out.logits[0]
         step.target_seconds = time.perf_counter() - t
         # 3. verify
         t = time.perf_counter()
@@ -72,7 +83,7 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequ
         # 4. commit root + accepted path; tell the drafter; emit
         t = time.perf_counter()
         cache.commit_nodes(0, [0] + [a + 1 for a in result.accepted])
-        drafter.observe(tree, result)
+        drafter.observe(tree, result, stack_hidden(out.hidden, layers))
         taken = stream.push(result.tokens)
         ctx.tokens.extend(result.tokens)
         step.record(tree, result, taken)

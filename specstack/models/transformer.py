@@ -42,6 +42,21 @@ class ModelOutput:
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, T, d]
 
 
+def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and [-sin | sin] per position [max_seq_len, head_dim] (fp32) for `apply_rope`."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    freqs = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    half = cfg.head_dim // 2
+    return emb.cos(), torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the last dim (head_dim) of x: rotate_half(x) * sin == roll(x, half) * [-sin | sin],
+    two kernels instead of four."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
 class Norm(nn.Module):
     """RMSNorm (llama) or LayerNorm (gpt2), computed in fp32 like the reference implementations."""
 
@@ -80,9 +95,7 @@ class Block(nn.Module):
         hd, nq, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         qk = qkv[:, : cfg.q_dim + cfg.kv_dim].view(b, t, nq + nkv, hd)
         if rope is not None:  # rotate q and k heads in one go
-            cos, signed_sin = rope
-            # rotate_half(x) * sin == roll(x, half) * [-sin | sin]: two kernels instead of four
-            qk = torch.addcmul(qk * cos, qk.roll(hd // 2, dims=-1), signed_sin)
+            qk = apply_rope(qk, *rope)
         q = qk[:, :, :nq].transpose(1, 2)
         k = qk[:, :, nq:].transpose(1, 2)
         v = qkv[:, cfg.q_dim + cfg.kv_dim :].view(b, t, nkv, hd).transpose(1, 2)
@@ -100,6 +113,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    target_hidden_layers: tuple[int, ...] = ()  # as a draft, it runs every token itself (see SpireDraft)
+
     def __init__(self, cfg: ModelConfig, fmt: str = "fp32") -> None:
         super().__init__()
         self.config, self.fmt = cfg, fmt
@@ -117,12 +132,8 @@ class Transformer(nn.Module):
         # int8 kernel is 10x slower with them: 10 ms instead of 1 ms for this head.)
         self.head = QLinear(cfg.d_model, cfg.vocab_size, "int8" if fmt == "int4" else fmt)
         if cfg.arch == "llama":
-            inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
-            freqs = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self.register_buffer("rope_cos", emb.cos(), persistent=False)
-            half = cfg.head_dim // 2
-            signed_sin = torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1)
+            cos, signed_sin = rope_tables(cfg)
+            self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_signed_sin", signed_sin, persistent=False)
 
     @property
@@ -131,7 +142,7 @@ class Transformer(nn.Module):
 
     # -- weights ------------------------------------------------------------------------------------
     @torch.no_grad()
-    def load_weights(self, weights: Mapping[str, Weight]) -> "Transformer":
+    def load_weights(self, weights: Mapping[str, Weight]) -> Transformer:
         """Fill the model from canonical float (or Q4) weights; see loading.py for the names."""
         cfg = self.config
         used: set[str] = set()

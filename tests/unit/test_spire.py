@@ -1,0 +1,180 @@
+"""The SPIRe draft model (specstack.spire): sliding window, feedback memory, pruned initialisation,
+target activations, the training forward agreeing with what the engine runs, distillation, storage."""
+from __future__ import annotations
+
+import pytest
+import torch
+from lossless.conftest import save_llama
+
+from specstack.attention import build_batch
+from specstack.config import WindowSpec
+from specstack.models.loading import load_model
+from specstack.spire.distill import (
+    TrainParams,
+    acceptance,
+    draft_index,
+    train,
+    train_loss,
+)
+from specstack.spire.prune import build_draft
+from specstack.spire.store import load_draft_file, save_draft
+from specstack.spire.teacher import TeacherSpec, build_cache, iter_batches, shard_paths
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A tiny Llama (3 blocks, V = 257) in fp32."""
+    path = save_llama(tmp_path_factory.mktemp("spire") / "t", seed=21, vocab=257, layers=3, hidden=64,
+                      max_pos=128, init=0.15)
+    return load_model(str(path), dtype="fp32", use_cache=False, tokenizer=False)
+
+
+def target_logits_and_hidden(target, tokens, layers=()):
+    cache = target.model.new_cache(1, tokens.shape[1])
+    out = target.model.forward(tokens, build_batch(cache, tokens.shape[1]), cache, hidden_layers=layers)
+    hidden = torch.stack([out.hidden[i] for i in layers], 2) if layers else None
+    return out.logits, hidden
+
+
+def randomise_mix(draft, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for blk in draft.layers:
+            blk.mix.copy_(torch.randn(blk.mix.shape, generator=g))
+
+
+def tokens_of(n, seed=0):
+    return torch.randint(0, 257, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def decode_one_by_one(draft, tokens):
+    """The engine's path for a plain decoder: one token per forward, committed (window evicts)."""
+    cache = draft.new_cache(1, tokens.shape[1] + 4)
+    rows = []
+    for t in range(tokens.shape[1]):
+        rows.append(draft.forward(tokens[:, t:t + 1], build_batch(cache, 1), cache).logits[0, 0])
+        cache.commit_all()
+    return torch.stack(rows), cache
+
+
+def test_sliding_window_equals_full_attention_masked_to_the_window(target):
+    """Decoding with a windowed cache that physically evicts old slots gives the logits of full
+    attention masked to sink + window; and the window changes them (it is really applied)."""
+    window = WindowSpec(sink=1, window=6)
+    tokens = tokens_of(40)
+    windowed = build_draft(target.model, 2, keep=[1, 2], window=window, feedback=False, target_acts=False)
+    decoded, cache = decode_one_by_one(windowed, tokens)
+    assert cache.lengths[0] < 40  # slots were evicted
+    masked = windowed.train_forward(tokens, None, 1)[0][0]
+    full = build_draft(target.model, 2, keep=[1, 2], window=None, feedback=False, target_acts=False)
+    unmasked = full.train_forward(tokens, None, 1)[0][0]
+    torch.testing.assert_close(decoded, masked, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(decoded[:7], unmasked[:7], atol=1e-4)  # within the window: no difference
+    assert (decoded[10:] - unmasked[10:]).abs().max() > 1e-2
+
+
+def test_feedback_with_one_hot_mix_reproduces_a_plain_decoder(target):
+    """Memories mixed one-hot on each block's own input, fed the target's own activations, with all
+    the target's blocks: every unrolled draft step is exactly the target (plain decoder)."""
+    tokens = tokens_of(30, seed=1)
+    draft = build_draft(target.model, 3, keep=[0, 1, 2], window=None, feedback=True, target_acts=True)
+    with torch.no_grad():
+        for i, blk in enumerate(draft.layers):
+            blk.mix.fill_(-1e4)
+            blk.mix[i] = 0.0
+    ref, hidden = target_logits_and_hidden(target, tokens, draft.target_hidden_layers)
+    for step in draft.train_forward(tokens, hidden, 3):
+        torch.testing.assert_close(step, ref, atol=1e-4, rtol=1e-4)
+    randomise_mix(draft)  # and a real mix is no longer the plain decoder
+    assert (draft.train_forward(tokens, hidden, 1)[0] - ref).abs().max() > 1e-2
+
+
+def test_pruned_initialisation_copies_exactly_the_chosen_blocks(target):
+    draft = build_draft(target.model, 2, keep=[2, 0], window=None)
+    for blk, k in zip(draft.layers, [2, 0]):
+        src = target.model.layers[k]
+        for name in ("qkv", "o", "up", "down"):
+            assert torch.equal(getattr(blk, name).weight, getattr(src, name).weight)
+        assert torch.equal(blk.attn_norm, src.attn_norm.weight) and torch.equal(blk.mlp_norm, src.mlp_norm.weight)
+    assert torch.equal(draft.norm, target.model.norm.weight)
+    assert draft.embed.data_ptr() == target.model.embed.data_ptr()  # shared, not copied
+    assert torch.equal(draft.head, target.model.head.weight)  # untied target: its unembedding
+    assert draft.target_hidden_layers == (3, 1)  # reads the target after the blocks it copies
+    other = build_draft(target.model, 2, keep=None, window=None)
+    assert not torch.equal(other.layers[0].qkv.weight, draft.layers[0].qkv.weight)
+
+
+@pytest.mark.parametrize("window", [None, WindowSpec(1, 5)])
+def test_training_forward_matches_what_the_engine_runs(target, window):
+    """Step j of train_forward at position t equals the engine's path: the target's memories of the
+    tokens before t - j + 1 written from its activations, then j draft forwards, each appended."""
+    tokens = tokens_of(24, seed=2)
+    draft = build_draft(target.model, 2, keep=[1, 2], window=window,
+                        vocab_ids=torch.arange(0, 257, 2))
+    randomise_mix(draft, seed=3)
+    _, hidden = target_logits_and_hidden(target, tokens, draft.target_hidden_layers)
+    steps = draft.train_forward(tokens, hidden, 3)
+    for t0 in (0, 5, 13, 20):
+        cache = draft.new_cache(1, 40)
+        if t0:
+            draft.write_memories(tokens[:, :t0], hidden[:, :t0], cache)
+        for j in range(3):
+            t = t0 + j
+            batch = build_batch(cache, 1, append=j > 0)
+            logits = draft.forward(tokens[:, t:t + 1], batch, cache).logits[0, 0]
+            full = torch.full((257,), float("-inf"))
+            full[draft.vocab_ids] = steps[j][0, t]
+            torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
+
+
+def test_a_few_training_steps_reduce_the_loss_and_raise_acceptance(target, tmp_path):
+    """Distillation from the cached teacher on the tiny target's own sampled text: the loss on a fixed
+    batch falls and the greedy acceptance measured on that text rises (a random tiny target has no
+    structure to generalise from in 20 sequences: held-out acceptance is for the real model)."""
+    seqs = []
+    for s in range(20):  # text the target likes: its own samples (low temperature)
+        g = torch.Generator().manual_seed(s)
+        cache = target.model.new_cache(1, 48)
+        tok = torch.randint(0, 257, (1, 1), generator=g)
+        out = [int(tok)]
+        for _ in range(47):
+            logits = target.model.forward(tok, build_batch(cache, 1), cache).logits[0, -1]
+            cache.commit_all()
+            tok = torch.multinomial(torch.softmax(logits / 0.3, -1), 1, generator=g).view(1, 1)
+            out.append(int(tok))
+        seqs.append(out)
+    draft = build_draft(target.model, 1, keep=[2], window=WindowSpec(1, 16))
+    spec = TeacherSpec(layers=(1, 2, 3), topk=16, shard_size=8)  # more layers than the draft reads
+    build_cache(target.model, torch.tensor(seqs), tmp_path / "train", spec, "train")
+    paths = shard_paths(tmp_path / "train")
+    params = TrainParams(steps=100, batch_size=4, lr=3e-3, warmup=5, draft_steps=2, eval_every=100,
+                         eval_sequences=4, eval_k=3, checkpoint_every=100)
+    batch = next(iter_batches(paths, 8))
+    index = draft_index(draft)
+    with torch.no_grad():
+        loss_before = float(train_loss(draft, batch, index, params))
+    before = acceptance(draft, paths, 3, 20)
+    train(draft, paths, paths[:1], params, tmp_path, log=lambda msg: None)
+    with torch.no_grad():
+        loss_after = float(train_loss(draft, batch, index, params))
+    after = acceptance(draft, paths, 3, 20)
+    assert loss_after < loss_before - 0.05
+    assert after.alpha[0] > before.alpha[0] + 0.15 and after.tau > before.tau + 0.15
+    assert (tmp_path / "checkpoint.pt").is_file()
+
+
+def test_save_and_load_round_trip(target, tmp_path):
+    draft = build_draft(target.model, 2, keep=[0, 2], window=WindowSpec(1, 8), vocab_ids=torch.arange(100, 257))
+    randomise_mix(draft, seed=4)
+    with torch.no_grad():  # the file holds bf16: make the weights bf16-exact to compare exactly
+        for p in draft.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    path = tmp_path / "d.safetensors"
+    save_draft(draft, path, {"target": "tiny"})
+    loaded = load_draft_file(path, target, dtype=torch.float32).model
+    assert loaded.spire == draft.spire and torch.equal(loaded.vocab_ids, draft.vocab_ids)
+    tokens = tokens_of(20, seed=5)
+    _, hidden = target_logits_and_hidden(target, tokens, draft.target_hidden_layers)
+    for a, b in zip(loaded.train_forward(tokens, hidden, 2), draft.train_forward(tokens, hidden, 2)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert path.stat().st_size < 2 * sum(p.numel() for p in draft.parameters()) + 4096  # no embeddings inside
