@@ -37,6 +37,7 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         window: WindowSpec | None = None,
+        feature_dim: int = 0,
     ) -> None:
         self.config = config
         self.batch_size = batch_size
@@ -48,6 +49,9 @@ class KVCache:
         # per-layer views made once: a write is then a single kernel launch
         self._k_layer = list(self.k.unbind(0))
         self._v_layer = list(self.v.unbind(0))
+        # optional per-slot feature vector [rows, capacity, feature_dim] that moves with its slot (a draft
+        # reading the previous token's top-level feature, EAGLE-style)
+        self.feat = torch.zeros(batch_size, capacity, feature_dim, dtype=dtype, device=device) if feature_dim else None
         self._write_idx: torch.Tensor | None = None
         # Position of the token held in each slot (-1: empty). Scratch slots get theirs at write time.
         self.slot_pos = torch.full((batch_size, capacity), -1, dtype=torch.long, device=device)
@@ -115,6 +119,27 @@ class KVCache:
             s_used = max(self.lengths) + self.scratch
         return self._k_layer[layer][:, :, :s_used], self._v_layer[layer][:, :, :s_used]
 
+    def write_feature(self, x: torch.Tensor) -> None:
+        """Store features x [B, T, feature_dim] at the current block's scratch slots."""
+        if self.batch_size == 1:
+            self.feat[0].index_copy_(0, self._write_idx, x[0])
+        else:
+            slots = self._scratch_slots(x.shape[1])
+            rows = torch.arange(self.batch_size, device=self.device).unsqueeze(1).expand_as(slots)
+            self.feat[rows, slots] = x
+
+    def block_start(self) -> list[int]:
+        """First slot of the current block in each row (slots before it hold finished tokens)."""
+        return [n + self._offset for n in self.lengths]
+
+    def _move(self, row: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy slots src -> dst of one row in every per-slot tensor (the read copies: overlap is safe)."""
+        self.k[:, row, :, dst] = self.k[:, row, :, src]
+        self.v[:, row, :, dst] = self.v[:, row, :, src]
+        self.slot_pos[row, dst] = self.slot_pos[row, src]
+        if self.feat is not None:
+            self.feat[row, dst] = self.feat[row, src]
+
     # -- committing ---------------------------------------------------------------------------------
     def commit_prefix(self, counts: Sequence[int]) -> None:
         """Keep the first counts[b] tokens of the last block in each row; no data moves."""
@@ -135,11 +160,7 @@ class KVCache:
         s0 = self.lengths[row]
         if list(node_ids) != list(range(n)):
             src = torch.tensor(node_ids, device=self.device) + s0
-            dst = torch.arange(s0, s0 + n, device=self.device)
-            # the read makes a copy, so overlapping src/dst cannot corrupt the move
-            self.k[:, row, :, dst] = self.k[:, row, :, src]
-            self.v[:, row, :, dst] = self.v[:, row, :, src]
-            self.slot_pos[row, dst] = self.slot_pos[row, src]
+            self._move(row, src, torch.arange(s0, s0 + n, device=self.device))
         self.lengths[row] += n
         self.next_pos[row] += n
         self._sealed = True
@@ -176,10 +197,7 @@ class KVCache:
             if n < keep + w.window:
                 continue
             src = torch.arange(n - w.window, n, device=self.device)
-            dst = torch.arange(w.sink, keep, device=self.device)
-            self.k[:, row, :, dst] = self.k[:, row, :, src]
-            self.v[:, row, :, dst] = self.v[:, row, :, src]
-            self.slot_pos[row, dst] = self.slot_pos[row, src]
+            self._move(row, src, torch.arange(w.sink, keep, device=self.device))
             self.slot_pos[row, keep:] = -1
             self.lengths[row] = keep
 

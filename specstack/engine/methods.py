@@ -30,17 +30,19 @@ class MethodSpec:
 
 @dataclass(frozen=True)
 class DraftSources:
-    """Where drafts come from. draft: a model name/path, or `self:N` (the target's first N layers and
-    its head, loaded in draft_dtype); ngram: a trained trigram file."""
+    """Where drafts come from. draft: a model name/path, a trained draft file (.safetensors), `default`
+    (the trained draft shipped for the target), `self:N` (the target's first N layers and its head,
+    loaded in draft_dtype) or `magicdec:W`; ngram: a trained trigram file or `default`."""
 
     draft: str | None = None
     draft_dtype: str = "int4"
     ngram: str | None = None
 
 
-# defaults for the embedded model until a trained draft ships (see README)
+# defaults for the embedded model: the shipped SPIRe draft (specstack/data, docs/BENCHMARKS.md has the
+# command that trained it) and the shipped code trigram (see README)
 DEFAULT_SOURCES: dict[str, DraftSources] = {
-    "smollm2-135m": DraftSources(draft="self:4", draft_dtype="int4", ngram="default"),
+    "smollm2-135m": DraftSources(draft="default", draft_dtype="int4", ngram="default"),
 }
 
 # method -> parameters it accepts (all integers) with their defaults
@@ -103,17 +105,24 @@ def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> Dr
     `specstack train-draft`), `self:N`, or `magicdec:W` (MagicDec: the target itself, as it is loaded,
     drafting with a sliding-window KV of 1 sink + W positions)."""
     spec = sources.draft or f"self:{max(1, target.config.n_layers // 8)}"
+    if spec == "default":
+        from specstack.spire.store import default_draft_path
+
+        found = default_draft_path(target.name)
+        if found is None:
+            raise SpecstackError(f"no trained draft ships for {target.name}: pass --draft (a model, a file from "
+                                 "`specstack train-draft`, self:N or magicdec:W)")
+        spec = str(found)
     if spec.startswith("magicdec:"):
         try:
             w = int(spec.removeprefix("magicdec:"))
         except ValueError:
             raise SpecstackError(f"--draft {spec!r}: expected magicdec:W with a window of W tokens") from None
         return DraftModel(target, WindowSpec(1, w))
-    return DraftModel(_load_draft_model(target, sources, device))
+    return DraftModel(_load_draft_model(target, spec, sources, device))
 
 
-def _load_draft_model(target: LoadedModel, sources: DraftSources, device: str) -> LoadedModel:
-    spec = sources.draft or f"self:{max(1, target.config.n_layers // 8)}"
+def _load_draft_model(target: LoadedModel, spec: str, sources: DraftSources, device: str) -> LoadedModel:
     if spec.endswith(".safetensors"):  # a trained draft (specstack train-draft), sharing the target's embeddings
         import torch
 

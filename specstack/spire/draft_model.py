@@ -10,8 +10,11 @@ What makes it a SPIRe draft, each part switchable for ablations (SpireConfig):
 (d) target activations: for tokens the target has verified, the levels x^1..x^L are the target's
     own hidden states at `target_layers` (returned by its scoring forward at no extra cost), so the
     draft reads the target's deep features of the whole verified context.
-With (c) off a block's memory is its own input level (a plain decoder). Without (d), (c) is off as
-well: feedback over the draft's own levels would make every prefill sequential.
+(e) feature input (EAGLE's idea, an addition to SPIRe): the stream of token t starts from its
+    embedding plus a projection of the top-level feature of token t - 1: the target's final hidden
+    state when t - 1 is verified, else the draft's own. It starts at zero (the plain SPIRe draft).
+With (c) off a block's memory is its own input level (a plain decoder). Without (d), (c) and (e) are
+off as well: feedback over the draft's own levels would make every prefill sequential.
 
 A reduced draft vocabulary (`vocab_ids`, the most frequent tokens) shrinks the unembedding, the
 largest cost of a small draft at 49k tokens; the draft's probability of every other token is 0,
@@ -50,6 +53,7 @@ class SpireConfig:
     feedback: bool = True  # (c)
     target_layers: tuple[int, ...] = ()  # (d): target hidden layer per draft level 1..L; () = off
     init: str = "random"  # (b): "pruned:28,29" (target blocks) or "random"; a record of how it started
+    feature_input: bool = False  # (e) EAGLE-style: the previous token's top-level feature joins the input
 
     def __post_init__(self) -> None:
         if self.model.arch != "llama":
@@ -60,6 +64,8 @@ class SpireConfig:
         if self.feedback and not self.target_layers:
             raise SpecstackError("feedback memory needs target activations (without them every prefill "
                                  "would run token by token)")
+        if self.feature_input and not self.target_layers:
+            raise SpecstackError("feature input needs target activations")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -139,6 +145,10 @@ class SpireDraft(nn.Module):
         n_levels = cfg.n_layers + 1
         self.layers = nn.ModuleList(DraftBlock(cfg, n_levels, i) for i in range(cfg.n_layers))
         self.norm = nn.Parameter(torch.ones(cfg.d_model))
+        if config.feature_input:  # starts at zero: the draft begins as if it had no feature input
+            self.fuse_norm = nn.Parameter(torch.ones(cfg.d_model))
+            self.fuse = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+            nn.init.zeros_(self.fuse.weight)
         ids = torch.arange(cfg.vocab_size) if vocab_ids is None else vocab_ids.long()
         self.register_buffer("vocab_ids", ids)
         # shared with the target, never stored with the draft: set by attach_target()
@@ -170,7 +180,8 @@ class SpireDraft(nn.Module):
 
     def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> KVCache:
         cap = capacity or self.config.max_seq_len + 64
-        return KVCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window)
+        return KVCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window,
+                       feature_dim=self.config.d_model if self.spire.feature_input else 0)
 
     def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rope_cos[pos].unsqueeze(-2).to(dtype), self.rope_sin[pos].unsqueeze(-2).to(dtype)
@@ -180,6 +191,30 @@ class SpireDraft(nn.Module):
             return levels[i]  # a plain decoder: block i keeps its own input
         w = torch.softmax(self.layers[i].mix.float(), 0).to(levels[0].dtype)
         return sum(w[j] * lv for j, lv in enumerate(levels))
+
+    def _fused(self, x0: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """The stream's input: token embedding plus the projected top-level feature of the token before."""
+        f = F.rms_norm(prev, prev.shape[-1:], self.fuse_norm.to(prev.dtype), self.config.norm_eps)
+        return x0 + self.fuse(f)
+
+    def _previous_features(self, batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
+        """For each new token, the cached feature of the token at position - 1 on its path (a finished
+        token: committed, or run by an earlier forward of this round); zeros where there is none
+        (the first position, or a parent inside this same block)."""
+        pos = batch.positions
+        b, t = pos.shape
+        d = self.config.d_model
+        start = torch.tensor(cache.block_start(), device=pos.device)
+        s = int(start.max())
+        if s == 0:
+            return torch.zeros(b, t, d, dtype=self.norm.dtype, device=pos.device)
+        slot = torch.arange(s, device=pos.device)
+        cand = (cache.slot_pos[:, :s].unsqueeze(1) == (pos - 1).unsqueeze(-1)) & (slot < start[:, None, None])
+        if batch.mask is not None:
+            cand &= batch.mask[:, 0, :, :s]
+        idx = cand.int().argmax(-1)
+        feat = torch.gather(cache.feat[:, :s], 1, idx.unsqueeze(-1).expand(b, t, d))
+        return feat * cand.any(-1, keepdim=True)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(F.rms_norm(x, x.shape[-1:], self.norm.to(x.dtype), self.config.norm_eps),
@@ -201,6 +236,8 @@ class SpireDraft(nn.Module):
         rope = self._rope(batch.positions, self.norm.dtype)
         x = F.embedding(tokens, self.embed).to(self.norm.dtype)
         levels = [x]
+        if self.spire.feature_input:
+            x = self._fused(x, self._previous_features(batch, cache))
         for i, blk in enumerate(self.layers):
             q, k, v = blk.qkv_heads(x, rope)
             keys, values = cache.write(i, k, v)
@@ -211,6 +248,8 @@ class SpireDraft(nn.Module):
         if self.spire.feedback:  # later forwards see these tokens through their memories
             for i, blk in enumerate(self.layers):
                 cache.write(i, *blk.memory_kv(self._memory(i, levels), rope))
+        if self.spire.feature_input:
+            cache.write_feature(x)
         logits = torch.full((b, t, cfg.vocab_size), float("-inf"), device=x.device)
         logits[:, :, self.vocab_ids] = self._logits(x).float()
         return ModelOutput(logits, {j: levels[j] for j in hidden_layers})
@@ -226,6 +265,8 @@ class SpireDraft(nn.Module):
         levels = self._levels_from_target(tokens, hidden)
         for i, blk in enumerate(self.layers):
             cache.write(i, *blk.memory_kv(self._memory(i, levels), rope))
+        if self.spire.feature_input:
+            cache.write_feature(levels[-1])
         cache.commit_all()
 
     # -- training -------------------------------------------------------------------------------------
@@ -253,12 +294,16 @@ class SpireDraft(nn.Module):
         draft_kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per step, per block
         diag = torch.eye(t, dtype=torch.bool, device=tokens.device)
         outs = []
+        tops = [levels_t[-1]]  # top-level features: the target's, then each draft step's
         for j in range(1, steps + 1):
             # keys: target memories before t - j + 1 | the draft's step-(j - r) memory at t - r | self
             masks = [seen & (pos.unsqueeze(1) - pos.unsqueeze(0) >= j)]
             masks += [seen & torch.roll(diag, -r, dims=1).tril(-r) for r in range(1, j)]
             mask = torch.cat(masks + [diag], dim=1)
             x, levels = x0, [x0]
+            if self.spire.feature_input:  # the token before: the target's (step 1) or the previous step's
+                prev = F.pad(tops[j - 1][:, :-1], (0, 0, 1, 0))
+                x = self._fused(x0, prev)
             for i, blk in enumerate(self.layers):
                 q, k, v = blk.qkv_heads(x, rope)
                 ks = [target_kv[i][0]] + [draft_kv[j - r - 1][i][0] for r in range(1, j)] + [k]
@@ -268,5 +313,6 @@ class SpireDraft(nn.Module):
                 x = blk.finish(x, a)
                 levels.append(x)
             draft_kv.append([blk.memory_kv(self._memory(i, levels), rope) for i, blk in enumerate(self.layers)])
+            tops.append(x)
             outs.append(self._logits(x))
         return outs

@@ -24,7 +24,8 @@ def last_blocks(n_target_layers: int, n: int) -> tuple[int, ...]:
 
 def build_draft(target: Transformer, n_layers: int = 2, keep: Sequence[int] | None = None,
                 window: WindowSpec | None = DEFAULT_WINDOW, feedback: bool = True,
-                target_acts: bool = True, vocab_ids: torch.Tensor | None = None, seed: int = 0) -> SpireDraft:
+                target_acts: bool = True, vocab_ids: torch.Tensor | None = None, seed: int = 0,
+                feature_input: bool = False) -> SpireDraft:
     """A draft for `target` (an fp32 or bf16 Transformer). keep: target block per draft block
     (pruned init); None starts from random weights. With target activations, draft level i reads the
     target's hidden state after its block keep[i - 1] (after its last n_layers blocks if not pruned)."""
@@ -40,6 +41,7 @@ def build_draft(target: Transformer, n_layers: int = 2, keep: Sequence[int] | No
         feedback=feedback and target_acts,
         target_layers=tuple(k + 1 for k in src) if target_acts else (),
         init="pruned:" + ",".join(map(str, keep)) if keep is not None else "random",
+        feature_input=feature_input and target_acts,
     )
     torch.manual_seed(seed)
     draft = SpireDraft(config, vocab_ids)

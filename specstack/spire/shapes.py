@@ -198,7 +198,19 @@ def model_shape(spec: str, fmt: str = "fp8") -> ModelShape:
 
 
 def draft_shape(spec: str, target: ModelShape, fmt: str) -> ModelShape:
-    """`self:N` (the target's first N blocks and its head), or anything `model_shape` takes."""
+    """`self:N` (the target's first N blocks and its head), a trained draft file (`default`: the one
+    shipped for the target), `magicdec:W` (the target itself), or anything `model_shape` takes."""
+    if spec == "default":
+        from specstack.spire.store import default_draft_path
+
+        found = default_draft_path(target.name)
+        if found is None:
+            raise SpecstackError(f"no trained draft ships for {target.name}")
+        spec = str(found)
+    if spec.endswith(".safetensors"):
+        return trained_draft_shape(spec, target)
+    if spec.startswith("magicdec:"):
+        return target
     if spec.startswith("self:"):
         try:
             n = int(spec.removeprefix("self:"))
@@ -206,3 +218,24 @@ def draft_shape(spec: str, target: ModelShape, fmt: str) -> ModelShape:
             raise SpecstackError(f"draft {spec!r}: expected self:N with N layers") from None
         return target.first_layers(n, name=spec).in_format(fmt)
     return model_shape(spec, fmt)
+
+
+def trained_draft_shape(path: str, target: ModelShape) -> ModelShape:
+    """A draft from `specstack train-draft`: its blocks have the target's widths; its head is its own
+    vocabulary's rows; it computes in bf16 and keeps sink + window positions."""
+    from safetensors import safe_open
+
+    from specstack.spire.draft_model import SpireConfig
+
+    try:
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+            vocab = f.get_slice("vocab_ids").get_shape()[0]
+    except (OSError, KeyError) as e:
+        raise SpecstackError(f"cannot read draft file {path}: {e}") from None
+    if meta.get("format") != "specstack-spire-draft":
+        raise SpecstackError(f"{path} is not a specstack draft file")
+    cfg = SpireConfig.from_json(meta["config"])
+    window = cfg.window.sink + cfg.window.window if cfg.window else None
+    return replace(target.first_layers(cfg.model.n_layers, name=path), head_params=vocab * cfg.model.d_model,
+                   window=window, fmt="bf16")

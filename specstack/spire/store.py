@@ -14,6 +14,16 @@ from specstack.spire.draft_model import SpireConfig, SpireDraft
 from specstack.spire.prune import shared_weights
 
 SUFFIX = ".safetensors"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+# trained drafts shipped with the package (docs/BENCHMARKS.md has the command that made each one)
+DEFAULT_DRAFTS: dict[str, str] = {"smollm2-135m": "smollm2-135m-spire-draft.safetensors"}
+
+
+def default_draft_path(model_name: str) -> Path | None:
+    """The shipped trained draft for a model (registry name), or None."""
+    name = DEFAULT_DRAFTS.get(model_name)
+    path = DATA_DIR / name if name else None
+    return path if path is not None and path.is_file() else None
 
 
 def save_draft(model: SpireDraft, path: Path, info: dict[str, str] | None = None) -> None:

@@ -54,7 +54,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=8192, help="draft vocabulary: most frequent tokens, 0 = all (default: 8192)")
     p.add_argument("--window", type=int, default=None, help="sliding window (spire default 256; 0 = full attention)")
     for flag, what in (("pruned-init", "start from the target's last blocks"), ("feedback", "feedback memory"),
-                       ("target-acts", "target activations as memories of verified tokens")):
+                       ("target-acts", "target activations as memories of verified tokens"),
+                       ("feature-input", "EAGLE-style input: the previous token's top-level feature")):
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None,
                        help=f"{what} (default: on for spire, off for vanilla)")
     p.add_argument("--loss", choices=("kl", "ce", "mixed"), default="mixed", help="default: mixed (omega 0.5)")
@@ -127,6 +128,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     pruned = spire if args.pruned_init is None else args.pruned_init
     target_acts = spire if args.target_acts is None else args.target_acts
     feedback = (spire if args.feedback is None else args.feedback) and target_acts
+    feature_input = (spire if args.feature_input is None else args.feature_input) and target_acts
     window = args.window if args.window is not None else (256 if spire else 0)
     args.out.mkdir(parents=True, exist_ok=True)
     log_path = args.out / "train.log"
@@ -162,10 +164,11 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         vocab_ids = top_tokens(train_paths, args.vocab, tcfg.vocab_size, target.eos_token_ids)
     draft = build_draft(target.model, n_layers=args.layers, keep=keep if pruned else None,
                         window=WindowSpec(1, window) if window else None, feedback=feedback,
-                        target_acts=target_acts, vocab_ids=vocab_ids)
+                        target_acts=target_acts, vocab_ids=vocab_ids, feature_input=feature_input)
     del target
     n_params = sum(p.numel() for p in draft.parameters())
     log(f"draft: {draft.spire.init}, window {draft.spire.window}, feedback {draft.spire.feedback}, "
+        f"feature input {draft.spire.feature_input}, "
         f"target layers {draft.spire.target_layers}, vocab {len(draft.vocab_ids)}, {n_params / 1e6:.2f}M own parameters")
     # 4. training
     params = TrainParams(steps=args.steps, batch_size=args.batch_size, accumulate=args.accumulate,

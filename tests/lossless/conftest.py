@@ -67,14 +67,14 @@ def one_thread():
 
 
 def spire_lm(target: LoadedModel, keep: list[int], window=None, feedback: bool = True,
-             vocab_ids: torch.Tensor | None = None, mix: str = "random") -> LoadedModel:
+             vocab_ids: torch.Tensor | None = None, mix: str = "random", feature_input: bool = False) -> LoadedModel:
     """A SPIRe draft (specstack.spire) pruned from `target`'s blocks `keep`, reading its activations.
     mix: "random" memory mixes, or "own" (one-hot on each block's own input: with every target block
     kept, the draft computes exactly the target)."""
     from specstack.spire.prune import build_draft
 
     draft = build_draft(target.model, n_layers=len(keep), keep=keep, window=window, feedback=feedback,
-                        target_acts=True, vocab_ids=vocab_ids)
+                        target_acts=True, vocab_ids=vocab_ids, feature_input=feature_input)
     g = torch.Generator().manual_seed(len(keep))
     with torch.no_grad():
         for i, blk in enumerate(draft.layers):
@@ -83,6 +83,8 @@ def spire_lm(target: LoadedModel, keep: list[int], window=None, feedback: bool =
                 blk.mix[i] = 0.0
             else:
                 blk.mix.copy_(torch.randn(blk.mix.shape, generator=g))
+        if feature_input:
+            draft.fuse.weight.copy_(0.2 * torch.randn(draft.fuse.weight.shape, generator=g))
     draft.eval().requires_grad_(False)
     return LoadedModel("spire", draft, None, draft.config, "fp32")
 
@@ -90,11 +92,12 @@ def spire_lm(target: LoadedModel, keep: list[int], window=None, feedback: bool =
 @pytest.fixture(scope="session")
 def spire_drafts(tiny_models) -> dict[str, LoadedModel]:
     """For the tiny Llama target (3 blocks, V = 257): "spire", one block pruned from its last, a
-    sliding window of 16 after 1 sink, random feedback mixes and a 200-token vocabulary; "spire-exact",
+    sliding window of 16 after 1 sink, random feedback mixes, a random feature input and a 200-token
+    vocabulary; "spire-exact",
     all three blocks with one-hot mixes, a perfect draft (its own memories equal the target's)."""
     from specstack.config import WindowSpec
 
     target = tiny_models["llama"].lm
     vocab = torch.randperm(257, generator=torch.Generator().manual_seed(3))[:200].sort().values
-    return {"spire": spire_lm(target, [2], WindowSpec(1, 16), vocab_ids=vocab),
+    return {"spire": spire_lm(target, [2], WindowSpec(1, 16), vocab_ids=vocab, feature_input=True),
             "spire-exact": spire_lm(target, [0, 1, 2], mix="own")}

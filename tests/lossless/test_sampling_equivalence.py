@@ -58,13 +58,14 @@ def test_first_two_tokens_follow_the_target(vocab8, config):
 @pytest.mark.parametrize("config", ["chain2-t1", "tree2-4-2-2-k3-t0.7"])
 def test_spire_draft_first_two_tokens_follow_the_target(vocab8, config):
     """The same with a SPIRe draft: pruned from the target's last block, reading its activations,
-    a sliding window, random feedback mixes and a 7-token draft vocabulary (q = 0 outside it)."""
+    a sliding window, random feedback mixes, feature input and a 7-token draft vocabulary (q = 0
+    outside it)."""
     from lossless.conftest import spire_lm
 
     from specstack.config import WindowSpec
 
     target, _ = vocab8
-    draft = spire_lm(target, [1], WindowSpec(1, 3), vocab_ids=torch.tensor([0, 1, 2, 3, 4, 5, 7]))
+    draft = spire_lm(target, [1], WindowSpec(1, 3), vocab_ids=torch.tensor([0, 1, 2, 3, 4, 5, 7]), feature_input=True)
     check_first_two_tokens(target, draft, config)
 
 

@@ -58,3 +58,22 @@ def test_spire_up_to_the_context_limit(tiny_llama, spire_drafts, shape):
         prompt = [rnd.randrange(257) for _ in range(n_prompt)]
         out = speculative_generate(tiny_llama.lm, drafter, prompt, GEN)
         assert out.tokens == ar_tokens(tiny_llama, prompt)
+
+
+@pytest.mark.parametrize("shape", ["chain4", "tree3-20-4-2"])
+def test_magicdec_window_draft_greedy_equals_autoregressive(tiny_llama, shape):
+    """MagicDec (`--draft magicdec:W`): the target drafting for itself through a sliding-window cache
+    that evicts; the output stays the target's, and a window covering the context is a perfect draft."""
+    from specstack.config import WindowSpec
+    from specstack.engine.methods import DraftSources, resolve_draft
+
+    small = resolve_draft(tiny_llama.lm, DraftSources(draft="magicdec:6"), "cpu")
+    assert small.lm is tiny_llama.lm and small.window == WindowSpec(1, 6)
+    drafter = ModelDrafter(small.lm, SHAPES[shape], window=small.window)
+    for prompt in PROMPTS[4:8]:
+        out = speculative_generate(tiny_llama.lm, drafter, prompt, GEN)
+        assert out.tokens == ar_tokens(tiny_llama, prompt)
+    assert drafter.cache.lengths[0] < len(PROMPTS[7])  # the draft's cache really evicted
+    whole = ModelDrafter(tiny_llama.lm, SHAPES["chain4"], window=WindowSpec(1, 1000))
+    out = speculative_generate(tiny_llama.lm, whole, PROMPTS[5], GEN)
+    assert [st.accepted for st in out.stats.steps] == [4] * len(out.stats.steps)

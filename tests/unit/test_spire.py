@@ -37,10 +37,13 @@ def target_logits_and_hidden(target, tokens, layers=()):
 
 
 def randomise_mix(draft, seed=0):
+    """Random memory mixes (and feature-input projection, which starts at zero)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for blk in draft.layers:
             blk.mix.copy_(torch.randn(blk.mix.shape, generator=g))
+        if draft.spire.feature_input:
+            draft.fuse.weight.copy_(0.1 * torch.randn(draft.fuse.weight.shape, generator=g))
 
 
 def tokens_of(n, seed=0):
@@ -105,12 +108,14 @@ def test_pruned_initialisation_copies_exactly_the_chosen_blocks(target):
 
 
 @pytest.mark.parametrize("window", [None, WindowSpec(1, 5)])
-def test_training_forward_matches_what_the_engine_runs(target, window):
+@pytest.mark.parametrize("feature_input", [False, True])
+def test_training_forward_matches_what_the_engine_runs(target, window, feature_input):
     """Step j of train_forward at position t equals the engine's path: the target's memories of the
-    tokens before t - j + 1 written from its activations, then j draft forwards, each appended."""
+    tokens before t - j + 1 written from its activations, then j draft forwards, each appended (with
+    feature input, each reading the feature its predecessor left in the cache)."""
     tokens = tokens_of(24, seed=2)
     draft = build_draft(target.model, 2, keep=[1, 2], window=window,
-                        vocab_ids=torch.arange(0, 257, 2))
+                        vocab_ids=torch.arange(0, 257, 2), feature_input=feature_input)
     randomise_mix(draft, seed=3)
     _, hidden = target_logits_and_hidden(target, tokens, draft.target_hidden_layers)
     steps = draft.train_forward(tokens, hidden, 3)
@@ -178,3 +183,20 @@ def test_save_and_load_round_trip(target, tmp_path):
     for a, b in zip(loaded.train_forward(tokens, hidden, 2), draft.train_forward(tokens, hidden, 2)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert path.stat().st_size < 2 * sum(p.numel() for p in draft.parameters()) + 4096  # no embeddings inside
+
+
+def test_the_shipped_draft_loads_and_is_described_for_the_throughput_model():
+    """The default draft file: small, loadable for the embedded model, and its shape (2 blocks, its own
+    8192-row unembedding, sink + window positions, bf16) is what `specstack throughput` costs."""
+    from specstack.spire.shapes import draft_shape, model_shape
+    from specstack.spire.store import default_draft_path, draft_info
+
+    path = default_draft_path("smollm2-135m")
+    assert path is not None and path.stat().st_size < 25 * 2**20
+    info = draft_info(path)
+    assert "train-draft" in info["command"] and info["target"] == "smollm2-135m"
+    target = model_shape("smollm2-135m", "int4")
+    shape = draft_shape("default", target, "int4")
+    assert (shape.n_layers, shape.d_model, shape.fmt) == (2, target.d_model, "bf16")
+    assert shape.head_params == 8192 * target.d_model and shape.window == 257
+    assert shape.body_params == target.body_params * 2 // target.n_layers
