@@ -73,14 +73,15 @@ class GenerationRow:
 # ---------------------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------------------
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers, each once, in order."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+    return list(dict.fromkeys(values))
 
 
 def _format_list(text: str) -> list[str]:
@@ -101,7 +102,7 @@ def _hf_dtype_list(text: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf file or HF directory")
     p.add_argument("--formats", type=_format_list, default=list(WEIGHT_FORMATS), help="specstack weight formats")
-    p.add_argument("--tokens", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64], help="query tokens T per forward")
+    p.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64], help="query tokens T per forward")
     p.add_argument("--context", type=int, default=256, help="committed context before the timed forwards")
     p.add_argument("--repeats", type=int, default=10, help="timed forwards per method and T (median reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed forwards per method and T")

@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from specstack.bench.forward import int_list
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL
 from specstack.spire.shapes import (
@@ -60,16 +61,6 @@ from specstack.spire.throughput import (
 HARDWARE_HELP = f"{', '.join(PRESETS)}, local (this machine's calibration) or a calibration file"
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return list(dict.fromkeys(values))
-
-
 def _design_list(text: str) -> list[str]:
     values = [x.strip() for x in text.split(",") if x.strip()]
     if not values or any(v not in DESIGNS for v in values):
@@ -88,8 +79,8 @@ def add_parser(subparsers: Any) -> None:
                    help="the vanilla draft (default: the engine's default draft for the target, else self:layers/8)")
     p.add_argument("--tau", required=True, metavar="T", help="τ: a number, design=value list, or auto")
     p.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
-    p.add_argument("--batch", type=_int_list, default=[1, 8, 64], metavar="LIST", help="default 1,8,64")
-    p.add_argument("--context", type=_int_list, default=[512, 4096, 65536], metavar="LIST",
+    p.add_argument("--batch", type=int_list, default=[1, 8, 64], metavar="LIST", help="default 1,8,64")
+    p.add_argument("--context", type=int_list, default=[512, 4096, 65536], metavar="LIST",
                    help="default 512,4096,65536")
     p.add_argument("--hardware", default="h100-fp8", metavar="NAME", help=f"{HARDWARE_HELP} (default h100-fp8)")
     p.add_argument("--conventions", choices=tuple(CONVENTIONS), default="engine",
@@ -122,8 +113,8 @@ def add_parser(subparsers: Any) -> None:
     c.add_argument("--dtype", choices=WEIGHT_FORMATS, default="int4", help="default int4")
     c.add_argument("--draft", default=None, metavar="MODEL", help="default: the engine's default draft")
     c.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default="int4", help="default int4")
-    c.add_argument("--contexts", type=_int_list, default=[128, 1024], metavar="LIST", help="default 128,1024")
-    c.add_argument("--tokens", type=_int_list, default=[1, 2, 4, 8, 16], metavar="LIST", help="default 1,2,4,8,16")
+    c.add_argument("--contexts", type=int_list, default=[128, 1024], metavar="LIST", help="default 128,1024")
+    c.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16], metavar="LIST", help="default 1,2,4,8,16")
     c.add_argument("--repeats", type=int, default=7, help="timed forwards per point (median; default 7)")
     c.add_argument("--warmup", type=int, default=2, help="untimed forwards per point (default 2)")
     c.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads")
