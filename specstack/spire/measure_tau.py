@@ -31,20 +31,17 @@ class TauMeasurement:
     prompts: int
 
 
-class SparseSelfDrafter(ModelDrafter):
+def sparse_self_drafter(model: LoadedModel, k: int, window: WindowSpec) -> ModelDrafter:
     """MagicDec: a model drafting a chain with only `window.sink` first and `window.window` last
     positions of its KV (the cache evicts the rest)."""
-
-    def __init__(self, model: LoadedModel, k: int, window: WindowSpec) -> None:
-        super().__init__(model, TreeParams.chain(k))
-        self.cache = model.model.new_cache(1, self.cache.capacity, window=window)
+    return ModelDrafter(model, TreeParams.chain(k), window=window)
 
 
 def magicdec_drafters(target: LoadedModel, k: int, conv: Conventions) -> Callable[[Sequence[int]], Drafter]:
     """A fresh drafter per prompt: its window follows that prompt's length L (sink + L // divisor)."""
     def make(prompt_ids: Sequence[int]) -> Drafter:
         window = WindowSpec(conv.sink, max(1, len(prompt_ids) // conv.window_divisor))
-        return SparseSelfDrafter(target, k, window)
+        return sparse_self_drafter(target, k, window)
 
     return make
 

@@ -9,9 +9,9 @@ import torch
 from specstack.config import GenerationConfig, WindowSpec
 from specstack.engine.autoregressive import generate
 from specstack.spire.measure_tau import (
-    SparseSelfDrafter,
     magicdec_drafters,
     measure_tau,
+    sparse_self_drafter,
 )
 from specstack.spire.throughput import ENGINE
 
@@ -25,7 +25,7 @@ def test_full_window_self_draft_is_accepted_every_time(tiny_llama):
     k, new = 3, 16  # 16 tokens = 4 full rounds of k + 1
     lm = tiny_llama.lm
     prompts = _prompts(lm.config.vocab_size, [5, 9])
-    m = measure_tau("magicdec", lm, lambda _ids: SparseSelfDrafter(lm, k, WindowSpec(1, 10_000)), prompts, new)
+    m = measure_tau("magicdec", lm, lambda _ids: sparse_self_drafter(lm, k, WindowSpec(1, 10_000)), prompts, new)
     assert (m.new_tokens, m.prompts) == (2 * new, 2)
     assert m.tau == k + 1
 
@@ -34,7 +34,7 @@ def test_sparse_self_draft_is_lossless_and_evicts(tiny_llama):
     k, new = 4, 24
     lm = tiny_llama.lm
     prompts = _prompts(lm.config.vocab_size, [48, 64])
-    made: list[SparseSelfDrafter] = []
+    made = []
     make = magicdec_drafters(lm, k, ENGINE)
 
     def keep(ids):
