@@ -11,7 +11,8 @@ Three parts, all over the target's token ids:
 - `NgramDrafter`: a Drafter (reset / propose / observe) that hangs the staged paper's proposal tree
   off the root: widths (12, 7, 4, 1, 1, 1) = 12 candidates, 7 under the best, 4 under its best, then
   a chain. The context lookup's continuation is the spine; the trigram fills the siblings.
-  Proposals are deterministic (q = None), so sampling targets verify them by sample-walk.
+  Proposals are deterministic (q = None), so sampling targets verify them by sample-walk. With a
+  `length` (draft_length.py) it proposes a chain whose length follows BASS's dynamic rule instead.
 
 Katz backoff (per level, trigram -> bigram -> unigram), with c(.) counts from the training corpus:
     P(w|u,v) = d_c · c(uvw) / c(uv)        if uvw was seen (kept after pruning), c = c(uvw)
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 
 from specstack.drafting.base import DraftContext
+from specstack.drafting.draft_length import DynamicDraftLength
 from specstack.errors import SpecstackError
 from specstack.tree import DraftTree, Origin
 from specstack.verify import VerifyResult
@@ -584,6 +586,7 @@ class NgramDrafter:
     max_n: int = 3  # longest suffix the context lookup matches
     context_min_n: int = 1  # shortest context match whose continuation is proposed
     context_per_level: int = 5  # at most this many context candidates among a level's siblings
+    length: DynamicDraftLength | None = None  # set: propose a chain of length.value tokens (widths unused)
     lookup: ContextLookup = field(init=False)
 
     def __post_init__(self) -> None:
@@ -602,12 +605,17 @@ class NgramDrafter:
 
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         self.lookup.reset(prompt_ids)
+        if self.length is not None:  # every sequence starts afresh: its speed never depends on the last
+            self.length.reset()
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        return self.proposal_tree(ctx.tokens, self.widths)
+        widths = self.widths if self.length is None else (1,) * self.length.value
+        return self.proposal_tree(ctx.tokens, widths)
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
-        pass  # the next propose indexes the emitted tokens (ctx.tokens grows by result.tokens)
+        # the next propose indexes the emitted tokens (ctx.tokens grows by result.tokens)
+        if self.length is not None:
+            self.length.update([len(result.accepted)])
 
     # ---- the proposal tree ----------------------------------------------------------------------
     def proposal_tree(self, context: Sequence[int], widths: Sequence[int] | None = None) -> DraftTree:

@@ -51,8 +51,9 @@ METHOD_PARAMS: dict[str, dict[str, int]] = {
     "chain": {"k": 4},
     "tree": {"width": 4, "budget": 36, "depth": 8, "expand": 4},
     # a 3-token chain suits the default int4 target, whose forward cost grows with every token;
-    # on a bf16 target (wide forwards nearly free) width=12,depth=6 accepts more (docs/BENCHMARKS.md)
-    "ngram": {"width": 1, "depth": 3},
+    # on a bf16 target (wide forwards nearly free) width=12,depth=6 accepts more (docs/BENCHMARKS.md).
+    # max=M > 0: a chain whose length follows BASS's dynamic rule, from `depth` up to M (0 = fixed)
+    "ngram": {"width": 1, "depth": 3, "max": 0},
     "staged": {"width": 4, "budget": 36, "depth": 8},
 }
 
@@ -71,8 +72,12 @@ def parse_method(text: str) -> MethodSpec:
             params[key] = int(value)
         except ValueError:
             raise SpecstackError(f"method {name!r}: {key} must be an integer, got {value!r}") from None
-        if params[key] < 1:
-            raise SpecstackError(f"method {name!r}: {key} must be >= 1, got {params[key]}")
+        low = 0 if METHOD_PARAMS[name][key] == 0 else 1  # a parameter whose default is 0 means "off" at 0
+        if params[key] < low:
+            raise SpecstackError(f"method {name!r}: {key} must be >= {low}, got {params[key]}")
+    if params.get("max") and (params["width"] != 1 or params["depth"] > params["max"]):
+        raise SpecstackError(f"method {name!r}: a dynamic chain (max={params['max']}) needs width=1 and "
+                             f"depth <= max, got width={params['width']}, depth={params['depth']}")
     return MethodSpec(name, params)
 
 
@@ -174,7 +179,13 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
     if method.name == "ngram":
         from specstack.drafting.ngram import NgramDrafter
 
-        return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1))
+        length = None
+        if p["max"]:
+            from specstack.drafting.draft_length import DynamicDraftLength
+
+            length = DynamicDraftLength(start=p["depth"], cap=p["max"])
+        return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1),
+                            length=length)
     if method.name == "staged":
         from specstack.drafting.ngram import NgramDrafter
         from specstack.drafting.staged import StagedDrafter

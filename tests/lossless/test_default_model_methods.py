@@ -15,7 +15,8 @@ PROMPTS = [
     'def has_close_elements(numbers, threshold):\n    """Check if any two numbers are closer than threshold."""\n',
     "The three primary colours are",
 ]
-METHODS = ["chain:k=3", "tree:width=3,budget=12,depth=4,expand=3", "ngram", "ngram:width=12,depth=6", "staged:width=3,budget=16,depth=5"]
+METHODS = ["chain:k=3", "tree:width=3,budget=12,depth=4,expand=3", "ngram", "ngram:width=12,depth=6", "ngram:depth=2,max=8",
+           "staged:width=3,budget=16,depth=5"]
 
 
 @pytest.fixture(scope="module")

@@ -158,10 +158,18 @@ def test_staged_up_to_the_context_limit(tiny, drafts, draft):
         assert speculative_generate(tiny.lm, drafter, prompt, GEN).tokens == ar_tokens(tiny, prompt)
 
 
-def test_ngram_drafter_greedy_equals_autoregressive(tiny):
+@pytest.mark.parametrize("length", [None, (1, 8), (7, 32)], ids=["tree", "dynamic1-8", "dynamic7-32"])
+def test_ngram_drafter_greedy_equals_autoregressive(tiny, length):
+    from specstack.drafting.draft_length import DynamicDraftLength
     from specstack.drafting.ngram import KatzTrigram, NgramDrafter
 
     corpus = [[_rnd.randrange(257) for _ in range(400)] for _ in range(3)] + [ar_tokens(tiny, p) for p in PROMPTS[:4]]
-    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257))
+    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257),
+                           length=DynamicDraftLength(*length) if length else None)
+    lengths = set()
     for prompt in PROMPTS[:6]:
-        assert speculative_generate(tiny.lm, drafter, prompt, GEN).tokens == ar_tokens(tiny, prompt)
+        out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+        assert out.tokens == ar_tokens(tiny, prompt)
+        lengths |= {s.tree_size for s in out.stats.steps}
+    if length:  # the chain really changed length (the corpus holds some outputs: long runs get accepted)
+        assert len(lengths) > 1

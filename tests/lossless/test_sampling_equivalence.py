@@ -52,7 +52,8 @@ CONFIGS = {
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_first_two_tokens_follow_the_target(vocab8, config):
     target, draft = vocab8
-    check_first_two_tokens(target, draft, config)
+    params, warp_args = CONFIGS[config]
+    check_first_two_tokens(target, ModelDrafter(draft, params), warp_args)
 
 
 @pytest.mark.parametrize("config", ["chain2-t1", "tree2-4-2-2-k3-t0.7"])
@@ -66,13 +67,28 @@ def test_spire_draft_first_two_tokens_follow_the_target(vocab8, config):
 
     target, _ = vocab8
     draft = spire_lm(target, [1], WindowSpec(1, 3), vocab_ids=torch.tensor([0, 1, 2, 3, 4, 5, 7]), feature_input=True)
-    check_first_two_tokens(target, draft, config)
-
-
-def check_first_two_tokens(target, draft, config: str) -> None:
     params, warp_args = CONFIGS[config]
+    check_first_two_tokens(target, ModelDrafter(draft, params), warp_args)
+
+
+@pytest.mark.parametrize("warp_args", [dict(temperature=1.0), dict(temperature=0.7, top_k=3)], ids=["t1", "k3-t0.7"])
+def test_ngram_dynamic_chain_first_two_tokens_follow_the_target(vocab8, warp_args):
+    """Deterministic n-gram chains (sample-walk) whose length follows BASS's rule: 2 tokens first,
+    1 after a step that accepted none, so the second step's shape depends on the first step's draws."""
+    from specstack.drafting.draft_length import DynamicDraftLength
+    from specstack.drafting.ngram import KatzTrigram, NgramDrafter
+
+    target, _ = vocab8
+    # a trigram of the target's own samples: a draft that is often, not always, right
+    corpus = [generate(target, PROMPT, GenerationConfig(max_new_tokens=40, stop_on_eos=False,
+                                                        sampling=SamplingParams(temperature=1.0, seed=1000 + i))).tokens
+              for i in range(20)]
+    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=V), length=DynamicDraftLength(start=2, cap=4))
+    check_first_two_tokens(target, drafter, warp_args)
+
+
+def check_first_two_tokens(target, drafter, warp_args: dict) -> None:
     expected = exact_pairs(target, SamplingParams(**warp_args))
-    drafter = ModelDrafter(draft, params)
     n = 1000
     counts = np.zeros((V, V))
     accepted = 0
