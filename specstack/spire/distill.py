@@ -1,5 +1,6 @@
 """Distillation of a draft from the cached teacher (DESIGN §7): losses, held-out acceptance, the
-training loop (AdamW, warm-up + cosine, gradient accumulation, bf16 autocast, checkpoints).
+training loop (AdamW, warm-up + cosine, gradient accumulation, bf16 autocast, checkpoints). Training
+runs on the device of the draft's parameters (CPU or CUDA); the cached teacher is read from disk.
 
 Losses over the teacher's top-k (p: true probabilities of its K likeliest tokens; q: the draft's):
 - `kl`: forward KL(p || q), up to the teacher's entropy: -sum_k p_k log q_k;
@@ -44,8 +45,8 @@ class TrainParams:
 
 def draft_index(model: SpireDraft) -> torch.Tensor:
     """full vocabulary id -> draft index (-1: outside the draft vocabulary)."""
-    idx = torch.full((model.config.vocab_size,), -1, dtype=torch.long)
-    idx[model.vocab_ids.cpu()] = torch.arange(len(model.vocab_ids))
+    idx = torch.full((model.config.vocab_size,), -1, dtype=torch.long, device=model.vocab_ids.device)
+    idx[model.vocab_ids] = torch.arange(len(model.vocab_ids), device=idx.device)
     return idx
 
 
@@ -95,16 +96,17 @@ def acceptance(model: SpireDraft, paths: Sequence[Path], k: int, n_sequences: in
     counts where steps < j were accepted and the text followed the target's greedy choice up to the
     step's query (so the draft saw exactly the accepted chain)."""
     model.eval()
-    accepted = torch.zeros(k)
-    eligible = torch.zeros(k)
-    for seen, batch in enumerate(iter_batches(paths, batch_size=1), start=1):
+    device = model.vocab_ids.device
+    accepted = torch.zeros(k, device=device)
+    eligible = torch.zeros(k, device=device)
+    for seen, batch in enumerate(iter_batches(paths, batch_size=1, device=device), start=1):
         hidden = hidden_for(batch, model.spire.target_layers) if model.spire.target_layers else None
         outs = model.train_forward(batch["tokens"].long(), hidden, k)
         x = batch["tokens"][0].long()
         g = batch["topk_ids"][0, :, 0].long()  # the target's greedy next token at each position
         t = len(x)
         n0 = t - k  # chain starts with all k steps inside the sequence
-        ok_chain = torch.ones(n0, dtype=torch.bool)
+        ok_chain = torch.ones(n0, dtype=torch.bool, device=device)
         for j in range(1, k + 1):
             if j >= 2:  # the query of step j is the text token at t0 + j - 1
                 ok_chain &= x[j - 1:j - 1 + n0] == g[j - 2:j - 2 + n0]
@@ -116,7 +118,7 @@ def acceptance(model: SpireDraft, paths: Sequence[Path], k: int, n_sequences: in
         if seen >= n_sequences:
             break
     model.train()
-    return Acceptance((accepted / eligible.clamp(min=1)).tolist())
+    return Acceptance((accepted / eligible.clamp(min=1)).cpu().tolist())
 
 
 def lr_at(step: int, params: TrainParams) -> float:
@@ -132,18 +134,19 @@ def train(model: SpireDraft, train_paths: Sequence[Path], held_paths: Sequence[P
     from tqdm import tqdm
 
     torch.manual_seed(params.seed)
+    device = model.vocab_ids.device
     index = draft_index(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=params.lr,
                             weight_decay=params.weight_decay, betas=(0.9, 0.95))
     ckpt = out / "checkpoint.pt"
     start = 0
     if resume and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True)
+        state = torch.load(ckpt, weights_only=True, map_location=device)
         model.load_state_dict(state["model"], strict=False)
         opt.load_state_dict(state["opt"])
         start = state["step"]
         log(f"resumed at step {start}")
-    batches = iter_batches(train_paths, params.batch_size, epochs=None, seed=params.seed)
+    batches = iter_batches(train_paths, params.batch_size, epochs=None, seed=params.seed, device=device)
     for _ in range(start * params.accumulate):  # the same data order as an uninterrupted run
         next(batches)
     model.train()
@@ -157,7 +160,7 @@ def train(model: SpireDraft, train_paths: Sequence[Path], held_paths: Sequence[P
             group["lr"] = lr_at(step, params)
         total = 0.0
         for _ in range(params.accumulate):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
                 loss = train_loss(model, next(batches), index, params) / params.accumulate
             loss.backward()
             total += float(loss.detach())

@@ -31,12 +31,12 @@ class TeacherSpec:
 def teacher_batch(target: Transformer, tokens: torch.Tensor, spec: TeacherSpec) -> dict[str, torch.Tensor]:
     b, s = tokens.shape
     cache = target.new_cache(b, s)
-    out = target.forward(tokens.long(), build_batch(cache, s), cache, hidden_layers=spec.layers)
+    out = target.forward(tokens.long().to(target.device), build_batch(cache, s), cache, hidden_layers=spec.layers)
     logp = torch.log_softmax(out.logits.float(), -1)
     top = logp.topk(spec.topk, dim=-1)
     hidden = torch.stack([out.hidden[i] for i in spec.layers], 2) if spec.layers else torch.zeros(b, s, 0, 0)
-    return {"tokens": tokens.to(torch.int32), "topk_ids": top.indices.to(torch.int32),
-            "topk_logp": top.values.to(torch.float16), "hidden": hidden.to(torch.bfloat16)}
+    return {"tokens": tokens.to(torch.int32), "topk_ids": top.indices.to(torch.int32).cpu(),
+            "topk_logp": top.values.to(torch.float16).cpu(), "hidden": hidden.to(torch.bfloat16).cpu()}
 
 
 def build_cache(target: Transformer, sequences: torch.Tensor, out: Path, spec: TeacherSpec, desc: str) -> None:
@@ -74,10 +74,10 @@ def shard_paths(folder: Path) -> list[Path]:
     return paths
 
 
-def iter_batches(paths: Sequence[Path], batch_size: int, epochs: int | None = 1,
-                 seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
-    """Mini-batches of sequences, shard by shard (one shard in memory at a time), shuffled within it;
-    epochs=None cycles for ever."""
+def iter_batches(paths: Sequence[Path], batch_size: int, epochs: int | None = 1, seed: int = 0,
+                 device: torch.device | str = "cpu") -> Iterator[dict[str, torch.Tensor]]:
+    """Mini-batches of sequences on `device`, shard by shard (one shard in memory at a time), shuffled
+    within it; epochs=None cycles for ever. The order depends on the seed only, not on the device."""
     from safetensors.torch import load_file
 
     g = torch.Generator().manual_seed(seed)
@@ -90,7 +90,7 @@ def iter_batches(paths: Sequence[Path], batch_size: int, epochs: int | None = 1,
             order = torch.randperm(len(shard["tokens"]), generator=g)
             for i in range(0, len(order) - batch_size + 1, batch_size):
                 idx = order[i:i + batch_size]
-                yield {"layers": layers} | {key: v[idx] for key, v in shard.items()}
+                yield {"layers": layers} | {key: v[idx].to(device) for key, v in shard.items()}
 
 
 def hidden_for(batch: dict[str, torch.Tensor], layers: Sequence[int]) -> torch.Tensor:

@@ -66,6 +66,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--draft-steps", type=int, default=3, help="unrolled chain positions trained (default: 3)")
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="where the teacher and the training run (default: cuda when present, else cpu)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.set_defaults(func=cmd_train_draft)
     return p
@@ -124,6 +126,10 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     sources = data_mod.parse_data_spec(args.data)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        raise SpecstackError("--device cuda requested but no CUDA device is available")
     spire = args.recipe == "spire"
     pruned = spire if args.pruned_init is None else args.pruned_init
     target_acts = spire if args.target_acts is None else args.target_acts
@@ -140,7 +146,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
 
     command = _command(args)
     log(f"# {time.strftime('%Y-%m-%d %H:%M')} {command}")
-    target = load_model(args.target, dtype="bf16")
+    target = load_model(args.target, dtype="bf16", device=args.device)
     tcfg = target.config
     if target.tokenizer is None:
         raise SpecstackError(f"{args.target} has no tokenizer: cannot prepare training text")
@@ -164,7 +170,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         vocab_ids = top_tokens(train_paths, args.vocab, tcfg.vocab_size, target.eos_token_ids)
     draft = build_draft(target.model, n_layers=args.layers, keep=keep if pruned else None,
                         window=WindowSpec(1, window) if window else None, feedback=feedback,
-                        target_acts=target_acts, vocab_ids=vocab_ids, feature_input=feature_input)
+                        target_acts=target_acts, vocab_ids=vocab_ids, feature_input=feature_input).to(args.device)
     del target
     n_params = sum(p.numel() for p in draft.parameters())
     log(f"draft: {draft.spire.init}, window {draft.spire.window}, feedback {draft.spire.feedback}, "

@@ -35,6 +35,12 @@ def test_bad_arguments_fail_before_loading(run_cli, no_model, tmp_path, extra, p
     assert_error(run_cli(*TRAIN, str(tmp_path / "o"), *extra), phrase)
 
 
+def test_cuda_without_a_gpu(run_cli, no_model, tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert_error(run_cli(*TRAIN, str(tmp_path / "o"), "--device", "cuda"), "no CUDA device")
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
 def test_out_is_a_file(run_cli, no_model, tmp_path):
     (tmp_path / "f").write_text("x")
     assert_error(run_cli(*TRAIN, str(tmp_path / "f")), "is a file")
