@@ -125,6 +125,9 @@ def build_parser() -> ArgumentParser:
     )
 
     bench_run.add_parser(sub)  # `specstack bench`
+    from specstack.bench import ties as bench_ties  # light: torch and the model only when run
+
+    bench_ties.add_parser(sub)  # `specstack bench-ties`
     from specstack import ngram_cli  # light: numpy/tokenizers only when run
 
     ngram_cli.add_parser(sub)  # `specstack ngram train`

@@ -179,7 +179,7 @@ def test_outputs_fields_and_speedups(tiny, bench, tmp_path):
     assert code == 0 and "| chain:k=2 |" in table and "(+0 %)" in table
 
 
-def test_identical_to_ar_false_when_a_method_differs(tiny, bench, tmp_path, monkeypatch):
+def test_identical_to_ar_false_when_a_method_differs(tiny, bench, tmp_path, monkeypatch, capsys):
     real = bench_run.run_method
 
     def altered(target, drafter, ids, gen):  # the speculative method emits one wrong token
@@ -195,6 +195,21 @@ def test_identical_to_ar_false_when_a_method_differs(tiny, bench, tmp_path, monk
     got = {r["method"]: r["identical_to_ar"] for r in rows_of(out)}
     assert got == {"chain:k=2": False, "ar": True}  # chain ran first: its row waited for ar's tokens
     assert json.loads((out / "summary.json").read_text())["methods"]["chain:k=2"]["identical_rate"] == 0.0
+    # bench-ties finds the altered token and says it is no near-tie of the target (exit 1)
+    code = main(["bench-ties", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 1 and "1 rows differ from ar; 0 first divergences are near-ties" in printed
+    assert "NOT A NEAR-TIE: add chain:k=2 token 4" in printed
+
+
+def test_bench_ties_on_a_run_without_divergences_and_bad_folders(tiny, bench, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = bench(*tiny, "--limit", "1", "--methods", "ar;chain:k=2", "--out", str(out), *FAST)
+    assert code == 0, err
+    assert main(["bench-ties", str(out)]) == 0
+    assert "0 rows differ from ar" in capsys.readouterr().out
+    assert main(["bench-ties", str(tmp_path / "nothing")]) == 2
+    assert "not a `specstack bench` output folder" in capsys.readouterr().err
 
 
 def test_reference_without_ar_and_sampling(tiny, bench, tmp_path, spy):

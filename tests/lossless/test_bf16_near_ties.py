@@ -1,21 +1,20 @@
 """bf16 losslessness (DESIGN §2.1): a T-token verification forward and T one-token forwards round
 differently in bf16, so greedy speculative output may part from autoregressive output. Where it does,
-the divergence must sit on a near-tie of the target: the two tokens are the target's top two at that
-point and their logits differ by at most TIE_TOLERANCE. Anything else is a bug."""
+the divergence must sit on a near-tie of the target: both tokens within TIE_TOLERANCE of its top
+logit at that point (specstack.bench.ties, which checks whole bench runs the same way). Anything
+else is a bug."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from specstack.bench.ties import TIE_TOLERANCE, tie_gap
 from specstack.config import GenerationConfig
 from specstack.engine.autoregressive import generate
 from specstack.engine.methods import DEFAULT_SOURCES, build_drafter, parse_method, run_method
 from specstack.models.loading import load_model
 from specstack.prompts import encode_prompt
 
-# bf16 logits of this model are 20-40 in size, where one bf16 step is 0.125-0.25; rounding in a
-# different kernel order moves a logit by a few steps at most
-TIE_TOLERANCE = 0.75
 
 PROMPTS = [
     'from typing import List\n\n\ndef below_zero(operations: List[int]) -> bool:\n    """Return True if the balance ever falls below zero."""\n',
@@ -48,7 +47,5 @@ def test_bf16_divergences_are_near_ties(target, method):
             continue
         i = next(j for j, (a, b) in enumerate(zip(ref, out)) if a != b)
         logits = step_logits(target, ids + ref[:i])
-        top2 = torch.topk(logits, 2)
-        assert {ref[i], out[i]} <= set(top2.indices.tolist()), f"{method}: divergence at {i} is not between the top two"
-        gap = abs(float(logits[ref[i]] - logits[out[i]]))
-        assert gap <= TIE_TOLERANCE, f"{method}: divergence at token {i} with a logit gap of {gap}"
+        gap = tie_gap(logits, ref[i], out[i])
+        assert gap <= TIE_TOLERANCE, f"{method}: divergence at token {i}, {gap} below the top logit"

@@ -1,0 +1,108 @@
+"""`specstack bench-ties DIR`: is every divergence of a greedy `specstack bench` run a near-tie?
+
+In bf16/int4 a T-token verification forward rounds differently from T one-token forwards, so a
+lossless method can part from `ar` (DESIGN §2.1). Where it does, both tokens must be at the top of
+the target's logits there: each within TIE_TOLERANCE of the largest logit (a tie of two, or of
+three or more, where rounding picks any of them); anything else is a bug. For every row of an engine
+method that is not identical to `ar` at its weight format, this finds the first divergent token,
+recomputes the target's logits there (prefill of the prompt and the common prefix) and checks it. Rows of the peers (transformers, llama.cpp) are other implementations
+and are not checked.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specstack.errors import SpecstackError
+
+# bf16 logits of these models are 20-40 in size, where one bf16 step is 0.125-0.25; rounding in a
+# different kernel order moves a logit by a few steps at most
+TIE_TOLERANCE = 0.75
+
+
+@dataclass(frozen=True)
+class Divergence:
+    task_id: str
+    method: str
+    index: int  # first token where the method's output differs from ar's
+    ar_token: int
+    token: int
+    gap: float  # how far the lower of the two logits is below the largest logit at that point
+
+    @property
+    def near_tie(self) -> bool:
+        return self.gap <= TIE_TOLERANCE
+
+
+def tie_gap(logits, a: int, b: int) -> float:
+    """How far below the top logit the lower of tokens a and b is (0: both are at the top)."""
+    return float(logits.max() - min(logits[a], logits[b]))
+
+
+def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
+    return next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), None)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench-ties", help="check that every divergence from ar in a greedy bench run is a near-tie",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", type=Path, metavar="DIR", help="a finished `specstack bench` output folder")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_bench_ties)
+    return p
+
+
+def cmd_bench_ties(args: argparse.Namespace) -> int:
+    from specstack.bench.report import read_rows
+
+    run_path = args.dir / "run.json"
+    if not run_path.is_file():
+        raise SpecstackError(f"{args.dir} holds no run.json: not a `specstack bench` output folder")
+    run = json.loads(run_path.read_text(encoding="utf-8"))
+    if run.get("temperature", 0) > 0:
+        raise SpecstackError(f"{args.dir} is a sampling run: only greedy runs compare tokens with ar")
+    divergences = check_run(run, read_rows(args.dir / "results.jsonl"), args.threads)
+    bad = [d for d in divergences if not d.near_tie]
+    gaps = sorted(d.gap for d in divergences)
+    print(f"{len(divergences)} rows differ from ar; {len(divergences) - len(bad)} first divergences are near-ties "
+          f"(both tokens within {TIE_TOLERANCE} of the top logit)" + (f"; gaps {gaps[0]:.3f} .. {gaps[-1]:.3f}" if gaps else ""))
+    for d in bad:
+        print(f"NOT A NEAR-TIE: {d.task_id} {d.method} token {d.index}: ar {d.ar_token}, method {d.token}, "
+              f"{d.gap:.3f} below the top logit")
+    return 1 if bad else 0
+
+
+def check_run(run: dict, rows: Sequence[dict], threads: int | None = None) -> list[Divergence]:
+    import torch
+
+    from specstack.bench.datasets import iter_prompts
+    from specstack.engine.methods import METHOD_PARAMS
+    from specstack.models.loading import load_model
+    from specstack.prompts import encode_prompt
+
+    if threads:
+        torch.set_num_threads(threads)
+    engine = [r for r in rows if r["method"].partition(":")[0] in METHOD_PARAMS]
+    ar = {(r["task_id"], r["dtype"]): r["tokens"] for r in engine if r["method"].partition(":")[0] == "ar"}
+    todo = [r for r in engine if r.get("identical_to_ar") is False and (r["task_id"], r["dtype"]) in ar]
+    prompts = {p.task_id: p for p in iter_prompts(run["prompts"])}
+    models: dict[str, Any] = {}
+    out = []
+    for r in todo:
+        ref = ar[(r["task_id"], r["dtype"])]
+        i = first_divergence(ref, r["tokens"])
+        if i is None:
+            continue
+        if r["dtype"] not in models:
+            models[r["dtype"]] = load_model(run["model"], dtype=r["dtype"])
+        lm = models[r["dtype"]]
+        p = prompts[r["task_id"]]
+        ids = list(encode_prompt(lm.tokenizer, p.text, chat=p.chat)) + list(ref[:i])
+        logits = lm.model.extend(torch.tensor([ids]), lm.model.new_cache(1, len(ids) + 1)).logits[0, -1]
+        a, b = ref[i], r["tokens"][i]
+        out.append(Divergence(r["task_id"], r["method"], i, a, b, tie_gap(logits, a, b)))
+    return out
