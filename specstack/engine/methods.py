@@ -111,13 +111,9 @@ def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> Dr
     drafting with a sliding-window KV of 1 sink + W positions)."""
     spec = sources.draft or f"self:{max(1, target.config.n_layers // 8)}"
     if spec == "default":
-        from specstack.spire.store import default_draft_path
+        from specstack.spire.store import resolve_default_draft
 
-        found = default_draft_path(target.name)
-        if found is None:
-            raise SpecstackError(f"no trained draft ships for {target.name}: pass --draft (a model, a file from "
-                                 "`specstack train-draft`, self:N or magicdec:W)")
-        spec = str(found)
+        spec = resolve_default_draft(spec, target.name)
     if spec.startswith("magicdec:"):
         try:
             w = int(spec.removeprefix("magicdec:"))

@@ -201,12 +201,9 @@ def draft_shape(spec: str, target: ModelShape, fmt: str) -> ModelShape:
     """`self:N` (the target's first N blocks and its head), a trained draft file (`default`: the one
     shipped for the target), `magicdec:W` (the target itself), or anything `model_shape` takes."""
     if spec == "default":
-        from specstack.spire.store import default_draft_path
+        from specstack.spire.store import resolve_default_draft
 
-        found = default_draft_path(target.name)
-        if found is None:
-            raise SpecstackError(f"no trained draft ships for {target.name}")
-        spec = str(found)
+        spec = resolve_default_draft(spec, target.name)
     if spec.endswith(".safetensors"):
         return trained_draft_shape(spec, target)
     if spec.startswith("magicdec:"):

@@ -26,6 +26,18 @@ def default_draft_path(model_name: str) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
+def resolve_default_draft(spec: str, model_name: str) -> str:
+    """`default` -> the path of the draft shipped for `model_name` (a clear error when none ships);
+    any other draft spec unchanged."""
+    if spec != "default":
+        return spec
+    found = default_draft_path(model_name)
+    if found is None:
+        raise SpecstackError(f"no trained draft ships for {model_name}: pass --draft (a model, a file from "
+                             "`specstack train-draft`, self:N or magicdec:W)")
+    return str(found)
+
+
 def save_draft(model: SpireDraft, path: Path, info: dict[str, str] | None = None) -> None:
     from safetensors.torch import save_file
 
