@@ -125,7 +125,9 @@ def build_parser() -> ArgumentParser:
     )
 
     bench_run.add_parser(sub)  # `specstack bench`
-    from specstack.bench import ties as bench_ties  # light: torch and the model only when run
+    from specstack.bench import (
+        ties as bench_ties,  # light: torch and the model only when run
+    )
 
     bench_ties.add_parser(sub)  # `specstack bench-ties`
     from specstack import ngram_cli  # light: numpy/tokenizers only when run
@@ -139,6 +141,9 @@ def build_parser() -> ArgumentParser:
     from specstack.spire import train_cli  # light: torch only when run
 
     train_cli.add_parser(sub)  # `specstack train-draft`
+    from specstack.spire import acceptance_cli  # light: torch only when run
+
+    acceptance_cli.add_parser(sub)  # `specstack draft-acceptance`
     return parser
 
 

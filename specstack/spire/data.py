@@ -125,3 +125,43 @@ def build_sequences(sources: list[DataSource], tokenizer, eos: int, seq_len: int
     train = torch.tensor([per_src[i][0][k] for _, i, k in order], dtype=torch.int32)
     held = torch.tensor([seq for _, h in per_src for seq in h], dtype=torch.int32)
     return train, held
+
+
+def save_sequences(path: Path, train: torch.Tensor, heldout: torch.Tensor, info: dict[str, str]) -> None:
+    """Prepared sequences in one safetensors file (uint16 ids where the vocabulary fits: half the size
+    to store or move to a GPU machine), written atomically."""
+    from safetensors.torch import save_file
+
+    small = max((int(t.max()) for t in (train, heldout) if t.numel()), default=0) < 2**16
+    dtype = torch.uint16 if small else torch.int32
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({"train": train.to(dtype).contiguous(), "heldout": heldout.to(dtype).contiguous()}, str(tmp),
+              metadata={"format": "specstack-sequences", **info})
+    tmp.replace(path)
+
+
+def read_sequences(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, held-out) of a file from save_sequences, as stored; a clear error for anything else."""
+    from safetensors import SafetensorError, safe_open
+
+    if not Path(path).is_file():
+        raise SpecstackError(f"sequences file not found: {path}")
+    try:
+        with safe_open(str(path), "pt") as f:
+            if (f.metadata() or {}).get("format") != "specstack-sequences":
+                raise SpecstackError(f"{path} is not a sequences file of `specstack train-draft --sequences`")
+            return f.get_tensor("train"), f.get_tensor("heldout")
+    except (OSError, SafetensorError) as e:  # not a safetensors file at all
+        raise SpecstackError(f"cannot read sequences from {path}: {e}") from None
+
+
+def load_sequences(path: Path, seq_len: int, n_train: int, n_heldout: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `n_train` / `n_heldout` sequences of a file from save_sequences, as int32."""
+    train, held = read_sequences(path)
+    if train.shape[1] != seq_len:
+        raise SpecstackError(f"{path} holds sequences of {train.shape[1]} tokens, --seq-len is {seq_len}")
+    if len(train) < n_train or len(held) < n_heldout:
+        raise SpecstackError(f"{path} holds {len(train)} training and {len(held)} held-out sequences; "
+                             f"{n_train} and {n_heldout} were asked for")
+    return train[:n_train].to(torch.int32), held[:n_heldout].to(torch.int32)

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from specstack.spire.draft_model import SpireDraft
-from specstack.spire.teacher import hidden_for, iter_batches
+from specstack.spire.teacher import TeacherData, hidden_for
 
 LOSSES = ("kl", "ce", "mixed")
 
@@ -39,6 +40,7 @@ class TrainParams:
     eval_k: int = 4  # chain length of the held-out acceptance
     eval_every: int = 200
     eval_sequences: int = 32
+    contexts: tuple[int, ...] = ()  # held-out acceptance also by context (Acceptance.by_context)
     checkpoint_every: int = 100
     seed: int = 0
 
@@ -79,6 +81,11 @@ def train_loss(model: SpireDraft, batch: dict[str, torch.Tensor], index: torch.T
 @dataclass
 class Acceptance:
     alpha: list[float]  # greedy acceptance of draft step j given steps < j were accepted
+    # the same by context: chains whose first query sees (c // 2, c] tokens, for each c asked for
+    by_context: dict[int, Acceptance] = field(default_factory=dict)
+    # tokens per round of decoding walked along the text: a round starts where the previous one ended
+    # (after its bonus token), as in the engine, where rounds start right after a rejection
+    walk_tau: float | None = None
 
     @property
     def tau(self) -> float:
@@ -89,36 +96,86 @@ class Acceptance:
             tau += run
         return tau
 
+    def to_json(self) -> dict:
+        out: dict = {"alpha": self.alpha, "tau": self.tau}
+        if self.walk_tau is not None:
+            out["walk_tau"] = self.walk_tau
+        if self.by_context:
+            out["by_context"] = {str(c): a.to_json() for c, a in self.by_context.items()}
+        return out
 
-@torch.no_grad()
-def acceptance(model: SpireDraft, paths: Sequence[Path], k: int, n_sequences: int) -> Acceptance:
-    """Held-out greedy acceptance per chain position, teacher-forced on the text: step j at start t0
-    counts where steps < j were accepted and the text followed the target's greedy choice up to the
-    step's query (so the draft saw exactly the accepted chain)."""
-    model.eval()
-    device = model.vocab_ids.device
-    accepted = torch.zeros(k, device=device)
-    eligible = torch.zeros(k, device=device)
-    for seen, batch in enumerate(iter_batches(paths, batch_size=1, device=device), start=1):
-        hidden = hidden_for(batch, model.spire.target_layers) if model.spire.target_layers else None
-        outs = model.train_forward(batch["tokens"].long(), hidden, k)
-        x = batch["tokens"][0].long()
-        g = batch["topk_ids"][0, :, 0].long()  # the target's greedy next token at each position
-        t = len(x)
+
+class ChainCounts:
+    """Greedy chain acceptance counted over teacher-forced text (DESIGN §7's held-out measure), for
+    any drafter whose step-j guesses at every position are known: step j at chain start t0 counts
+    where steps < j were accepted and the text followed the target's greedy choice up to the step's
+    query (so the drafter saw exactly the accepted chain).
+
+    tau = 1 + sum_j prod_{i<=j} alpha_i counts every position alike; decoding starts its rounds right
+    after a rejection, where drafting is harder, so the walk (rounds laid end to end along the text,
+    each starting after the previous one's bonus token) is the figure the engine's τ compares with.
+    On the target's own greedy text the walk is exactly what the engine does."""
+
+    def __init__(self, k: int, contexts: Sequence[int] = (), device: torch.device | str = "cpu") -> None:
+        self.k, self.contexts = k, tuple(contexts)
+        # row 0: all chains; row 1 + i: chains in context bucket i
+        self.accepted = torch.zeros(1 + len(self.contexts), k, device=device)
+        self.eligible = torch.zeros_like(self.accepted)
+        self.walk_tokens = [0] * (1 + len(self.contexts))
+        self.walk_rounds = [0] * (1 + len(self.contexts))
+
+    def add(self, text: torch.Tensor, greedy: torch.Tensor, guesses: Sequence[torch.Tensor]) -> None:
+        """text [T] token ids, greedy [T] the target's greedy next token after each position, guesses[j - 1]
+        [T] the drafter's step-j guess with its query at each position."""
+        k, t = self.k, len(text)
         n0 = t - k  # chain starts with all k steps inside the sequence
-        ok_chain = torch.ones(n0, dtype=torch.bool, device=device)
+        if n0 <= 0:
+            return
+        start = torch.arange(n0, device=text.device)
+        rows = [torch.ones(n0, dtype=torch.bool, device=text.device)]
+        rows += [(start + 1 > c // 2) & (start + 1 <= c) for c in self.contexts]  # start + 1 tokens seen
+        rows_t = torch.stack(rows).float()  # [1 + C, n0]
+        ok_chain = torch.ones(n0, dtype=torch.bool, device=text.device)
+        run = torch.zeros(n0, dtype=torch.long, device=text.device)  # steps accepted by the chain at t0
         for j in range(1, k + 1):
             if j >= 2:  # the query of step j is the text token at t0 + j - 1
-                ok_chain &= x[j - 1:j - 1 + n0] == g[j - 2:j - 2 + n0]
-            draft_tok = model.vocab_ids[outs[j - 1][0].argmax(-1)]
-            match = draft_tok[j - 1:j - 1 + n0] == g[j - 1:j - 1 + n0]
-            eligible[j - 1] += ok_chain.sum()
-            ok_chain &= match
-            accepted[j - 1] += ok_chain.sum()
+                ok_chain &= text[j - 1:j - 1 + n0] == greedy[j - 2:j - 2 + n0]
+            self.eligible[:, j - 1] += rows_t @ ok_chain.float().to(rows_t.device)
+            ok_chain &= guesses[j - 1][j - 1:j - 1 + n0] == greedy[j - 1:j - 1 + n0]
+            self.accepted[:, j - 1] += rows_t @ ok_chain.float().to(rows_t.device)
+            run += ok_chain
+        runs, in_row = run.tolist(), rows_t.bool().cpu()
+        t0 = 0
+        while t0 < n0:  # the walk: each round emits its accepted steps and the bonus token
+            for r in range(len(self.walk_tokens)):
+                if in_row[r, t0]:
+                    self.walk_tokens[r] += runs[t0] + 1
+                    self.walk_rounds[r] += 1
+            t0 += runs[t0] + 1
+
+    def result(self) -> Acceptance:
+        rates = (self.accepted / self.eligible.clamp(min=1)).cpu().tolist()
+        walks = [tok / rounds if rounds else None for tok, rounds in zip(self.walk_tokens, self.walk_rounds)]
+        return Acceptance(rates[0], {c: Acceptance(r, walk_tau=w) for c, r, w in zip(self.contexts, rates[1:], walks[1:])},
+                          walk_tau=walks[0])
+
+
+@torch.no_grad()
+def acceptance(model: SpireDraft, batches: Iterable[dict[str, torch.Tensor]], k: int, n_sequences: int,
+               contexts: Sequence[int] = ()) -> Acceptance:
+    """Held-out greedy acceptance per chain position of a draft (ChainCounts), over the first
+    `n_sequences` batches of one sequence each."""
+    model.eval()
+    counts = ChainCounts(k, contexts, model.vocab_ids.device)
+    for seen, batch in enumerate(batches, start=1):
+        hidden = hidden_for(batch, model.spire.target_layers) if model.spire.target_layers else None
+        outs = model.train_forward(batch["tokens"].long(), hidden, k)
+        counts.add(batch["tokens"][0].long(), batch["topk_ids"][0, :, 0].long(),
+                   [model.vocab_ids[o[0].argmax(-1)] for o in outs])
         if seen >= n_sequences:
             break
     model.train()
-    return Acceptance((accepted / eligible.clamp(min=1)).cpu().tolist())
+    return counts.result()
 
 
 def lr_at(step: int, params: TrainParams) -> float:
@@ -128,8 +185,8 @@ def lr_at(step: int, params: TrainParams) -> float:
     return params.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
-def train(model: SpireDraft, train_paths: Sequence[Path], held_paths: Sequence[Path], params: TrainParams,
-          out: Path, resume: bool = False, log=print) -> Acceptance:
+def train(model: SpireDraft, data: TeacherData, params: TrainParams, out: Path, resume: bool = False,
+          log=print) -> Acceptance:
     """Train in place; checkpoints to out/checkpoint.pt (resumable); returns the final acceptance."""
     from tqdm import tqdm
 
@@ -146,15 +203,19 @@ def train(model: SpireDraft, train_paths: Sequence[Path], held_paths: Sequence[P
         opt.load_state_dict(state["opt"])
         start = state["step"]
         log(f"resumed at step {start}")
-    batches = iter_batches(train_paths, params.batch_size, epochs=None, seed=params.seed, device=device)
-    for _ in range(start * params.accumulate):  # the same data order as an uninterrupted run
-        next(batches)
+    # the same data order as an uninterrupted run
+    batches = data.train_batches(params.batch_size, params.seed, skip=start * params.accumulate)
+
+    def held_out() -> Acceptance:
+        return acceptance(model, data.heldout_batches(), params.eval_k, params.eval_sequences, params.contexts)
+
     model.train()
-    acc = acceptance(model, held_paths, params.eval_k, params.eval_sequences) if start == 0 else None
+    acc = held_out() if start == 0 else None
     if acc is not None:
         log(f"step 0: held-out alpha {[round(a, 3) for a in acc.alpha]} tau {acc.tau:.3f}")
     bar = tqdm(range(start, params.steps), desc="train-draft", unit="step", file=sys.stderr,
                initial=start, total=params.steps)
+    began = time.perf_counter()
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, params)
@@ -173,11 +234,12 @@ def train(model: SpireDraft, train_paths: Sequence[Path], held_paths: Sequence[P
         bar.set_postfix(post)
         done = step + 1
         if done % params.eval_every == 0 or done == params.steps:
-            acc = acceptance(model, held_paths, params.eval_k, params.eval_sequences)
-            log(f"step {done}: loss {total:.4f} held-out alpha {[round(a, 3) for a in acc.alpha]} tau {acc.tau:.3f}")
+            acc = held_out()
+            log(f"step {done}: loss {total:.4f} held-out alpha {[round(a, 3) for a in acc.alpha]} tau {acc.tau:.3f} "
+                f"({time.perf_counter() - began:.0f} s)")
         if done % params.checkpoint_every == 0 or done == params.steps:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done}, tmp)
             tmp.replace(ckpt)
     bar.close()
-    return acc or acceptance(model, held_paths, params.eval_k, params.eval_sequences)
+    return acc or held_out()

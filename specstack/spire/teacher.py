@@ -1,5 +1,9 @@
-"""The teacher runs once: the target's top-k log-probabilities and the hidden states the draft reads
-(target activations) for every training token, written to disk in shards.
+"""The teacher: the target's top-k log-probabilities and the hidden states the draft reads (target
+activations) for every training token. Two sources give training the same batches:
+- `CachedTeacher`: the teacher runs once and is written to disk in shards (CPU: the target's forward
+  would cost as much as the draft's training step, every epoch);
+- `OnlineTeacher`: the target runs inside the training loop on each batch (a GPU, where the forward
+  is cheap and the cache, about 2.3 KB per token, would outgrow the disk before the data does).
 
 A shard holds `tokens` [n, S] int32, `topk_ids` [n, S, K] int32, `topk_logp` [n, S, K] fp16 (true
 log-probabilities: log-softmax over the full vocabulary, so sum(exp) <= 1) and `hidden` [n, S, L, d]
@@ -11,6 +15,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -27,16 +32,24 @@ class TeacherSpec:
     batch_size: int = 2  # sequences per teacher forward
 
 
-@torch.inference_mode()
-def teacher_batch(target: Transformer, tokens: torch.Tensor, spec: TeacherSpec) -> dict[str, torch.Tensor]:
+def teacher_batch(target: Transformer, tokens: torch.Tensor, spec: TeacherSpec,
+                  device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """One teacher batch on `device`. The outputs are ordinary tensors (made outside inference mode),
+    so the draft's autograd may save them."""
+    with torch.inference_mode():
+        out = _teacher_forward(target, tokens, spec)
+    return {key: v.to(device).clone() for key, v in out.items()}
+
+
+def _teacher_forward(target: Transformer, tokens: torch.Tensor, spec: TeacherSpec) -> dict[str, torch.Tensor]:
     b, s = tokens.shape
     cache = target.new_cache(b, s)
     out = target.forward(tokens.long().to(target.device), build_batch(cache, s), cache, hidden_layers=spec.layers)
     logp = torch.log_softmax(out.logits.float(), -1)
     top = logp.topk(spec.topk, dim=-1)
     hidden = torch.stack([out.hidden[i] for i in spec.layers], 2) if spec.layers else torch.zeros(b, s, 0, 0)
-    return {"tokens": tokens.to(torch.int32), "topk_ids": top.indices.to(torch.int32).cpu(),
-            "topk_logp": top.values.to(torch.float16).cpu(), "hidden": hidden.to(torch.bfloat16).cpu()}
+    return {"tokens": tokens.to(torch.int32), "topk_ids": top.indices.to(torch.int32),
+            "topk_logp": top.values.to(torch.float16), "hidden": hidden.to(torch.bfloat16)}
 
 
 def build_cache(target: Transformer, sequences: torch.Tensor, out: Path, spec: TeacherSpec, desc: str) -> None:
@@ -75,9 +88,10 @@ def shard_paths(folder: Path) -> list[Path]:
 
 
 def iter_batches(paths: Sequence[Path], batch_size: int, epochs: int | None = 1, seed: int = 0,
-                 device: torch.device | str = "cpu") -> Iterator[dict[str, torch.Tensor]]:
+                 device: torch.device | str = "cpu", skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
     """Mini-batches of sequences on `device`, shard by shard (one shard in memory at a time), shuffled
-    within it; epochs=None cycles for ever. The order depends on the seed only, not on the device."""
+    within it; epochs=None cycles for ever; the first `skip` batches are passed over (a resumed run).
+    The order depends on the seed only, not on the device."""
     from safetensors.torch import load_file
 
     g = torch.Generator().manual_seed(seed)
@@ -89,8 +103,67 @@ def iter_batches(paths: Sequence[Path], batch_size: int, epochs: int | None = 1,
             layers = torch.tensor(json.loads((paths[k].parent / "meta.json").read_text())["layers"])
             order = torch.randperm(len(shard["tokens"]), generator=g)
             for i in range(0, len(order) - batch_size + 1, batch_size):
+                if skip > 0:
+                    skip -= 1
+                    continue
                 idx = order[i:i + batch_size]
                 yield {"layers": layers} | {key: v[idx].to(device) for key, v in shard.items()}
+
+
+class TeacherData(Protocol):
+    """Where distillation reads its batches: dicts of `tokens`, `topk_ids`, `topk_logp`, `hidden`
+    (see the module docstring) and `layers` (the target layers `hidden` holds)."""
+
+    def train_batches(self, batch_size: int, seed: int, skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        """Training batches, cycling for ever, after passing over the first `skip`."""
+        ...
+
+    def heldout_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The held-out sequences, one per batch, once."""
+        ...
+
+
+@dataclass(frozen=True)
+class CachedTeacher:
+    train_paths: Sequence[Path]
+    heldout_paths: Sequence[Path]
+    device: torch.device | str = "cpu"
+
+    def train_batches(self, batch_size: int, seed: int, skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        return iter_batches(self.train_paths, batch_size, epochs=None, seed=seed, device=self.device, skip=skip)
+
+    def heldout_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        return iter_batches(self.heldout_paths, 1, device=self.device)
+
+
+@dataclass(frozen=True)
+class OnlineTeacher:
+    """The target run on each batch where it is used; the same batches, in the same order for a seed,
+    as a cache of these sequences would give up to the shard shuffle (no disk, no shards)."""
+    target: Transformer
+    train: torch.Tensor  # [N, S] token ids
+    heldout: torch.Tensor  # [M, S]
+    spec: TeacherSpec
+
+    def _batch(self, seqs: torch.Tensor) -> dict[str, torch.Tensor]:
+        dev = self.target.device
+        return {"layers": torch.tensor(self.spec.layers, device=dev)} | teacher_batch(self.target, seqs, self.spec, dev)
+
+    def train_batches(self, batch_size: int, seed: int, skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        if len(self.train) < batch_size:
+            raise SpecstackError(f"{len(self.train)} training sequences cannot fill a batch of {batch_size}")
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            order = torch.randperm(len(self.train), generator=g)
+            for i in range(0, len(order) - batch_size + 1, batch_size):
+                if skip > 0:  # passed over without running the target
+                    skip -= 1
+                    continue
+                yield self._batch(self.train[order[i:i + batch_size]])
+
+    def heldout_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        for i in range(len(self.heldout)):
+            yield self._batch(self.heldout[i:i + 1])
 
 
 def hidden_for(batch: dict[str, torch.Tensor], layers: Sequence[int]) -> torch.Tensor:

@@ -18,7 +18,13 @@ from specstack.spire.distill import (
 )
 from specstack.spire.prune import build_draft
 from specstack.spire.store import load_draft_file, save_draft
-from specstack.spire.teacher import TeacherSpec, build_cache, iter_batches, shard_paths
+from specstack.spire.teacher import (
+    CachedTeacher,
+    TeacherSpec,
+    build_cache,
+    iter_batches,
+    shard_paths,
+)
 
 
 @pytest.fixture(scope="module")
@@ -158,11 +164,11 @@ def test_a_few_training_steps_reduce_the_loss_and_raise_acceptance(target, tmp_p
     index = draft_index(draft)
     with torch.no_grad():
         loss_before = float(train_loss(draft, batch, index, params))
-    before = acceptance(draft, paths, 3, 20)
-    train(draft, paths, paths[:1], params, tmp_path, log=lambda msg: None)
+    before = acceptance(draft, iter_batches(paths, 1), 3, 20)
+    train(draft, CachedTeacher(paths, paths[:1]), params, tmp_path, log=lambda msg: None)
     with torch.no_grad():
         loss_after = float(train_loss(draft, batch, index, params))
-    after = acceptance(draft, paths, 3, 20)
+    after = acceptance(draft, iter_batches(paths, 1), 3, 20)
     assert loss_after < loss_before - 0.05
     assert after.alpha[0] > before.alpha[0] + 0.15 and after.tau > before.tau + 0.15
     assert (tmp_path / "checkpoint.pt").is_file()
@@ -200,3 +206,101 @@ def test_the_shipped_draft_loads_and_is_described_for_the_throughput_model():
     assert (shape.n_layers, shape.d_model, shape.fmt) == (2, target.d_model, "bf16")
     assert shape.head_params == 8192 * target.d_model and shape.window == 257
     assert shape.body_params == target.body_params * 2 // target.n_layers
+
+
+def test_online_teacher_gives_the_cached_teachers_batches(target, tmp_path):
+    """The teacher run on each batch (the GPU path) yields exactly what the disk cache holds for the
+    same sequences, and a resumed run's `skip` passes over batches without changing the order."""
+    from specstack.spire.teacher import OnlineTeacher
+
+    seqs = torch.randint(0, 257, (6, 24), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    spec = TeacherSpec(layers=(2, 3), topk=8, shard_size=4)
+    build_cache(target.model, seqs, tmp_path / "held", spec, "held-out")
+    online = OnlineTeacher(target.model, seqs, seqs, spec)
+    cached = list(iter_batches(shard_paths(tmp_path / "held"), 1))
+    by_first = {int(b["tokens"][0, 0]): b for b in cached}  # the cache shuffles; match by sequence
+    for got in online.heldout_batches():
+        want = by_first[int(got["tokens"][0, 0])]
+        for key in ("tokens", "topk_ids", "topk_logp", "hidden", "layers"):
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+        assert not got["hidden"].is_inference()  # autograd may save it
+    full = online.train_batches(2, seed=5)
+    firsts = [next(full)["tokens"] for _ in range(5)]  # 3 batches per epoch: crosses an epoch
+    resumed = online.train_batches(2, seed=5, skip=3)
+    torch.testing.assert_close(next(resumed)["tokens"], firsts[3])
+
+
+def test_chain_counts_by_hand():
+    """alpha_j = accepted / eligible at step j; a chain is eligible for step j only where steps < j were
+    accepted and the text followed the target's greedy tokens; context buckets (C/2, C]."""
+    from specstack.spire.distill import ChainCounts
+
+    text = torch.tensor([5, 1, 2, 3, 4, 9, 9, 9])
+    greedy = torch.tensor([1, 2, 3, 4, 7, 9, 9, 9])  # the target's next token after each position
+    g1 = torch.tensor([1, 2, 0, 4, 7, 0, 9, 0])  # step-1 guesses: right at 0, 1, 3, 4, 6
+    g2 = greedy.clone()  # step 2 always right
+    counts = ChainCounts(2, contexts=(2, 6))
+    counts.add(text, greedy, [g1, g2])
+    acc = counts.result()
+    # starts t0 = 0..5: step 1 right at 0, 1, 3, 4 (5/6 wrong at 5? g1[5] = 0 != 9): 4 of 6
+    # step 2 (query text[t0 + 1] must equal greedy[t0]): t0 = 0 (1 == 1), 1 (2 == 2), 3 (4 == 4),
+    # 4 (9 != 7: not eligible) -> 3 eligible, all right
+    assert acc.alpha == pytest.approx([4 / 6, 3 / 3])
+    assert acc.tau == pytest.approx(1 + 4 / 6 + 4 / 6)
+    # context (1, 2]: t0 = 1 only (2 tokens seen); (3, 6]: t0 = 3, 4, 5
+    assert acc.by_context[2].alpha == pytest.approx([1.0, 1.0])
+    assert acc.by_context[6].alpha == pytest.approx([2 / 3, 1.0])
+    # the walk: accepted runs per start are 2, 2, 0, 2, 1, 0; rounds start at t0 = 0 (3 tokens), then
+    # t0 = 3 (3 tokens), then 6 is past the last start: 6 tokens in 2 rounds
+    assert acc.walk_tau == 3.0
+    assert acc.by_context[2].walk_tau is None and acc.by_context[6].walk_tau == 3.0
+
+
+def test_magicdec_acceptance_is_one_with_a_window_wider_than_the_text(target):
+    """MagicDec teacher-forced: with a window covering every position the windowed target is the target
+    (every guess accepted); a window of 2 loses context and is rejected somewhere."""
+    from specstack.spire.acceptance_cli import _magicdec
+    from specstack.spire.teacher import OnlineTeacher
+
+    seqs = []
+    for s in range(3):  # the target's own greedy text after a random start: every chain is eligible
+        cache = target.model.new_cache(1, 48)
+        tok = torch.randint(0, 257, (1, 4), generator=torch.Generator().manual_seed(s))
+        out = tok[0].tolist()
+        while len(out) < 40:
+            logits = target.model.forward(tok, build_batch(cache, tok.shape[1]), cache).logits[0, -1]
+            cache.commit_all()
+            tok = logits.argmax().view(1, 1)
+            out.append(int(tok))
+        seqs.append(out)
+    seqs = torch.tensor(seqs, dtype=torch.int32)
+    teacher = OnlineTeacher(target.model, seqs[:0], seqs, TeacherSpec(layers=()))
+    wide = _magicdec(target.model, teacher, 3, (20, 40), fixed=64)
+    assert wide.alpha == [1.0, 1.0, 1.0] and wide.by_context[40].alpha == [1.0, 1.0, 1.0]
+    narrow = _magicdec(target.model, teacher, 3, (20, 40), fixed=2)
+    assert narrow.alpha[0] < 0.9
+    per_context = _magicdec(target.model, teacher, 3, (16, 40), fixed=None)  # windows 2 and 5
+    assert per_context.alpha == [] and set(per_context.by_context) == {16, 40}
+
+
+def test_sequences_file_round_trip_and_errors(tmp_path):
+    from specstack.errors import SpecstackError
+    from specstack.spire.data import load_sequences, save_sequences
+
+    train_s = torch.randint(0, 49152, (5, 16), dtype=torch.int32)
+    held = torch.randint(0, 49152, (2, 16), dtype=torch.int32)
+    path = tmp_path / "seq.safetensors"
+    save_sequences(path, train_s, held, {"data": "code:1"})
+    got_t, got_h = load_sequences(path, 16, 4, 2)
+    assert got_t.dtype == torch.int32 and torch.equal(got_t, train_s[:4]) and torch.equal(got_h, held)
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:  # stored as uint16: half the bytes to move
+        assert f.get_slice("train").get_dtype() == "U16"
+    with pytest.raises(SpecstackError, match="sequences of 16 tokens, --seq-len is 32"):
+        load_sequences(path, 32, 4, 2)
+    with pytest.raises(SpecstackError, match="5 training and 2 held-out"):
+        load_sequences(path, 16, 6, 2)
+    (tmp_path / "x.safetensors").write_text("not safetensors")
+    with pytest.raises(SpecstackError, match="cannot read sequences"):
+        load_sequences(tmp_path / "x.safetensors", 16, 1, 1)
