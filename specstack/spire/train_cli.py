@@ -262,9 +262,10 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         indent=1))
     size = (args.out / "draft.safetensors").stat().st_size / 2**20
     log(f"wrote {args.out / 'draft.safetensors'} ({size:.1f} MiB); held-out tau {acc.tau:.3f} "
-        f"alpha {[round(a, 3) for a in acc.alpha]}; {seconds:.0f} s on {args.device}")
+        f"(walked {acc.walk_tau or 0:.3f}) alpha {[round(a, 3) for a in acc.alpha]}; {seconds:.0f} s on {args.device}")
     for c, a in acc.by_context.items():
-        log(f"  context ({c // 2}, {c}]: tau {a.tau:.3f} alpha {[round(x, 3) for x in a.alpha]}")
+        log(f"  context ({c // 2}, {c}]: tau {a.tau:.3f} (walked {a.walk_tau or 0:.3f}) "
+            f"alpha {[round(x, 3) for x in a.alpha]}")
     return 0
 
 
