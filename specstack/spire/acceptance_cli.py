@@ -19,10 +19,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from specstack.models.transformer import Transformer
+    from specstack.spire.distill import Acceptance
+    from specstack.spire.teacher import OnlineTeacher
 
 DEFAULT_CONTEXTS = (256, 1024, 2048)
 
@@ -63,7 +68,7 @@ def cmd_draft_acceptance(args: argparse.Namespace) -> int:
 
     from specstack.models.loading import load_model
     from specstack.spire.data import read_sequences
-    from specstack.spire.distill import Acceptance, acceptance
+    from specstack.spire.distill import acceptance
     from specstack.spire.store import is_draft_file, load_draft_file
     from specstack.spire.teacher import OnlineTeacher, TeacherSpec
     from specstack.spire.train_cli import parse_contexts
@@ -109,7 +114,8 @@ def cmd_draft_acceptance(args: argparse.Namespace) -> int:
     return 0
 
 
-def _magicdec(target, teacher, k: int, contexts: tuple[int, ...], fixed: int | None):
+def _magicdec(target: Transformer, teacher: OnlineTeacher, k: int, contexts: tuple[int, ...],
+              fixed: int | None) -> Acceptance:
     """The target's greedy guesses through a sliding-window KV, teacher-forced: with the accepted chain
     equal to the text, the draft's step-j guess at a position is its windowed prediction there."""
     import torch

@@ -123,6 +123,7 @@ class ChainCounts:
         self.eligible = torch.zeros_like(self.accepted)
         self.walk_tokens = [0] * (1 + len(self.contexts))
         self.walk_rounds = [0] * (1 + len(self.contexts))
+        self.rounds: list[int] = []  # draft tokens accepted in each walked round, in order
 
     def add(self, text: torch.Tensor, greedy: torch.Tensor, guesses: Sequence[torch.Tensor]) -> None:
         """text [T] token ids, greedy [T] the target's greedy next token after each position, guesses[j - 1]
@@ -147,6 +148,7 @@ class ChainCounts:
         runs, in_row = run.tolist(), rows_t.bool().cpu()
         t0 = 0
         while t0 < n0:  # the walk: each round emits its accepted steps and the bonus token
+            self.rounds.append(runs[t0])
             for r in range(len(self.walk_tokens)):
                 if in_row[r, t0]:
                     self.walk_tokens[r] += runs[t0] + 1

@@ -77,3 +77,40 @@ def test_magicdec_window_draft_greedy_equals_autoregressive(tiny_llama, shape):
     whole = ModelDrafter(tiny_llama.lm, SHAPES["chain4"], window=WindowSpec(1, 1000))
     out = speculative_generate(tiny_llama.lm, whole, PROMPTS[5], GEN)
     assert [st.accepted for st in out.stats.steps] == [4] * len(out.stats.steps)
+
+
+NOISE = 0.3  # the last block's weights moved by 0.3 of their spread
+
+
+def test_the_walked_count_is_what_the_engine_does(tiny_llama):
+    """The held-out measure's walk (distill.ChainCounts) on the target's own greedy text replays the
+    engine round for round: the same draft, teacher-forced with the target's activations, accepts the
+    same number of tokens in each round as the engine's chain did (fp32: no near-ties to break)."""
+    import torch
+    from lossless.conftest import spire_lm
+
+    from specstack.spire.distill import ChainCounts
+    from specstack.spire.teacher import OnlineTeacher, TeacherSpec, hidden_for
+
+    target = tiny_llama.lm
+    draft = spire_lm(target, [0, 1, 2], mix="own")  # the target itself (always accepted) ...
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # ... with its last block disturbed: accepted often, not always
+        for prm in draft.model.layers[2].parameters():
+            prm.add_(NOISE * prm.std() * torch.randn(prm.shape, generator=g))
+    k, seen = 3, []
+    for prompt in PROMPTS[3:8]:
+        out = speculative_generate(target, ModelDrafter(draft, TreeParams.chain(k)), prompt, GEN)
+        engine = [st.accepted for st in out.stats.steps]
+        text = torch.tensor([list(prompt) + out.tokens], dtype=torch.int32)
+        spec = TeacherSpec(layers=draft.model.spire.target_layers)
+        batch = next(OnlineTeacher(target.model, text[:0], text, spec).heldout_batches())
+        guesses = draft.model.train_forward(batch["tokens"].long(), hidden_for(batch, spec.layers), k)
+        start = len(prompt) - 1  # the first round's query is the prompt's last token
+        counts = ChainCounts(k)
+        counts.add(batch["tokens"][0, start:].long(), batch["topk_ids"][0, start:, 0].long(),
+                   [draft.model.vocab_ids[g[0].argmax(-1)][start:] for g in guesses])
+        n = len(counts.rounds) - 1  # the engine's last rounds are cut short by max_new_tokens
+        assert counts.rounds[:n] == engine[:n], f"prompt of {len(prompt)} tokens"
+        seen += engine[:n]
+    assert 0 < sum(seen) < k * len(seen) and len(set(seen)) > 2  # a test of real, partial acceptance
