@@ -5,8 +5,8 @@ lossless method can part from `ar` (DESIGN §2.1). Where it does, both tokens mu
 the target's logits there: each within TIE_TOLERANCE of the largest logit (a tie of two, or of
 three or more, where rounding picks any of them); anything else is a bug. For every row of an engine
 method that is not identical to `ar` at its weight format, this finds the first divergent token,
-recomputes the target's logits there (prefill of the prompt and the common prefix) and checks it. Rows of the peers (transformers, llama.cpp) are other implementations
-and are not checked.
+recomputes the target's logits there (prefill of the prompt and the common prefix) and checks it.
+Rows of the peers (transformers, llama.cpp) are other implementations and are not checked.
 """
 from __future__ import annotations
 

@@ -75,7 +75,8 @@ def cmd_draft_acceptance(args: argparse.Namespace) -> int:
 
     if args.k < 1 or args.heldout_sequences < 1:
         raise SpecstackError("--k and --heldout-sequences must be >= 1")
-    held = read_sequences(args.sequences)[1][:args.heldout_sequences].to(torch.int32)
+    (held,) = read_sequences(args.sequences, ("heldout",))
+    held = held[:args.heldout_sequences].to(torch.int32)
     seq_len = held.shape[1]
     contexts = parse_contexts(args.contexts or ",".join(str(c) for c in DEFAULT_CONTEXTS if c <= seq_len), seq_len)
     for d in args.designs:
@@ -125,7 +126,7 @@ def _magicdec(target: Transformer, teacher: OnlineTeacher, k: int, contexts: tup
     from specstack.spire.distill import Acceptance, ChainCounts
 
     windows = {c: fixed or max(1, c // 8) for c in contexts}
-    per_window = {w: ChainCounts(k, contexts, target.device) for w in set(windows.values()) | {fixed or 0} if w}
+    per_window = {w: ChainCounts(k, contexts, target.device) for w in ({fixed} if fixed else set(windows.values()))}
     with torch.inference_mode():
         for batch in teacher.heldout_batches():
             tokens = batch["tokens"].long()

@@ -141,8 +141,8 @@ def save_sequences(path: Path, train: torch.Tensor, heldout: torch.Tensor, info:
     tmp.replace(path)
 
 
-def read_sequences(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train, held-out) of a file from save_sequences, as stored; a clear error for anything else."""
+def read_sequences(path: Path, parts: tuple[str, ...] = ("train", "heldout")) -> tuple[torch.Tensor, ...]:
+    """The `parts` of a file from save_sequences, as stored; a clear error for anything else."""
     from safetensors import SafetensorError, safe_open
 
     if not Path(path).is_file():
@@ -151,7 +151,7 @@ def read_sequences(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         with safe_open(str(path), "pt") as f:
             if (f.metadata() or {}).get("format") != "specstack-sequences":
                 raise SpecstackError(f"{path} is not a sequences file of `specstack train-draft --sequences`")
-            return f.get_tensor("train"), f.get_tensor("heldout")
+            return tuple(f.get_tensor(part) for part in parts)
     except (OSError, SafetensorError) as e:  # not a safetensors file at all
         raise SpecstackError(f"cannot read sequences from {path}: {e}") from None
 

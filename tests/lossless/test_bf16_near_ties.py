@@ -8,13 +8,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specstack.bench.ties import TIE_TOLERANCE, tie_gap
+from specstack.bench.ties import TIE_TOLERANCE, first_divergence, tie_gap
 from specstack.config import GenerationConfig
 from specstack.engine.autoregressive import generate
-from specstack.engine.methods import DEFAULT_SOURCES, build_drafter, parse_method, run_method
+from specstack.engine.methods import (
+    DEFAULT_SOURCES,
+    build_drafter,
+    parse_method,
+    run_method,
+)
 from specstack.models.loading import load_model
 from specstack.prompts import encode_prompt
-
 
 PROMPTS = [
     'from typing import List\n\n\ndef below_zero(operations: List[int]) -> bool:\n    """Return True if the balance ever falls below zero."""\n',
@@ -45,7 +49,7 @@ def test_bf16_divergences_are_near_ties(target, method):
         assert len(out) == len(ref)
         if out == ref:
             continue
-        i = next(j for j, (a, b) in enumerate(zip(ref, out)) if a != b)
+        i = first_divergence(ref, out)
         logits = step_logits(target, ids + ref[:i])
         gap = tie_gap(logits, ref[i], out[i])
         assert gap <= TIE_TOLERANCE, f"{method}: divergence at token {i}, {gap} below the top logit"
