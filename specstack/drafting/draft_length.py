@@ -12,8 +12,29 @@ A fixed length wastes tokens in the second case and stops too early in the first
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+# What a drafter knows about a proposed token that predicts its acceptance (its origin, the length of
+# the match behind it, its depth...); a length rule may learn a rate per class or ignore it.
+Evidence = Hashable
+
+
+class ChainLength(Protocol):
+    """A rule for the length of each step's draft chain, for one sequence."""
+
+    def reset(self) -> None:
+        """A new sequence starts."""
+
+    def longest(self) -> int:
+        """The longest chain this step may verify (the drafter grows that many tokens)."""
+
+    def choose(self, classes: Sequence[Evidence]) -> int:
+        """How many tokens of the grown chain (classes[i]: the evidence of its (i+1)-th token) to verify."""
+
+    def observe(self, classes: Sequence[Evidence], accepted: int) -> None:
+        """The verified chain's evidence, and how many of its tokens were accepted."""
 
 
 @dataclass
@@ -31,6 +52,16 @@ class DynamicDraftLength:
     def reset(self) -> None:
         self.value, self._shrink = self.start, 0
 
+    # ChainLength, for one sequence: the chain is `value` long whatever the evidence
+    def longest(self) -> int:
+        return self.value
+
+    def choose(self, classes: Sequence[Evidence]) -> int:
+        return min(self.value, len(classes))
+
+    def observe(self, classes: Sequence[Evidence], accepted: int) -> None:
+        self.update([accepted])
+
     def update(self, accepted: Sequence[int]) -> int:
         """Accepted draft tokens of every row in the step just verified (each proposed `value`
         tokens, or fewer where a row ran out of proposals); returns the next length."""
@@ -41,3 +72,62 @@ class DynamicDraftLength:
             self.value = max(1, max(accepted, default=0), l - math.ceil(l / 10) - self._shrink)
             self._shrink = 1
         return self.value
+
+
+@dataclass
+class CostAwareLength:
+    """Each step's chain length chosen to maximise expected emitted tokens per second of verification.
+
+    Why: on an int4 CPU target the cost of a verification forward over T tokens is a step function of
+    T (the int4 kernel works in blocks of rows: T = 1..4 cost 1.0-1.3 x a one-token step, T = 5 jumps
+    to 1.75 x), so the best length depends on how sure each proposed token is, and BASS's rule,
+    which only counts how many were accepted, lands on the expensive widths. Here every proposed token
+    carries an evidence class (for n-grams: its origin, the length of the context match behind it,
+    its depth); the acceptance rate of each class is learned online (Beta prior, per sequence), and
+    for a chain whose i-th token is accepted with probability p_i given the ones before it,
+
+        L* = argmax over L in 0..len(chain) of (1 + sum_{j<=L} prod_{i<=j} p_i) / cost(1 + L),
+
+    the expected tokens a step emits (accepted drafts plus the target's own token) over its cost.
+    `costs[T - 1]` is the measured time of a target forward over T tokens (engine/width_cost.py).
+    """
+
+    costs: Sequence[float]
+    prior: tuple[float, float] = (1.0, 1.0)  # Beta(accepted, rejected) pseudo-counts of every class
+    _counts: dict[Hashable, list[float]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.costs) < 1 or any(not c > 0 for c in self.costs):
+            raise ValueError(f"width costs must be positive, got {list(self.costs)}")
+        self.costs = tuple(float(c) for c in self.costs)
+        if not min(self.prior) > 0:
+            raise ValueError(f"the Beta prior's pseudo-counts must be positive, got {self.prior}")
+
+    def reset(self) -> None:
+        self._counts = {}
+
+    def longest(self) -> int:
+        return len(self.costs) - 1  # the longest chain with a known cost
+
+    def p(self, cls: Hashable) -> float:
+        a, r = self._counts.get(cls, (0.0, 0.0))
+        return (a + self.prior[0]) / (a + r + self.prior[0] + self.prior[1])
+
+    def choose(self, classes: Sequence[Hashable]) -> int:
+        """How many tokens of a proposed chain (classes[i]: the class of its (i+1)-th token) to verify."""
+        best, best_rate = 0, 1.0 / self.costs[0]
+        expected, survive = 1.0, 1.0
+        for i, cls in enumerate(classes[: self.longest()]):
+            survive *= self.p(cls)
+            expected += survive
+            rate = expected / self.costs[i + 1]
+            if rate > best_rate:
+                best, best_rate = i + 1, rate
+        return best
+
+    def observe(self, classes: Sequence[Hashable], accepted: int) -> None:
+        """The verified chain had these classes and its first `accepted` tokens were accepted: every
+        token up to the first rejected one was a trial of its class."""
+        for i, cls in enumerate(classes[: accepted + 1]):
+            c = self._counts.setdefault(cls, [0.0, 0.0])
+            c[0 if i < accepted else 1] += 1

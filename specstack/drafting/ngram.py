@@ -12,7 +12,8 @@ Three parts, all over the target's token ids:
   off the root: widths (12, 7, 4, 1, 1, 1) = 12 candidates, 7 under the best, 4 under its best, then
   a chain. The context lookup's continuation is the spine; the trigram fills the siblings.
   Proposals are deterministic (q = None), so sampling targets verify them by sample-walk. With a
-  `length` (draft_length.py) it proposes a chain whose length follows BASS's dynamic rule instead.
+  `length` rule (draft_length.py: BASS's dynamic rule, or the cost-aware choice) it proposes a chain
+  whose length the rule sets each step instead.
 
 Katz backoff (per level, trigram -> bigram -> unigram), with c(.) counts from the training corpus:
     P(w|u,v) = d_c · c(uvw) / c(uv)        if uvw was seen (kept after pruning), c = c(uvw)
@@ -42,7 +43,7 @@ import numpy as np
 import torch
 
 from specstack.drafting.base import DraftContext
-from specstack.drafting.draft_length import DynamicDraftLength
+from specstack.drafting.draft_length import ChainLength, Evidence
 from specstack.errors import SpecstackError
 from specstack.tree import DraftTree, Origin
 from specstack.verify import VerifyResult
@@ -586,8 +587,10 @@ class NgramDrafter:
     max_n: int = 3  # longest suffix the context lookup matches
     context_min_n: int = 1  # shortest context match whose continuation is proposed
     context_per_level: int = 5  # at most this many context candidates among a level's siblings
-    length: DynamicDraftLength | None = None  # set: propose a chain of length.value tokens (widths unused)
+    # set: propose a chain whose length this rule chooses each step (widths unused)
+    length: ChainLength | None = None
     lookup: ContextLookup = field(init=False)
+    _classes: list[Evidence] = field(init=False, default_factory=list)  # of the chain last proposed
 
     def __post_init__(self) -> None:
         self.widths = tuple(int(w) for w in self.widths)
@@ -605,17 +608,22 @@ class NgramDrafter:
 
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         self.lookup.reset(prompt_ids)
+        self._classes = []
         if self.length is not None:  # every sequence starts afresh: its speed never depends on the last
             self.length.reset()
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        widths = self.widths if self.length is None else (1,) * self.length.value
-        return self.proposal_tree(ctx.tokens, widths)
+        if self.length is None:
+            return self.proposal_tree(ctx.tokens, self.widths)
+        tree, classes = self._grow(ctx.tokens, (1,) * self.length.longest())
+        n = self.length.choose(classes)
+        self._classes = classes[:n]
+        return tree.truncated(n)
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
         # the next propose indexes the emitted tokens (ctx.tokens grows by result.tokens)
         if self.length is not None:
-            self.length.update([len(result.accepted)])
+            self.length.observe(self._classes[: len(tree)], len(result.accepted))
 
     # ---- the proposal tree ----------------------------------------------------------------------
     def proposal_tree(self, context: Sequence[int], widths: Sequence[int] | None = None) -> DraftTree:
@@ -623,7 +631,13 @@ class NgramDrafter:
         the best of them, and so on (staged paper: 12, 7, 4, 1, 1, 1). Siblings are the context
         lookup's candidates first (origin "context"; the best match's continuation is the spine),
         then the trigram's top tokens (origin "draft2"); no token twice among siblings."""
-        widths = self.widths if widths is None else widths
+        return self._grow(context, self.widths if widths is None else widths)[0]
+
+    def _grow(self, context: Sequence[int], widths: Sequence[int]) -> tuple[DraftTree, list[Evidence]]:
+        """The proposal tree and each node's evidence class (what a chain-length rule learns from):
+        ("context", n, depth) for the spine, continuing a match of the last n tokens; ("context", 0,
+        depth) for another context candidate; ("draft2", b, depth) for a trigram token, b = 2, 1, 0 as
+        its probability is >= 0.5, >= 0.2 or less. Depths past 4 share a class."""
         lookup = self.lookup
         lookup.attach(context)
         base = len(lookup)
@@ -631,41 +645,44 @@ class NgramDrafter:
         if n < self.context_min_n:
             spine = []
         tree = DraftTree()
+        evidence: list[Evidence] = []
         parent = -1
         try:
             for d, width in enumerate(widths):
                 if width <= 0:
                     break
+                depth = min(d + 1, 4)
                 cand: list[int] = []
-                origin: list[Origin] = []
+                found: list[tuple[Origin, Evidence]] = []
                 if d < len(spine):
                     cand.append(spine[d])
-                    origin.append("context")
+                    found.append(("context", ("context", n, depth)))
                 room = min(width, self.context_per_level)
                 if room > len(cand):
                     for t in lookup.next_tokens(room, self.context_min_n):
                         if t not in cand:
                             cand.append(t)
-                            origin.append("context")
+                            found.append(("context", ("context", 0, depth)))
                             if len(cand) >= room:
                                 break
                 if self.model is not None and len(cand) < width:
-                    for t, _ in self.model.top(lookup.tokens[-2:], width + len(cand)):
+                    for t, prob in self.model.top(lookup.tokens[-2:], width + len(cand)):
                         if t not in cand:
                             cand.append(t)
-                            origin.append("draft2")
+                            found.append(("draft2", ("draft2", 2 if prob >= 0.5 else 1 if prob >= 0.2 else 0, depth)))
                             if len(cand) >= width:
                                 break
                 if not cand:
                     break
                 first = len(tree)
-                for t, o in zip(cand[:width], origin[:width]):
-                    tree.add(t, parent, o)
+                for t, (origin, ev) in zip(cand[:width], found[:width]):
+                    tree.add(t, parent, origin)
+                    evidence.append(ev)
                 parent = first
                 lookup.extend((cand[0],))  # the next level is proposed under the best node
         finally:
             lookup.truncate(base)
-        return tree
+        return tree, evidence
 
 
 def load_default_ngram(model_name: str) -> KatzTrigram | None:

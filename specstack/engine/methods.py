@@ -52,8 +52,10 @@ METHOD_PARAMS: dict[str, dict[str, int]] = {
     "tree": {"width": 4, "budget": 36, "depth": 8, "expand": 4},
     # a 3-token chain suits the default int4 target, whose forward cost grows with every token;
     # on a bf16 target (wide forwards nearly free) width=12,depth=6 accepts more (docs/BENCHMARKS.md).
-    # max=M > 0: a chain whose length follows BASS's dynamic rule, from `depth` up to M (0 = fixed)
-    "ngram": {"width": 1, "depth": 3, "max": 0},
+    # max=M > 0: a chain whose length follows BASS's dynamic rule, from `depth` up to M (0 = fixed);
+    # with cost=1 instead the length (up to M) that maximises expected tokens per second, from the
+    # target's measured forward cost per width and acceptance learned per evidence class
+    "ngram": {"width": 1, "depth": 3, "max": 0, "cost": 0},
     "staged": {"width": 4, "budget": 36, "depth": 8},
 }
 
@@ -78,6 +80,9 @@ def parse_method(text: str) -> MethodSpec:
     if params.get("max") and (params["width"] != 1 or params["depth"] > params["max"]):
         raise SpecstackError(f"method {name!r}: a dynamic chain (max={params['max']}) needs width=1 and "
                              f"depth <= max, got width={params['width']}, depth={params['depth']}")
+    if params.get("cost") and (params["cost"] != 1 or not params["max"]):
+        raise SpecstackError(f"method {name!r}: cost=1 chooses each chain's length up to max=M: give max=M "
+                             f"(and cost is 0 or 1), got cost={params['cost']}, max={params['max']}")
     return MethodSpec(name, params)
 
 
@@ -173,12 +178,18 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
         d = resolve_draft(target, sources, device)
         return ModelDrafter(d.lm, TreeParams(p["width"], p["budget"], p["depth"], p["expand"]), window=d.window)
     if method.name == "ngram":
+        from specstack.drafting.draft_length import (
+            ChainLength,
+            CostAwareLength,
+            DynamicDraftLength,
+        )
         from specstack.drafting.ngram import NgramDrafter
+        from specstack.engine.width_cost import measure_width_costs
 
-        length = None
-        if p["max"]:
-            from specstack.drafting.draft_length import DynamicDraftLength
-
+        length: ChainLength | None = None
+        if p["cost"]:  # the forward costs of widths 1 .. max + 1, measured now on this target (~2 s)
+            length = CostAwareLength(measure_width_costs(target, p["max"] + 1))
+        elif p["max"]:
             length = DynamicDraftLength(start=p["depth"], cap=p["max"])
         return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1),
                             length=length)

@@ -268,6 +268,8 @@ def test_resume_skips_done_rows(tiny, bench, tmp_path, spy):
     (["--methods", "ngram:max=-1"], "max must be >= 0"),
     (["--methods", "ngram:width=4,max=8"], "a dynamic chain (max=8) needs width=1"),
     (["--methods", "ngram:depth=9,max=8"], "depth <= max"),
+    (["--methods", "ngram:cost=1"], "give max=M"),
+    (["--methods", "ngram:max=8,cost=2"], "cost is 0 or 1"),
     (["--methods", "ar", "--prompts", "mbpp"], "unknown prompt set 'mbpp'"),
     (["--methods", "ar", "--prompts", "/nonexistent/prompts.jsonl"], "prompt file not found"),
     (["--methods", "ar", "--limit", "0"], "--limit must be > 0"),

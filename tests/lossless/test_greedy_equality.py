@@ -158,14 +158,16 @@ def test_staged_up_to_the_context_limit(tiny, drafts, draft):
         assert speculative_generate(tiny.lm, drafter, prompt, GEN).tokens == ar_tokens(tiny, prompt)
 
 
-@pytest.mark.parametrize("length", [None, (1, 8), (7, 32)], ids=["tree", "dynamic1-8", "dynamic7-32"])
+@pytest.mark.parametrize("length", [None, (1, 8), (7, 32), "cost"], ids=["tree", "dynamic1-8", "dynamic7-32", "cost"])
 def test_ngram_drafter_greedy_equals_autoregressive(tiny, length):
-    from specstack.drafting.draft_length import DynamicDraftLength
+    from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
     from specstack.drafting.ngram import KatzTrigram, NgramDrafter
 
     corpus = [[_rnd.randrange(257) for _ in range(400)] for _ in range(3)] + [ar_tokens(tiny, p) for p in PROMPTS[:4]]
-    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257),
-                           length=DynamicDraftLength(*length) if length else None)
+    # "cost": a cost curve flat to 4 tokens, then twice as dear (the int4 CPU shape)
+    rule = (CostAwareLength([1.0, 1.05, 1.1, 1.15, 2.0, 2.1, 2.2]) if length == "cost"
+            else DynamicDraftLength(*length) if length else None)
+    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257), length=rule)
     lengths = set()
     for prompt in PROMPTS[:6]:
         out = speculative_generate(tiny.lm, drafter, prompt, GEN)

@@ -71,11 +71,13 @@ def test_spire_draft_first_two_tokens_follow_the_target(vocab8, config):
     check_first_two_tokens(target, ModelDrafter(draft, params), warp_args)
 
 
+@pytest.mark.parametrize("rule", ["bass", "cost"])
 @pytest.mark.parametrize("warp_args", [dict(temperature=1.0), dict(temperature=0.7, top_k=3)], ids=["t1", "k3-t0.7"])
-def test_ngram_dynamic_chain_first_two_tokens_follow_the_target(vocab8, warp_args):
+def test_ngram_dynamic_chain_first_two_tokens_follow_the_target(vocab8, warp_args, rule):
     """Deterministic n-gram chains (sample-walk) whose length follows BASS's rule: 2 tokens first,
-    1 after a step that accepted none, so the second step's shape depends on the first step's draws."""
-    from specstack.drafting.draft_length import DynamicDraftLength
+    1 after a step that accepted none, so the second step's shape depends on the first step's draws;
+    or chosen by the cost-aware rule, whose learned rates after step one also depend on them."""
+    from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
     from specstack.drafting.ngram import KatzTrigram, NgramDrafter
 
     target, _ = vocab8
@@ -83,7 +85,9 @@ def test_ngram_dynamic_chain_first_two_tokens_follow_the_target(vocab8, warp_arg
     corpus = [generate(target, PROMPT, GenerationConfig(max_new_tokens=40, stop_on_eos=False,
                                                         sampling=SamplingParams(temperature=1.0, seed=1000 + i))).tokens
               for i in range(20)]
-    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=V), length=DynamicDraftLength(start=2, cap=4))
+    # cost-aware: cheap widths so that it drafts (p = 1/2 before any evidence makes 2 tokens pay)
+    length = DynamicDraftLength(start=2, cap=4) if rule == "bass" else CostAwareLength([1.0, 1.05, 1.1, 2.0])
+    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=V), length=length)
     check_first_two_tokens(target, drafter, warp_args)
 
 

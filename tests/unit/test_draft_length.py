@@ -1,9 +1,9 @@
-"""BASS's dynamic draft length (DESIGN §6), worked by hand."""
+"""Draft-length rules worked by hand: BASS's dynamic length (DESIGN §6) and the cost-aware choice."""
 from __future__ import annotations
 
 import pytest
 
-from specstack.drafting.draft_length import DynamicDraftLength
+from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
 
 
 def test_grows_by_two_when_a_row_accepts_everything_and_stops_at_the_cap():
@@ -38,3 +38,56 @@ def test_never_below_one_and_reset_restores_the_start():
 def test_bad_bounds(start, cap):
     with pytest.raises(ValueError, match="start"):
         DynamicDraftLength(start=start, cap=cap)
+
+
+# ---- cost-aware length ---------------------------------------------------------------------------
+# costs of a forward over T = 1..5 tokens: flat to 4, then a jump (the int4 CPU target's shape)
+COSTS = [1.0, 1.1, 1.2, 1.3, 2.0]
+
+
+def test_cost_aware_verifies_nothing_while_it_knows_nothing_good_and_a_sure_chain_up_to_the_jump():
+    n = CostAwareLength(COSTS)  # prior Beta(1, 1): every class at p = 1/2
+    # L = 1: (1 + 0.5) / 1.1 = 1.36 beats L = 0 (1.0); L = 2: 1.75 / 1.2 = 1.46; L = 3: 1.875 / 1.3 = 1.44
+    assert n.choose(["a", "a", "a", "a"]) == 2
+    for _ in range(8):  # class "a" accepted 8 of 8 times: p = 9 / 10
+        n.observe(["a"], 1)
+    # p = 0.9: L = 3 gives (1 + .9 + .81 + .729) / 1.3 = 2.64; L = 4 gives 3.10 / 2.0 = 1.55
+    assert n.choose(["a", "a", "a", "a"]) == 3
+    for _ in range(30):  # class "b": rejected 30 times, p = 1 / 32
+        n.observe(["b"], 0)
+    assert n.choose(["b", "a", "a"]) == 0  # a bad first token sinks the chain behind it
+    assert n.choose(["a", "b", "a"]) == 1
+    assert n.choose([]) == 0
+
+
+def test_cost_aware_counts_every_token_up_to_the_first_rejection():
+    n = CostAwareLength(COSTS)  # Beta(1, 1): p = (accepted + 1) / (trials + 2)
+    n.observe(["x", "y", "z"], 1)  # x accepted, y rejected, z never reached
+    n.observe(["x", "y"], 2)  # both accepted
+    assert n.p("x") == 3 / 4
+    assert n.p("y") == 2 / 4
+    assert n.p("z") == 1 / 2  # no trial: the prior
+    n.reset()
+    assert n.p("x") == 1 / 2
+
+
+def test_cost_aware_longest_is_what_the_costs_cover_and_bad_costs_are_refused():
+    assert CostAwareLength(COSTS).longest() == 4
+    assert CostAwareLength(COSTS).choose(["a"] * 9) <= 4
+    with pytest.raises(ValueError, match="positive"):
+        CostAwareLength([1.0, 0.0])
+    with pytest.raises(ValueError, match="positive"):
+        CostAwareLength([])
+    with pytest.raises(ValueError, match="prior"):
+        CostAwareLength(COSTS, prior=(0.0, 1.0))
+
+
+def test_measured_width_costs_cover_each_width_and_never_fall(tiny_llama):
+    from specstack.engine.width_cost import measure_width_costs
+
+    costs = measure_width_costs(tiny_llama.lm, 6, context=32, repeats=2)
+    assert len(costs) == 6
+    assert all(c > 0 for c in costs)
+    assert costs == sorted(costs)
+    with pytest.raises(ValueError, match="widths"):
+        measure_width_costs(tiny_llama.lm, 0)
