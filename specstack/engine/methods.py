@@ -55,7 +55,9 @@ METHOD_PARAMS: dict[str, dict[str, int]] = {
     # max=M > 0: a chain whose length follows BASS's dynamic rule, from `depth` up to M (0 = fixed);
     # with cost=1 instead the length (up to M) that maximises expected tokens per second, from the
     # target's measured forward cost per width and acceptance learned per evidence class
-    "ngram": {"width": 1, "depth": 3, "max": 0, "cost": 0},
+    # match=N: the longest suffix the context lookup matches (a longer match is both a surer proposal
+    # and, for cost=1, sharper evidence)
+    "ngram": {"width": 1, "depth": 3, "max": 0, "cost": 0, "match": 3},
     "staged": {"width": 4, "budget": 36, "depth": 8},
 }
 
@@ -192,7 +194,7 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
         elif p["max"]:
             length = DynamicDraftLength(start=p["depth"], cap=p["max"])
         return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1),
-                            length=length)
+                            max_n=p["match"], length=length)
     if method.name == "staged":
         from specstack.drafting.ngram import NgramDrafter
         from specstack.drafting.staged import StagedDrafter

@@ -16,7 +16,7 @@ PROMPTS = [
     "The three primary colours are",
 ]
 METHODS = ["chain:k=3", "tree:width=3,budget=12,depth=4,expand=3", "ngram", "ngram:width=12,depth=6", "ngram:depth=2,max=8",
-           "ngram:max=6,cost=1",
+           "ngram:max=6,cost=1,match=6",
            "staged:width=3,budget=16,depth=5"]
 
 

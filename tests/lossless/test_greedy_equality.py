@@ -167,7 +167,7 @@ def test_ngram_drafter_greedy_equals_autoregressive(tiny, length):
     # "cost": a cost curve flat to 4 tokens, then twice as dear (the int4 CPU shape)
     rule = (CostAwareLength([1.0, 1.05, 1.1, 1.15, 2.0, 2.1, 2.2]) if length == "cost"
             else DynamicDraftLength(*length) if length else None)
-    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257), length=rule)
+    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257), length=rule, max_n=6 if rule else 3)
     lengths = set()
     for prompt in PROMPTS[:6]:
         out = speculative_generate(tiny.lm, drafter, prompt, GEN)
