@@ -1,12 +1,13 @@
-"""BASS's dynamic draft length (Qian et al. 2024; DESIGN §6), for one sequence or a batch.
+"""Draft-length rules: BASS's dynamic length (Qian et al. 2024; DESIGN §6), for one sequence or a
+batch, and a cost-aware choice for one sequence (`CostAwareLength`, below); both serve `ChainLength`.
 
-Start at `l = start`. After each verification, if some row accepted all `l` drafts the draft was too
-short: `l = min(l + 2, cap)`, `s = 0`. Otherwise shrink towards what was accepted:
+BASS's rule: start at `l = start`. After each verification, if some row accepted all `l` drafts the
+draft was too short: `l = min(l + 2, cap)`, `s = 0`. Otherwise shrink towards what was accepted:
 `l = max(1, max_i accepted_i, l - ceil(l / 10) - s)`, `s = 1` (a second miss in a row shrinks one more).
 
 Why it pays for a chain: a verification forward costs more with every token it scores (on an int4
-CPU target about 17 % of a one-token step per extra token), and n-gram drafts are bimodal: on code a
-context match is usually right for many tokens in a row, elsewhere the first guess is usually wrong.
+CPU target 10-15 % of a one-token step per extra token up to four, then a jump), and n-gram drafts
+are bimodal: on code a context match is usually right for many tokens in a row, elsewhere the first guess is usually wrong.
 A fixed length wastes tokens in the second case and stops too early in the first.
 """
 from __future__ import annotations
@@ -79,8 +80,8 @@ class CostAwareLength:
     """Each step's chain length chosen to maximise expected emitted tokens per second of verification.
 
     Why: on an int4 CPU target the cost of a verification forward over T tokens is a step function of
-    T (the int4 kernel works in blocks of rows: T = 1..4 cost 1.0-1.3 x a one-token step, T = 5 jumps
-    to 1.75 x), so the best length depends on how sure each proposed token is, and BASS's rule,
+    T (the int4 kernel works in blocks of rows: T = 1..4 cost 1.0-1.35 x a one-token step, T = 5
+    jumps to 1.75 x), so the best length depends on how sure each proposed token is, and BASS's rule,
     which only counts how many were accepted, lands on the expensive widths. Here every proposed token
     carries an evidence class (for n-grams: its origin, the length of the context match behind it,
     its depth); the acceptance rate of each class is learned online (Beta prior, per sequence), and

@@ -653,30 +653,30 @@ class NgramDrafter:
                     break
                 depth = min(d + 1, 4)
                 cand: list[int] = []
-                found: list[tuple[Origin, Evidence]] = []
+                found: list[tuple[Origin, int, int]] = []  # evidence; its first field is the origin
                 if d < len(spine):
                     cand.append(spine[d])
-                    found.append(("context", ("context", n, depth)))
+                    found.append(("context", n, depth))
                 room = min(width, self.context_per_level)
                 if room > len(cand):
                     for t in lookup.next_tokens(room, self.context_min_n):
                         if t not in cand:
                             cand.append(t)
-                            found.append(("context", ("context", 0, depth)))
+                            found.append(("context", 0, depth))
                             if len(cand) >= room:
                                 break
                 if self.model is not None and len(cand) < width:
                     for t, prob in self.model.top(lookup.tokens[-2:], width + len(cand)):
                         if t not in cand:
                             cand.append(t)
-                            found.append(("draft2", ("draft2", 2 if prob >= 0.5 else 1 if prob >= 0.2 else 0, depth)))
+                            found.append(("draft2", 2 if prob >= 0.5 else 1 if prob >= 0.2 else 0, depth))
                             if len(cand) >= width:
                                 break
                 if not cand:
                     break
                 first = len(tree)
-                for t, (origin, ev) in zip(cand[:width], found[:width]):
-                    tree.add(t, parent, origin)
+                for t, ev in zip(cand[:width], found[:width]):
+                    tree.add(t, parent, ev[0])
                     evidence.append(ev)
                 parent = first
                 lookup.extend((cand[0],))  # the next level is proposed under the best node

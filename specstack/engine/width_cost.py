@@ -14,26 +14,29 @@ import time
 
 import torch
 
-from specstack.attention import build_batch
 from specstack.models.loading import LoadedModel
 
 
 def measure_width_costs(lm: LoadedModel, widths: int, context: int = 256, repeats: int = 5,
                         warmup: int = 1) -> list[float]:
     """Seconds of a target forward over T = 1 .. `widths` tokens after `context` committed ones."""
+    from specstack.bench.forward import (  # the benchmark's scratch-only forward
+        context_ids,
+        ours_forward_steps,
+    )
+
     if widths < 1 or repeats < 1:
         raise ValueError(f"need widths >= 1 and repeats >= 1, got {widths}, {repeats}")
-    model, cfg = lm.model, lm.config
-    context = max(1, min(context, cfg.max_seq_len - widths))
+    cfg = lm.config
+    ctx = context_ids(None, max(1, min(context, cfg.max_seq_len - widths)), cfg.vocab_size)
+    chain = ours_forward_steps(lm, ctx, widths)[f"specstack {lm.fmt} chain"]
     gen = torch.Generator().manual_seed(0)
-    cache = model.new_cache(1, context + widths)
-    model.extend(torch.randint(0, cfg.vocab_size, (1, context), generator=gen).to(model.device), cache)
-    blocks = [torch.randint(0, cfg.vocab_size, (1, t), generator=gen).to(model.device) for t in range(1, widths + 1)]
+    blocks = [torch.randint(0, cfg.vocab_size, (1, t), generator=gen).to(lm.model.device) for t in range(1, widths + 1)]
     times: list[list[float]] = [[] for _ in blocks]
     for r in range(warmup + repeats):
-        for t in range(widths):
+        for t, block in enumerate(blocks):
             t0 = time.perf_counter()
-            model.forward(blocks[t], build_batch(cache, t + 1), cache)  # scratch only: nothing is committed
+            chain(block)
             if r >= warmup:
                 times[t].append(time.perf_counter() - t0)
     costs = [statistics.median(ts) for ts in times]
