@@ -24,7 +24,7 @@ def generate(lm: LoadedModel, prompt_ids: Sequence[int], gen: GenerationConfig,
     # 1. prefill the prompt and take the first token from its last position
     t0 = time.perf_counter()
     tokens = torch.tensor([list(prompt_ids)], device=model.device)
-    logits = model.extend(tokens, cache).logits[:, -1]
+    logits = model.extend(tokens, cache, logit_rows=slice(-1, None)).logits[:, -1]
     tok = next_token(logits, gen.sampling, rng)
     stream.push([int(tok)])
     t1 = time.perf_counter()

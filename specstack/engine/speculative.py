@@ -54,7 +54,8 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequ
     t0 = time.perf_counter()
     hidden = None
     if len(prompt_ids) > 1:  # everything but the root
-        out = model.extend(torch.tensor([list(prompt_ids[:-1])], device=model.device), cache, layers)
+        out = model.extend(torch.tensor([list(prompt_ids[:-1])], device=model.device), cache, layers,
+                           logit_rows=slice(0, 0))  # the root's logits come with the first step
         hidden = stack_hidden(out.hidden, layers)
     elif layers:
         hidden = torch.zeros(1, 0, len(layers), cfg.d_model, device=model.device)

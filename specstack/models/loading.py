@@ -25,7 +25,7 @@ from specstack.errors import SpecstackError
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Q4Weight, Transformer, Weight
 
-CACHE_VERSION = "4"  # bump whenever the built layout changes
+CACHE_VERSION = "5"  # bump whenever the built layout changes
 
 
 def cache_root() -> Path:

@@ -7,6 +7,12 @@ int4: group-wise asymmetric (scale, zero) per 32 inputs, torch's `_weight_int4pa
       so the 4-bit codes are packed without a detour through floats (exact up to the bf16 rounding of
       d and m + 8 d: the CPU kernel takes scales in the activation dtype).
 Activations are fp32 for the fp32 format and bf16 for the others (`activation_dtype`).
+
+Wide inputs: the int4/int8 kernels unpack every weight once per row block, so their cost grows with
+the rows (on 2 CPU cores a 130-token prefill takes 6 ms a layer in int4 against 1.1 ms for a bf16
+matmul). int8 and int4 layers therefore also keep their weight dequantised to the activation dtype
+(`dense`) and use it from `wide_rows` rows on: prefill and wide trees run at matmul speed, the
+one-token step keeps the small format's bandwidth.
 """
 from __future__ import annotations
 
@@ -16,6 +22,9 @@ from torch import nn
 from specstack.errors import SpecstackError
 
 INT4_GROUP = 32
+# Rows from which int8/int4 layers multiply by their dense copy (measured on the 2-core CPU for the
+# default model, whole forwards: docs/BENCHMARKS.md, "Wide forwards on dense weights").
+WIDE_ROWS = 10
 
 
 def activation_dtype(fmt: str) -> torch.dtype:
@@ -58,6 +67,10 @@ class QLinear(nn.Module):
             self.register_buffer("scales_zeros", torch.empty(k // INT4_GROUP, n, 2, dtype=act, device=device))
         else:
             raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4")
+        quantized = fmt in ("int8", "int4")
+        # the dequantised weight for wide inputs (see the module docstring); None: always the small format
+        self.wide_rows: int | None = WIDE_ROWS if quantized else None
+        self.register_buffer("dense", torch.empty(out_features, k, dtype=act, device=device) if quantized else None)
         self.register_buffer("bias", torch.zeros(out_features, dtype=act, device=device) if bias else None)
 
     # -- construction -------------------------------------------------------------------------------
@@ -75,6 +88,7 @@ class QLinear(nn.Module):
             scale = torch.where(scale.float() * 127 < w.abs().amax(dim=1), torch.nextafter(scale, scale * 2), scale)
             self.weight.copy_((w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8))
             self.scales.copy_(scale)
+            self.dense.copy_(self.weight.float() * scale.float()[:, None])
         else:
             n, k = w.shape
             g = w.view(n, k // INT4_GROUP, INT4_GROUP)
@@ -106,6 +120,9 @@ class QLinear(nn.Module):
         self.weight.copy_(_pack_int4(q.to(dev)))
         zero = m.float() + 8 * d.float()
         self.scales_zeros.copy_(torch.stack([d.float(), zero], dim=-1).transpose(0, 1).to(dev))
+        # the dense copy from the stored (rounded) scale and zero, as the kernel dequantises
+        scale, zero = (self.scales_zeros[..., i].t().float().repeat_interleave(INT4_GROUP, 1) for i in (0, 1))
+        self.dense.copy_(((q.to(dev).float() - 8) * scale + zero)[: self.out_features])
         return self
 
     # -- use ----------------------------------------------------------------------------------------
@@ -115,6 +132,14 @@ class QLinear(nn.Module):
             y = torch.nn.functional.linear(x, self.weight, self.bias)
             return y
         x2 = x if x.dim() == 2 else x.reshape(-1, shape[-1])
+        if self.wide_rows is not None and x2.shape[0] >= self.wide_rows:
+            y = torch.nn.functional.linear(x2, self.dense, self.bias)
+        else:
+            y = self._quantized(x2)
+        return y if x.dim() == 2 else y.reshape(*shape[:-1], self.out_features)
+
+    def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 [M, in] through the int8/int4 kernel (+ bias)."""
         if self.fmt == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales)
         elif x2.device.type == "cpu":
@@ -125,14 +150,16 @@ class QLinear(nn.Module):
             y = y[:, : self.out_features]
         if self.bias is not None:
             y = y + self.bias
-        return y if x.dim() == 2 else y.reshape(*shape[:-1], self.out_features)
+        return y
 
     def dequantized(self) -> torch.Tensor:
-        """The float weight [out, in] this layer computes with (for tests and conversions)."""
+        """The float weight [out, in] the small-format kernel computes with (for tests and conversions)."""
         eye = torch.eye(self.in_features, dtype=self.act_dtype, device=self.weight.device)
+        if self.fmt in ("fp32", "bf16"):
+            return self.weight.float().clone()
         bias, self.bias = self.bias, None
         try:
-            return self.forward(eye).float().t().contiguous()
+            return self._quantized(eye).float().t().contiguous()
         finally:
             self.bias = bias
 

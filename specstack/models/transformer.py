@@ -38,7 +38,7 @@ Weight = torch.Tensor | Q4Weight
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # [B, T, V] float32
+    logits: torch.Tensor  # [B, T', V] float32: the rows asked for (all T by default)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, T, d]
 
 
@@ -213,8 +213,10 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, cache: KVCache,
-                hidden_layers: Sequence[int] = ()) -> ModelOutput:
-        """tokens [B, T] -> logits [B, T, V] (fp32). hidden_layers: 0 = embeddings, i = output of block i."""
+                hidden_layers: Sequence[int] = (), logit_rows: slice = slice(None)) -> ModelOutput:
+        """tokens [B, T] -> logits [B, T, V] (fp32). hidden_layers: 0 = embeddings, i = output of block i.
+        logit_rows: the positions of the block whose logits are wanted (a prefill needs one or none:
+        the unembedding of 130 prompt tokens costs as much as 30 decode steps' worth of it)."""
         pos = batch.positions
         cache.begin_block(pos, batch.append)
         b, t = tokens.shape
@@ -231,11 +233,17 @@ class Transformer(nn.Module):
             x = layer.forward(x, rope, batch, cache)  # .forward: see Block.forward
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x.view(b, t, -1)
+        if logit_rows != slice(None):
+            x = x.view(b, t, -1)[:, logit_rows].reshape(-1, x.shape[-1])
+        rows = x.shape[0] // b
+        if rows == 0:
+            return ModelOutput(x.new_empty(b, 0, self.config.vocab_size, dtype=torch.float32), hidden)
         logits = self.head.forward(self.norm.forward(x).to(self.head.act_dtype)).float()
-        return ModelOutput(logits.view(b, t, -1), hidden)
+        return ModelOutput(logits.view(b, rows, -1), hidden)
 
-    def extend(self, tokens: torch.Tensor, cache: KVCache, hidden_layers: Sequence[int] = ()) -> ModelOutput:
+    def extend(self, tokens: torch.Tensor, cache: KVCache, hidden_layers: Sequence[int] = (),
+               logit_rows: slice = slice(None)) -> ModelOutput:
         """Run `tokens` [B, T] as the continuation of every row and commit them all (prefill/decode)."""
-        out = self.forward(tokens, build_batch(cache, tokens.shape[1]), cache, hidden_layers)
+        out = self.forward(tokens, build_batch(cache, tokens.shape[1]), cache, hidden_layers, logit_rows)
         cache.commit_all()
         return out

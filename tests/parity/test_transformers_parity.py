@@ -35,7 +35,7 @@ def path_to(node: int, parents: list[int]) -> list[int]:
 
 
 def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    err = (ours - ref).abs().max().item()
+    err = (ours - ref).abs().max().item() if ours.numel() else 0.0
     assert torch.allclose(ours, ref, atol=ATOL, rtol=RTOL), f"{what}: max |diff| {err:.3g}"
 
 
@@ -235,3 +235,19 @@ def test_hidden_states(tiny):
     sub = model.extend(torch.tensor([prompt]), model.new_cache(1), hidden_layers=[1])
     assert list(sub.hidden) == [1]
     assert torch.equal(sub.hidden[1], out.hidden[1])
+
+
+@pytest.mark.parametrize("rows,expect", [(slice(-1, None), [22]), (slice(0, 0), []), (slice(3, 6), [3, 4, 5])])
+def test_logits_of_chosen_rows_only(tiny, rows, expect):
+    """A prefill asks for the last row (autoregressive) or none (speculative): the rows it gets are
+    the full forward's rows, and the cache it leaves is the same."""
+    prompt = ids(23, seed=80)
+    model = tiny.lm.model
+    full_cache, part_cache = model.new_cache(1), model.new_cache(1)
+    full = model.extend(torch.tensor([prompt]), full_cache).logits[0]
+    part = model.extend(torch.tensor([prompt]), part_cache, logit_rows=rows).logits[0]
+    assert part.shape == (len(expect), 257)
+    assert_close(part, full[expect], "chosen rows")  # (a 1-row matmul may round differently from a 23-row one)
+    assert part_cache.lengths == full_cache.lengths == [23]
+    nxt = torch.tensor([[prompt[0]]])
+    assert torch.equal(model.extend(nxt, part_cache).logits, model.extend(nxt, full_cache).logits)

@@ -53,6 +53,25 @@ def test_quantized_formats_track_fp32(fmt, max_rel):
     assert rel(y, y_dq) < 6e-3
 
 
+@pytest.mark.parametrize("fmt,out", [("int8", 48), ("int4", 48), ("int4", 40)])  # 40: int4 pads rows to 16s
+def test_wide_inputs_use_a_dense_copy_of_the_same_weights(fmt, out):
+    """From `wide_rows` rows on, int8/int4 multiply by a bf16 copy of exactly the weights the small
+    kernel dequantises (rounded to bf16): a row's output does not depend on how many rows came with it
+    beyond that rounding, and wide_rows=None keeps the small kernel for every width."""
+    w, b = rand(out, 64, seed=20), rand(out, seed=21)
+    lin = QLinear(64, out, fmt, bias=True).set_float(w, b)
+    assert lin.dense is not None and torch.equal(lin.dense, lin.dequantized().bfloat16())
+    x = rand(lin.wide_rows + 3, 64, seed=22).bfloat16()
+    wide = lin(x)
+    narrow = torch.cat([lin(x[i : i + 1]) for i in range(len(x))])
+    assert wide.shape == narrow.shape == (len(x), out)
+    assert rel(wide, narrow) < 6e-3  # bf16 rounding of the weights and of the products
+    assert torch.equal(wide, torch.nn.functional.linear(x, lin.dense, lin.bias))
+    lin.wide_rows = None
+    assert torch.equal(lin(x), torch.cat([lin(x[i : i + 1]) for i in range(len(x))]))
+    assert QLinear(64, out, "bf16").dense is None
+
+
 def test_int8_weights_within_half_a_step():
     w = rand(32, 64, seed=7)
     lin = QLinear(64, 32, "int8").set_float(w)
