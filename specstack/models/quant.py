@@ -17,14 +17,18 @@ one-token step keeps the small format's bandwidth.
 from __future__ import annotations
 
 import torch
-from torch import nn
+import torch.nn.functional as F
 
 from specstack.errors import SpecstackError
+from specstack.models.bound import BoundModule, Forward
 
 INT4_GROUP = 32
 # Rows from which int8/int4 layers multiply by their dense copy (measured on the 2-core CPU for the
 # default model, whole forwards: docs/BENCHMARKS.md, "Wide forwards on dense weights").
 WIDE_ROWS = 10
+_INT8_MM = torch.ops.aten._weight_int8pack_mm.default
+_INT4_MM_CPU = torch.ops.aten._weight_int4pack_mm_for_cpu.default
+_INT4_MM = torch.ops.aten._weight_int4pack_mm.default
 
 
 def activation_dtype(fmt: str) -> torch.dtype:
@@ -40,8 +44,8 @@ def _pack_int4(q: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack(packed, 8)
 
 
-class QLinear(nn.Module):
-    """y = x W^T (+ b) with W stored in one of the four formats."""
+class QLinear(BoundModule):
+    """y = x W^T (+ b) with W stored in one of the four formats (bound: see models/bound.py)."""
 
     def __init__(self, in_features: int, out_features: int, fmt: str, bias: bool = False,
                  device: torch.device | str | None = None, activation: torch.dtype | None = None) -> None:
@@ -69,7 +73,7 @@ class QLinear(nn.Module):
             raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4")
         quantized = fmt in ("int8", "int4")
         # the dequantised weight for wide inputs (see the module docstring); None: always the small format
-        self.wide_rows: int | None = WIDE_ROWS if quantized else None
+        self._wide_rows: int | None = WIDE_ROWS if quantized else None
         self.register_buffer("dense", torch.empty(out_features, k, dtype=act, device=device) if quantized else None)
         self.register_buffer("bias", torch.zeros(out_features, dtype=act, device=device) if bias else None)
 
@@ -126,42 +130,46 @@ class QLinear(nn.Module):
         return self
 
     # -- use ----------------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        if self.fmt in ("fp32", "bf16"):
-            y = torch.nn.functional.linear(x, self.weight, self.bias)
-            return y
-        x2 = x if x.dim() == 2 else x.reshape(-1, shape[-1])
-        if self.wide_rows is not None and x2.shape[0] >= self.wide_rows:
-            y = torch.nn.functional.linear(x2, self.dense, self.bias)
-        else:
-            y = self._quantized(x2)
-        return y if x.dim() == 2 else y.reshape(*shape[:-1], self.out_features)
+    @property
+    def wide_rows(self) -> int | None:
+        return self._wide_rows
 
-    def _quantized(self, x2: torch.Tensor) -> torch.Tensor:
-        """x2 [M, in] through the int8/int4 kernel (+ bias)."""
+    @wide_rows.setter
+    def wide_rows(self, rows: int | None) -> None:
+        self._wide_rows = rows
+        self.unbind()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            return super().forward(x)
+        return super().forward(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+
+    def bind(self, bias: bool = True, wide: bool = True) -> Forward:
+        """x [M, in] -> y [M, out]: the small format's kernel, or the dense copy from `wide_rows` rows."""
+        b = self.bias if bias else None
+        if self.fmt in ("fp32", "bf16"):
+            w = self.weight
+            return lambda x: F.linear(x, w, b)
+        w, out = self.weight, self.out_features
         if self.fmt == "int8":
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales)
-        elif x2.device.type == "cpu":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, INT4_GROUP, self.scales_zeros)
+            s = self.scales
+            small: Forward = lambda x: _INT8_MM(x, w, s)  # noqa: E731
         else:
-            y = torch.ops.aten._weight_int4pack_mm(x2, self.weight, INT4_GROUP, self.scales_zeros)
-        if y.shape[-1] != self.out_features:  # padded int4 rows
-            y = y[:, : self.out_features]
-        if self.bias is not None:
-            y = y + self.bias
-        return y
+            sz = self.scales_zeros
+            mm = _INT4_MM_CPU if w.device.type == "cpu" else _INT4_MM
+            small = (lambda x: mm(x, w, INT4_GROUP, sz)) if sz.shape[1] == out else \
+                (lambda x: mm(x, w, INT4_GROUP, sz)[:, :out])  # padded rows
+        quantized = small if b is None else (lambda x: small(x) + b)
+        rows = self._wide_rows if wide else None
+        if rows is None:
+            return quantized
+        dense = self.dense
+        return lambda x: F.linear(x, dense, b) if x.shape[0] >= rows else quantized(x)
 
     def dequantized(self) -> torch.Tensor:
         """The float weight [out, in] the small-format kernel computes with (for tests and conversions)."""
         eye = torch.eye(self.in_features, dtype=self.act_dtype, device=self.weight.device)
-        if self.fmt in ("fp32", "bf16"):
-            return self.weight.float().clone()
-        bias, self.bias = self.bias, None
-        try:
-            return self._quantized(eye).float().t().contiguous()
-        finally:
-            self.bias = bias
+        return self.bind(bias=False, wide=False)(eye).float().t().contiguous()
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, fmt={self.fmt}, bias={self.bias is not None}"

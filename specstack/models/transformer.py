@@ -16,6 +16,7 @@ from torch import nn
 from specstack.attention import AttentionBatch, build_batch
 from specstack.cache import KVCache
 from specstack.config import ModelConfig, WindowSpec
+from specstack.models.bound import BoundModule, Forward
 from specstack.models.quant import QLinear, activation_dtype
 
 
@@ -57,8 +58,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
-class Norm(nn.Module):
-    """RMSNorm (llama) or LayerNorm (gpt2), computed in fp32 like the reference implementations."""
+class Norm(BoundModule):
+    """RMSNorm (llama) or LayerNorm (gpt2) (bound: see models/bound.py)."""
 
     def __init__(self, dim: int, eps: float, rms: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -66,15 +67,15 @@ class Norm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
         self.bias = None if rms else nn.Parameter(torch.zeros(dim, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def bind(self) -> Forward:
+        w, b, eps = self.weight, self.bias, self.eps
+        d = w.shape[0]
         if not self.rms:
-            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+            return lambda x: F.layer_norm(x, (d,), w, b, eps)
         # RMSNorm through LayerNorm's fused kernel: [x, -x] has mean 0 and variance mean(x^2), so its
         # first half normalised is x / sqrt(mean(x^2) + eps). On CPU F.rms_norm is a composite of
-        # ~8 kernels (15 us at d = 576); this is 4 (cat, neg, layer_norm, mul: ~6 us), 61 times a step.
-        d = x.shape[-1]
-        both = torch.cat([x, x.neg()], dim=-1)
-        return F.layer_norm(both, both.shape[-1:], None, None, self.eps)[..., :d] * self.weight
+        # ~8 kernels (18 us at d = 576); this is 4 (cat, neg, layer_norm, mul: 13 us), 61 times a step.
+        return lambda x: F.layer_norm(torch.cat([x, x.neg()], dim=-1), (2 * d,), None, None, eps)[..., :d] * w
 
 
 class Block(nn.Module):
@@ -90,15 +91,18 @@ class Block(nn.Module):
         self.mlp_norm = Norm(cfg.d_model, cfg.norm_eps, llama, act)
         self.up = QLinear(cfg.d_model, (2 if llama else 1) * cfg.d_ff, fmt, bias)  # llama: [gate | up]
         self.down = QLinear(cfg.d_ff, cfg.d_model, fmt, bias)
+        # plain references to the submodules: nn.Module.__getattr__ costs ~1 us a lookup, 30 layers a step
+        self.parts = (self.attn_norm, self.qkv, self.o, self.mlp_norm, self.up, self.down)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
         """x: [B*T, d] (kept 2-D between attention calls: fewer reshapes per layer)."""
         cfg = self.cfg
+        attn_norm, qkv_proj, o_proj, mlp_norm, up_proj, down_proj = self.parts
         b, t = batch.positions.shape
         # submodules are called through .forward: nn.Module.__call__'s hook checks cost ~2 us a call,
         # ~200 calls a decode step (no hooks are ever set on these)
-        qkv = self.qkv.forward(self.attn_norm.forward(x))
+        qkv = qkv_proj.forward(attn_norm.forward(x))
         hd, nq, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         qk = qkv[:, : cfg.q_dim + cfg.kv_dim].view(b, t, nq + nkv, hd)
         if rope is not None:  # rotate q and k heads in one go
@@ -109,14 +113,14 @@ class Block(nn.Module):
         keys, values = cache.write(self.layer, k, v)
         a = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, is_causal=batch.is_causal,
                                            enable_gqa=nkv != nq)
-        x = x + self.o.forward(a.transpose(1, 2).reshape(b * t, cfg.q_dim))
-        h = self.up.forward(self.mlp_norm.forward(x))
+        x = x + o_proj.forward(a.transpose(1, 2).reshape(b * t, cfg.q_dim))
+        h = up_proj.forward(mlp_norm.forward(x))
         if cfg.arch == "llama":
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
             h = F.gelu(h, approximate="tanh")
-        return x + self.down.forward(h)
+        return x + down_proj.forward(h)
 
 
 class Transformer(nn.Module):

@@ -72,6 +72,22 @@ def test_wide_inputs_use_a_dense_copy_of_the_same_weights(fmt, out):
     assert QLinear(64, out, "bf16").dense is None
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_a_layer_computes_with_its_current_weights(fmt):
+    """Layers call a closure bound to their tensors (models/bound.py): a copy computes with its own
+    weights, and load_state_dict takes effect even after the layer has run."""
+    w1, w2, x = rand(32, 64, seed=30), rand(32, 64, seed=31), rand(3, 64, seed=32).bfloat16()
+    a = QLinear(64, 32, fmt).set_float(w1)
+    b = QLinear(64, 32, fmt).set_float(w2)
+    ya, yb = a(x), b(x)
+    assert not torch.equal(ya, yb)
+    c = copy.deepcopy(a)
+    c.set_float(w2)
+    assert torch.equal(c(x), yb) and torch.equal(a(x), ya)
+    a.load_state_dict(b.state_dict())
+    assert torch.equal(a(x), yb)
+
+
 def test_int8_weights_within_half_a_step():
     w = rand(32, 64, seed=7)
     lin = QLinear(64, 32, "int8").set_float(w)
