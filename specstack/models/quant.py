@@ -79,7 +79,7 @@ class QLinear(BoundModule):
 
     # -- construction -------------------------------------------------------------------------------
     @torch.no_grad()
-    def set_float(self, w: torch.Tensor, b: torch.Tensor | None = None) -> "QLinear":
+    def set_float(self, w: torch.Tensor, b: torch.Tensor | None = None) -> QLinear:
         """Quantise a float weight [out, in] into this layer's format."""
         w = w.to(self.weight.device, torch.float32)
         act = self.act_dtype
@@ -107,7 +107,7 @@ class QLinear(BoundModule):
         return self
 
     @torch.no_grad()
-    def set_int4(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> "QLinear":
+    def set_int4(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> QLinear:
         """Set from 4-bit codes q [out, in] (0..15) with w = d * q + m per group of 32 (GGUF Q4_1).
         Exact for the int4 format; other formats receive the dequantised weight."""
         n, k = q.shape
@@ -153,7 +153,7 @@ class QLinear(BoundModule):
         w, out = self.weight, self.out_features
         if self.fmt == "int8":
             s = self.scales
-            small: Forward = lambda x: _INT8_MM(x, w, s)  # noqa: E731
+            small: Forward = lambda x: _INT8_MM(x, w, s)
         else:
             sz = self.scales_zeros
             mm = _INT4_MM_CPU if w.device.type == "cpu" else _INT4_MM
