@@ -40,9 +40,20 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row of probs [..., V] -> [...] token ids."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    """One draw per row of probs [..., V] (non-negative, any positive total) -> [...] token ids.
+
+    The inverse CDF at a uniform draw, in float64: torch.multinomial takes about 5 ms for one row of
+    49152 on the 2-core CPU (a third of a decode step); this takes about 0.1 ms. A token of
+    probability 0 has an empty CDF interval, and the draw is kept below the total, so it is never
+    drawn."""
+    flat = probs.reshape(-1, probs.shape[-1]).double()
+    cdf = flat.cumsum(-1)
+    total = cdf[:, -1:]
+    if not bool((total > 0).all()):
+        raise ValueError("cannot sample from a row of zero probability mass")
+    u = torch.rand(flat.shape[0], 1, dtype=torch.float64, generator=generator, device=flat.device)
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True).view(probs.shape[:-1])
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specstack.sampling import sample
 from specstack.tree import DraftTree
 
 
@@ -57,7 +58,7 @@ def _children(tree: DraftTree) -> dict[int, list[int]]:
 
 
 def _draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(p, 1, generator=generator))
+    return int(sample(p, generator))
 
 
 def verify_sample_walk(tree: DraftTree, p: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:

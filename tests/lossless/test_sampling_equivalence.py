@@ -81,9 +81,10 @@ def test_ngram_dynamic_chain_first_two_tokens_follow_the_target(vocab8, warp_arg
     from specstack.drafting.ngram import KatzTrigram, NgramDrafter
 
     target, _ = vocab8
-    # a trigram of the target's own samples: a draft that is often, not always, right
-    corpus = [generate(target, PROMPT, GenerationConfig(max_new_tokens=40, stop_on_eos=False,
-                                                        sampling=SamplingParams(temperature=1.0, seed=1000 + i))).tokens
+    # a trigram of the target's own samples after the prompt: a draft that is often, not always, right
+    corpus = [PROMPT + generate(target, PROMPT, GenerationConfig(max_new_tokens=40, stop_on_eos=False,
+                                                                 sampling=SamplingParams(temperature=1.0,
+                                                                                         seed=1000 + i))).tokens
               for i in range(20)]
     # cost-aware: cheap widths so that it drafts (p = 1/2 before any evidence makes 2 tokens pay)
     length = DynamicDraftLength(start=2, cap=4) if rule == "bass" else CostAwareLength([1.0, 1.05, 1.1, 2.0])

@@ -93,6 +93,31 @@ def test_invalid_params():
             SamplingParams(**kw)
 
 
+def test_sample_follows_the_probabilities_and_never_draws_a_zero():
+    """The inverse-CDF sampler: counts fit the probabilities (chi-square, fixed seed, 1e-3 false-fail
+    chance per row), a zero-probability token is never drawn (also next to one-hot rows at either
+    end), unnormalised rows are fine, and a row without mass is an error."""
+    from scipy.stats import chisquare
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.25, 0.0],
+                          [2e-2, 0.0, 0.0, 0.0, 0.0, 0.98],
+                          [0.0, 0.0, 0.0, 0.0, 0.0, 3.0],  # unnormalised one-hot at the end
+                          [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    n = 20000
+    draws = sample(probs.expand(n, 4, 6), torch.Generator().manual_seed(0))
+    assert draws.shape == (n, 4)
+    for row in range(4):
+        counts = torch.bincount(draws[:, row], minlength=6).double()
+        p = probs[row].double() / probs[row].sum()
+        assert counts[p == 0].sum() == 0
+        nz = p > 0
+        if nz.sum() > 1:
+            expected = p[nz] / p[nz].sum() * counts[nz].sum()
+            assert chisquare(counts[nz].numpy(), expected.numpy()).pvalue > 1e-3
+    with pytest.raises(ValueError, match="zero probability mass"):
+        sample(torch.zeros(2, 6))
+
+
 def test_seeded_sampling_is_reproducible():
     probs = warp(logits(4, 30, seed=5), SamplingParams(temperature=1.0))
     params = SamplingParams(temperature=1.0, seed=123)
