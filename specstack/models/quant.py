@@ -23,8 +23,8 @@ from specstack.errors import SpecstackError
 from specstack.models.bound import BoundModule, Forward
 
 INT4_GROUP = 32
-# Rows from which int8/int4 layers multiply by their dense copy (measured on the 2-core CPU for the
-# default model, whole forwards: docs/BENCHMARKS.md, "Wide forwards on dense weights").
+# Rows from which int8/int4 layers multiply by their dense copy on CPU (measured on the 2-core CPU for
+# the default model, whole forwards: docs/BENCHMARKS.md, "Wide forwards on dense weights").
 WIDE_ROWS = 10
 _INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 _INT4_MM_CPU = torch.ops.aten._weight_int4pack_mm_for_cpu.default
@@ -160,7 +160,9 @@ class QLinear(BoundModule):
             small = (lambda x: mm(x, w, INT4_GROUP, sz)) if sz.shape[1] == out else \
                 (lambda x: mm(x, w, INT4_GROUP, sz)[:, :out])  # padded rows
         quantized = small if b is None else (lambda x: small(x) + b)
-        rows = self._wide_rows if wide else None
+        # the crossover is measured on CPU only; CUDA keeps the small format at every width (its int4
+        # kernel stays efficient far wider, and the copy would read 4x the bytes in mid-width trees)
+        rows = self._wide_rows if wide and w.device.type == "cpu" else None
         if rows is None:
             return quantized
         dense = self.dense
