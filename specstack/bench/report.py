@@ -10,6 +10,7 @@ is the share of rows whose tokens equal the greedy `ar` reference (null when sam
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -303,4 +304,23 @@ def compare(dir1: Path, dir2: Path) -> str:
                      f"{_change(x.get('mean_speedup_vs_ar'), y.get('mean_speedup_vs_ar'), '.2f')} | "
                      f"{_change(x.get('tau'), y.get('tau'), '.2f')} | "
                      f"{_f(ident[0], '.0f')} → {_f(ident[1], '.0f')} % |")
+    return "\n".join(lines)
+
+
+def ratio_table(folder: Path, pairs: Sequence[str]) -> str:
+    """Per-prompt ratios of tokens/s, `A/B` for each pair, over the prompts both methods ran: mean,
+    geometric mean, median, range and the prompts A won (the tables of docs/BENCHMARKS.md)."""
+    rows = read_rows(folder / "results.jsonl")
+    if not rows:
+        raise SpecstackError(f"{folder} has no results.jsonl rows")
+    lines = ["| | mean | geometric mean | median | min – max | prompts won |", "|---|---:|---:|---:|---:|---:|"]
+    methods = methods_in(rows)
+    for pair in pairs:
+        a, slash, b = pair.rpartition("/")
+        if not slash or a not in methods or b not in methods:
+            raise SpecstackError(f"--ratios {pair!r}: give METHOD/METHOD with methods of this run: {', '.join(methods)}")
+        r = list(prompt_speedups(rows, a, b).values())
+        geo = math.exp(statistics.mean(math.log(x) for x in r))
+        lines.append(f"| {a} / {b} | {statistics.mean(r):.3f} | {geo:.3f} | {statistics.median(r):.3f} | "
+                     f"{min(r):.2f} – {max(r):.2f} | {sum(x > 1 for x in r)} |")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ otherwise use, on a prompt set, on this machine.
         [--max-new-tokens 128] [--temperature T --top-k K --top-p P --seed S] [--dtype D] \\
         [--draft X --draft-dtype D --ngram FILE] [--repeats R] [--threads N] --out DIR [--resume]
     specstack bench --compare DIR1 DIR2
+    specstack bench --ratios DIR "ngram/llamacpp" "ar/hf"    (per-prompt ratios within one run)
 
 Methods are separated by ';' (commas separate one method's parameters; --methods may also be
 repeated). Engine methods take their parameters (`chain:k=4`); every method also takes `dtype=F`, the
@@ -82,6 +83,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue DIR/results.jsonl, skipping rows already there")
     p.add_argument("--compare", nargs=2, type=Path, default=None, metavar=("DIR1", "DIR2"),
                    help="print the per-method change between two finished runs")
+    p.add_argument("--ratios", nargs="+", default=None, metavar="DIR A/B",
+                   help="print per-prompt tokens/s ratios of method A over method B in the run in DIR")
     p.set_defaults(func=run)
     return p
 
@@ -164,7 +167,7 @@ def check_args(args: argparse.Namespace) -> Plan:
     from specstack.models.registry import resolve
 
     if args.out is None:
-        raise SpecstackError("--out DIR is required (or --compare DIR1 DIR2)")
+        raise SpecstackError("--out DIR is required (or --compare DIR1 DIR2, or --ratios DIR A/B)")
     if args.prompts is None:
         raise SpecstackError("--prompts is required: humaneval, sharegpt, or a JSONL file")
     for flag, value in (("--limit", args.limit), ("--repeats", args.repeats), ("--threads", args.threads),
@@ -349,6 +352,13 @@ def run(args: argparse.Namespace) -> int:
         from specstack.bench.report import compare
 
         print(compare(*args.compare))
+        return 0
+    if args.ratios is not None:
+        from specstack.bench.report import ratio_table
+
+        if len(args.ratios) < 2:
+            raise SpecstackError("--ratios DIR A/B [C/D ...]: give the run folder and at least one pair")
+        print(ratio_table(Path(args.ratios[0]), args.ratios[1:]))
         return 0
     plan = check_args(args)
 

@@ -72,7 +72,9 @@ class QLinear(BoundModule):
         else:
             raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4")
         quantized = fmt in ("int8", "int4")
-        # the dequantised weight for wide inputs (see the module docstring); None: always the small format
+        # the dequantised weight for wide inputs (see the module docstring). A persistent buffer, so the
+        # built-model cache stores it: the packed int4 layout is opaque, and re-deriving the copy through
+        # the kernel takes ~1.7 s for the default model at every load
         self._wide_rows: int | None = WIDE_ROWS if quantized else None
         self.register_buffer("dense", torch.empty(out_features, k, dtype=act, device=device) if quantized else None)
         self.register_buffer("bias", torch.zeros(out_features, dtype=act, device=device) if bias else None)

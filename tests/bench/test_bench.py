@@ -178,6 +178,12 @@ def test_outputs_fields_and_speedups(tiny, bench, tmp_path):
     code, table, _ = bench("--compare", str(out), str(out))
     assert code == 0 and "| chain:k=2 |" in table and "(+0 %)" in table
 
+    code, table, _ = bench("--ratios", str(out), "chain:k=2/ar")
+    ratios = [mine[t] / ar[t] for t in mine]
+    assert code == 0 and table.splitlines()[2].startswith(
+        f"| chain:k=2 / ar | {statistics.mean(ratios):.3f} | {statistics.geometric_mean(ratios):.3f} | "
+        f"{statistics.median(ratios):.3f} | {min(ratios):.2f} – {max(ratios):.2f} | {sum(r > 1 for r in ratios)} |")
+
 
 def test_identical_to_ar_false_when_a_method_differs(tiny, bench, tmp_path, monkeypatch, capsys):
     real = bench_run.run_method
@@ -276,11 +282,13 @@ def test_resume_skips_done_rows(tiny, bench, tmp_path, spy):
     (["--methods", "ar", "--repeats", "0"], "--repeats must be > 0"),
     (["--methods", "ar", "--no-out"], "--out DIR is required"),
     (["--compare", "DIR", "DIR"], "has no summary.json"),
+    (["--ratios", "DIR", "ar/hf"], "has no results.jsonl rows"),
+    (["--ratios", "DIR"], "at least one pair"),
 ])
 def test_bad_arguments(bench, tmp_path, argv, message):
     argv = [a.replace("DIR", str(tmp_path)) for a in argv]
     base = ["--prompts", "humaneval"] if "--prompts" not in argv else []
-    out = [] if "--no-out" in argv or "--compare" in argv else ["--out", str(tmp_path / "o")]
+    out = [] if {"--no-out", "--compare", "--ratios"} & set(argv) else ["--out", str(tmp_path / "o")]
     code, stdout, err = bench(*base, *[a for a in argv if a != "--no-out"], *out)
     assert code == 2
     assert err.startswith("specstack: error: ") and err.count("\n") == 1, err
