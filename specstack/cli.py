@@ -94,9 +94,9 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                         "(specstack train-draft), self:N = the target's first N layers, or magicdec:W = the "
                         "target itself with a sliding-window KV of W tokens (default for smollm2-135m: the "
                         "shipped SPIRe draft)")
-    g.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default="int4",
-                   help="weight format of a model or self:N draft (default int4); a trained draft computes in "
-                        "bf16 (fp32 if asked)")
+    g.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default=None,
+                   help="the draft's weight format (default: int8 for a trained draft, int4 for a model or "
+                        "self:N draft)")
     g.add_argument("--ngram", default=None, metavar="FILE",
                    help="trigram file for ngram/staged (default: the shipped one for the model)")
     g.add_argument("--show-origins", action="store_true",
@@ -242,7 +242,7 @@ def build_method(args: argparse.Namespace, lm: LoadedModel):  # -> Drafter | Non
     from specstack.engine.methods import DEFAULT_SOURCES, DraftSources, build_drafter
 
     defaults = DEFAULT_SOURCES.get(lm.name, DraftSources())
-    sources = DraftSources(draft=args.draft or defaults.draft, draft_dtype=args.draft_dtype,
+    sources = DraftSources(draft=args.draft or defaults.draft, draft_dtype=args.draft_dtype or defaults.draft_dtype,
                            ngram=args.ngram or defaults.ngram)
     return build_drafter(args.method_spec, lm, sources, args.device)
 

@@ -75,7 +75,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device", choices=DEVICES, default="cpu")
     p.add_argument("--draft", default=None, metavar="MODEL",
                    help="draft model or self:N (default: the model's default)")
-    p.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default="int4")
+    p.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default=None,
+                   help="default: int8 for a trained draft, int4 for a model or self:N draft")
     p.add_argument("--ngram", default=None, metavar="FILE", help="trigram file for ngram/staged")
     p.add_argument("--repeats", type=int, default=1, metavar="R", help="runs of every (prompt, method) (default 1)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="threads for torch and llama.cpp")
@@ -384,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
                              args.limit, first.config.max_seq_len, plan.new_tokens, skip_long=sharegpt,
                              max_prompt_tokens=SHAREGPT_MAX_PROMPT_TOKENS if sharegpt else None)
     defaults = DEFAULT_SOURCES.get(first.name, DraftSources())
-    sources = DraftSources(draft=args.draft or defaults.draft, draft_dtype=args.draft_dtype,
+    sources = DraftSources(draft=args.draft or defaults.draft, draft_dtype=args.draft_dtype or defaults.draft_dtype,
                            ngram=args.ngram or defaults.ngram)
     tok = first.tokenizer
     peers = Peers(args.model, sources, plan.sampling, args.device, threads,

@@ -22,7 +22,7 @@ import torch
 
 from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext
-from specstack.drafting.model import ModelDrafter, TreeParams, _Candidate
+from specstack.drafting.model import ModelDrafter, NextTokens, TreeParams, _Candidate
 from specstack.models.loading import LoadedModel
 from specstack.tree import DraftTree
 
@@ -51,14 +51,15 @@ class StagedDrafter(ModelDrafter):
         super().reset(prompt_ids, target_hidden)
         self.draft2.reset(prompt_ids)
 
-    def _grow(self, root_probs: torch.Tensor, ctx: DraftContext) -> None:
+    def _grow(self, root: NextTokens, ctx: DraftContext) -> None:
         depth_limit = self._max_run_depth()  # nodes up to this depth may be run
-        self._add_children(-1, root_probs, ctx)
-        dist: dict[int, torch.Tensor] = {-1: root_probs}  # next-token distribution of expanded nodes
+        self._add_children(-1, root, 0, ctx)
+        # next-token distribution of every expanded node: (the forward's rows, its row)
+        dist: dict[int, tuple[NextTokens, int]] = {-1: (root, 0)}
         spine_end, spine_tokens = -1, []
         while self._depth(spine_end) < depth_limit:
             # 1. the draft's own next token at the spine end (its argmax is always a top child)
-            token = int(dist[spine_end].argmax())
+            token = self._best(dist, spine_end)
             nxt = self._child(spine_end, token)
             if nxt is None:
                 nxt = self._new(_Candidate(token, spine_end, 0.0, None))
@@ -82,17 +83,18 @@ class StagedDrafter(ModelDrafter):
                 break
             # 3. one draft forward: scores of the new nodes, their children, draft2's verification
             block.sort()  # candidates are created parents-first: index order is topological
-            for c, probs in zip(block, self._run(block, ctx)):
-                dist[c] = probs
+            rows = self._run(block, ctx)
+            for row, c in enumerate(block):
+                dist[c] = (rows, row)
             for c in block:  # parents first, so each score builds on a final one
                 self._cands[c].score = self._score(c, dist)
-            for c in block:
-                self._add_children(c, dist[c], ctx)
+            for row, c in enumerate(block):
+                self._add_children(c, rows, row, ctx)
             proposed = set(mapped.values())
             node = nxt
             spine_tokens.append(token)
             while self._depth(node) < depth_limit:
-                want = int(dist[node].argmax())
+                want = self._best(dist, node)
                 ch = self._child(node, want)
                 if ch is None or ch not in proposed:
                     break  # draft2 did not propose the draft's next token: the draft continues
@@ -100,7 +102,13 @@ class StagedDrafter(ModelDrafter):
                 spine_tokens.append(want)
             spine_end = node
 
-    def _score(self, c: int, dist: dict[int, torch.Tensor]) -> float:
+    @staticmethod
+    def _best(dist: dict[int, tuple[NextTokens, int]], node: int) -> int:
+        rows, row = dist[node]
+        return rows.best(row)
+
+    def _score(self, c: int, dist: dict[int, tuple[NextTokens, int]]) -> float:
         cand = self._cands[c]
         base = 1.0 if cand.parent < 0 else self._cands[cand.parent].score
-        return base * float(dist[cand.parent][cand.token])
+        rows, row = dist[cand.parent]
+        return base * rows.prob(row, cand.token)

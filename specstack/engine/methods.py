@@ -32,17 +32,24 @@ class MethodSpec:
 class DraftSources:
     """Where drafts come from. draft: a model name/path, a trained draft file (.safetensors), `default`
     (the trained draft shipped for the target), `self:N` (the target's first N layers and its head,
-    loaded in draft_dtype) or `magicdec:W`; ngram: a trained trigram file or `default`."""
+    loaded in draft_dtype) or `magicdec:W`; ngram: a trained trigram file or `default`.
+    draft_dtype None: int8 for a trained draft (int4 costs it acceptance: docs/BENCHMARKS.md, "Drafts
+    in int8"), int4 for a model or self:N draft."""
 
     draft: str | None = None
-    draft_dtype: str = "int4"
+    draft_dtype: str | None = None
     ngram: str | None = None
+
+    def draft_format(self, spec: str) -> str:
+        if self.draft_dtype is not None:
+            return self.draft_dtype
+        return "int8" if spec.endswith(".safetensors") else "int4"
 
 
 # defaults for the embedded model: the shipped SPIRe draft (specstack/data, docs/BENCHMARKS.md has the
 # command that trained it) and the shipped code trigram (see README)
 DEFAULT_SOURCES: dict[str, DraftSources] = {
-    "smollm2-135m": DraftSources(draft="default", draft_dtype="int4", ngram="default"),
+    "smollm2-135m": DraftSources(draft="default", ngram="default"),
 }
 
 # method -> parameters it accepts (all integers) with their defaults
@@ -132,18 +139,16 @@ def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> Dr
 
 def _load_draft_model(target: LoadedModel, spec: str, sources: DraftSources, device: str) -> LoadedModel:
     if spec.endswith(".safetensors"):  # a trained draft (specstack train-draft), sharing the target's embeddings
-        import torch
-
         from specstack.spire.store import load_draft_file
 
-        return load_draft_file(spec, target, torch.float32 if sources.draft_dtype == "fp32" else torch.bfloat16)
+        return load_draft_file(spec, target, sources.draft_format(spec))
     if spec.startswith("self:"):
         try:
             n = int(spec.removeprefix("self:"))
         except ValueError:
             raise SpecstackError(f"--draft {spec!r}: expected self:N with N layers") from None
-        return self_draft(target.source or target.name, n, sources.draft_dtype, device)
-    draft = load_model(spec, dtype=sources.draft_dtype, device=device, tokenizer=False)
+        return self_draft(target.source or target.name, n, sources.draft_format(spec), device)
+    draft = load_model(spec, dtype=sources.draft_format(spec), device=device, tokenizer=False)
     if draft.config.vocab_size != target.config.vocab_size:
         raise SpecstackError(f"draft {spec!r} has a vocabulary of {draft.config.vocab_size} tokens, "
                              f"the target {target.config.vocab_size}: they must share a tokenizer")

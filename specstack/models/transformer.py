@@ -39,8 +39,19 @@ Weight = torch.Tensor | Q4Weight
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # [B, T', V] float32: the rows asked for (all T by default)
+    logits: torch.Tensor  # [B, T', V'] float32: the rows asked for (all T by default)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, T, d]
+    # the token id of each logits column when the model scores only part of the vocabulary (a SPIRe
+    # draft's reduced vocabulary); None: V' = V, column j is token j
+    vocab_ids: torch.Tensor | None = None
+
+    def full_logits(self, vocab_size: int) -> torch.Tensor:
+        """[B, T', vocab_size]: -inf for the tokens a reduced-vocabulary model does not score."""
+        if self.vocab_ids is None:
+            return self.logits
+        full = self.logits.new_full((*self.logits.shape[:-1], vocab_size), float("-inf"))
+        full[..., self.vocab_ids] = self.logits
+        return full
 
 
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,6 +69,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm through LayerNorm's fused kernel: [x, -x] has mean 0 and variance mean(x^2), so its
+    first half normalised is x / sqrt(mean(x^2) + eps). On CPU F.rms_norm is a composite of ~8
+    kernels (18 us at d = 576 in fp32, 60 us in bf16); this is 4 (cat, neg, layer_norm, mul: 13 us)."""
+    d = x.shape[-1]
+    return F.layer_norm(torch.cat([x, x.neg()], dim=-1), (2 * d,), None, None, eps)[..., :d] * w
+
+
 class Norm(BoundModule):
     """RMSNorm (llama) or LayerNorm (gpt2) (bound: see models/bound.py)."""
 
@@ -72,10 +91,7 @@ class Norm(BoundModule):
         d = w.shape[0]
         if not self.rms:
             return lambda x: F.layer_norm(x, (d,), w, b, eps)
-        # RMSNorm through LayerNorm's fused kernel: [x, -x] has mean 0 and variance mean(x^2), so its
-        # first half normalised is x / sqrt(mean(x^2) + eps). On CPU F.rms_norm is a composite of
-        # ~8 kernels (18 us at d = 576); this is 4 (cat, neg, layer_norm, mul: 13 us), 61 times a step.
-        return lambda x: F.layer_norm(torch.cat([x, x.neg()], dim=-1), (2 * d,), None, None, eps)[..., :d] * w
+        return lambda x: rms_norm(x, w, eps)
 
 
 class Block(nn.Module):

@@ -89,7 +89,7 @@ def cmd_draft_acceptance(args: argparse.Namespace) -> int:
         raise SpecstackError("--device cuda requested but no CUDA device is available")
 
     target = load_model(args.target, dtype="bf16", device=device, tokenizer=False)
-    drafts = {d: load_draft_file(d, target, dtype=torch.float32).model for d in args.designs
+    drafts = {d: load_draft_file(d, target, "fp32").model for d in args.designs
               if d.split(":")[0] != "magicdec"}
     layers = sorted({i for m in drafts.values() for i in m.spire.target_layers})
     teacher = OnlineTeacher(target.model, held[:0], held, TeacherSpec(layers=tuple(layers)))

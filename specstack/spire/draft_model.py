@@ -43,7 +43,8 @@ from specstack.attention import AttentionBatch
 from specstack.cache import KVCache
 from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
-from specstack.models.transformer import ModelOutput, apply_rope, rope_tables
+from specstack.models.quant import QLinear
+from specstack.models.transformer import ModelOutput, apply_rope, rms_norm, rope_tables
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class DraftBlock(nn.Module):
         self.mix = nn.Parameter(mix)
 
     def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, x.shape[-1:], w.to(x.dtype), self.cfg.norm_eps)
+        return rms_norm(x, w.to(x.dtype), self.cfg.norm_eps)
 
     def qkv_heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """x [B, T, d] -> q [B, Hq, T, D], k, v [B, Hkv, T, D] (q and k rotated)."""
@@ -119,11 +120,11 @@ class DraftBlock(nn.Module):
         return qk[:, :, : cfg.n_heads].transpose(1, 2), qk[:, :, cfg.n_heads :].transpose(1, 2), v.transpose(1, 2)
 
     def memory_kv(self, memory: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values of memories [B, T, d], with the block's own projections."""
+        """Keys/values of memories [B, T, d], with the block's own projections (the whole qkv
+        projection, sliced: it works for every weight format, and q's share is 20 us a forward)."""
         cfg = self.cfg
         b, t, _ = memory.shape
-        w = self.qkv.weight[cfg.q_dim :]
-        kv = F.linear(self.norm(memory, self.attn_norm), w.to(memory.dtype))
+        kv = self.qkv(self.norm(memory, self.attn_norm))[..., cfg.q_dim :]
         k = apply_rope(kv[..., : cfg.kv_dim].view(b, t, cfg.n_kv_heads, cfg.head_dim), *rope)
         v = kv[..., cfg.kv_dim :].view(b, t, cfg.n_kv_heads, cfg.head_dim)
         return k.transpose(1, 2), v.transpose(1, 2)
@@ -154,6 +155,7 @@ class SpireDraft(nn.Module):
         # shared with the target, never stored with the draft: set by attach_target()
         self.register_buffer("embed", torch.zeros(0, cfg.d_model), persistent=False)
         self.register_buffer("head", torch.zeros(0, cfg.d_model), persistent=False)
+        self.head_q: QLinear | None = None  # the unembedding in a small weight format (quantize_)
         cos, sin = rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -194,7 +196,7 @@ class SpireDraft(nn.Module):
 
     def _fused(self, x0: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         """The stream's input: token embedding plus the projected top-level feature of the token before."""
-        f = F.rms_norm(prev, prev.shape[-1:], self.fuse_norm.to(prev.dtype), self.config.norm_eps)
+        f = rms_norm(prev, self.fuse_norm.to(prev.dtype), self.config.norm_eps)
         return x0 + self.fuse(f)
 
     def _previous_features(self, batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
@@ -217,8 +219,31 @@ class SpireDraft(nn.Module):
         return feat * cand.any(-1, keepdim=True)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.rms_norm(x, x.shape[-1:], self.norm.to(x.dtype), self.config.norm_eps),
-                        self.head.to(x.dtype))
+        h = rms_norm(x, self.norm.to(x.dtype), self.config.norm_eps)
+        if self.head_q is not None:
+            return self.head_q(h)
+        return F.linear(h, self.head.to(x.dtype))
+
+    @torch.no_grad()
+    def quantize_(self, fmt: str) -> SpireDraft:
+        """For inference: the blocks' linears, the feature projection and the (attached) unembedding
+        in a small weight format. At one row the CPU's bf16 matmul streams ~20 GB/s, the int8/int4
+        kernels ~35; from QLinear's wide_rows on they multiply by the dense copy (full bf16 speed)."""
+        if not self.head.numel():
+            raise ValueError("attach the target's embeddings before quantising the draft")
+
+        act = self.norm.dtype  # the kernels take fp32 activations too (a draft that computes in fp32)
+
+        def small(lin: nn.Module) -> QLinear:
+            return QLinear(lin.in_features, lin.out_features, fmt, device=self.device, activation=act).set_float(lin.weight)
+
+        for blk in self.layers:
+            blk.qkv, blk.o, blk.up, blk.down = small(blk.qkv), small(blk.o), small(blk.up), small(blk.down)
+        if self.spire.feature_input:
+            self.fuse = small(self.fuse)
+        self.head_q = QLinear(self.config.d_model, self.head.shape[0], fmt, device=self.device,
+                              activation=act).set_float(self.head)
+        return self
 
     def _levels_from_target(self, tokens: torch.Tensor, hidden: torch.Tensor) -> list[torch.Tensor]:
         """hidden [B, T, L, d] -> levels x^0..x^L: the embedding, then the target's hidden states."""
@@ -228,10 +253,9 @@ class SpireDraft(nn.Module):
     # -- the engine's forward -------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, cache: KVCache,
-                hidden_layers: Sequence[int] = ()) -> ModelOutput:
-        """Same contract as Transformer.forward; logits cover the full vocabulary (-inf outside vocab_ids)."""
-        cfg = self.config
-        b, t = tokens.shape
+                hidden_layers: Sequence[int] = (), logit_rows: slice = slice(None)) -> ModelOutput:
+        """Same contract as Transformer.forward; the logits' columns are the draft's vocabulary
+        (out.vocab_ids): spreading them over all 49k tokens cost more than the draft's head."""
         cache.begin_block(batch.positions, batch.append)
         rope = self._rope(batch.positions, self.norm.dtype)
         x = F.embedding(tokens, self.embed).to(self.norm.dtype)
@@ -242,7 +266,7 @@ class SpireDraft(nn.Module):
             q, k, v = blk.qkv_heads(x, rope)
             keys, values = cache.write(i, k, v)
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, is_causal=batch.is_causal,
-                                               enable_gqa=cfg.n_kv_heads != cfg.n_heads)
+                                               enable_gqa=self.config.n_kv_heads != self.config.n_heads)
             x = blk.finish(x, a)
             levels.append(x)
         if self.spire.feedback:  # later forwards see these tokens through their memories
@@ -250,9 +274,8 @@ class SpireDraft(nn.Module):
                 cache.write(i, *blk.memory_kv(self._memory(i, levels), rope))
         if self.spire.feature_input:
             cache.write_feature(x)
-        logits = torch.full((b, t, cfg.vocab_size), float("-inf"), device=x.device)
-        logits[:, :, self.vocab_ids] = self._logits(x).float()
-        return ModelOutput(logits, {j: levels[j] for j in hidden_layers})
+        return ModelOutput(self._logits(x[:, logit_rows]).float(), {j: levels[j] for j in hidden_layers},
+                           self.vocab_ids)
 
     @torch.inference_mode()
     def write_memories(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache) -> None:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 
+from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
 from specstack.models.loading import LoadedModel
+from specstack.models.quant import activation_dtype
 from specstack.models.transformer import rope_tables
 from specstack.spire.draft_model import SpireConfig, SpireDraft
 from specstack.spire.prune import shared_weights
@@ -59,8 +61,9 @@ def is_draft_file(path: str | Path) -> bool:
         return (f.metadata() or {}).get("format") == "specstack-spire-draft"
 
 
-def load_draft_file(path: str | Path, target: LoadedModel, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
-    """The draft in `path`, sharing `target`'s embedding and unembedding, computing in `dtype`."""
+def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") -> LoadedModel:
+    """The draft in `path`, sharing `target`'s embedding and unembedding, its weights in `fmt`
+    (fp32, bf16, or int8 / int4 for inference: see SpireDraft.quantize_)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -79,13 +82,17 @@ def load_draft_file(path: str | Path, target: LoadedModel, dtype: torch.dtype = 
     state = load_file(str(p))
     model = SpireDraft(config, state["vocab_ids"])
     model.load_state_dict(state, strict=True)
+    if fmt not in WEIGHT_FORMATS:
+        raise SpecstackError(f"unsupported draft weight format {fmt!r}; choose from {', '.join(WEIGHT_FORMATS)}")
+    dtype = activation_dtype(fmt)
     model = model.to(dtype=dtype, device=target.model.device).eval()
     model.rope_cos, model.rope_sin = (t.to(target.model.device) for t in rope_tables(config.model))  # fp32
     model.attach_target(*shared_weights(target.model))
     for prm in model.parameters():
         prm.requires_grad_(False)
-    return LoadedModel(f"spire:{p.stem}", model, None, config.model, "bf16" if dtype == torch.bfloat16 else "fp32",
-                       source=str(p))
+    if fmt in ("int8", "int4"):
+        model.quantize_(fmt)
+    return LoadedModel(f"spire:{p.stem}", model, None, config.model, fmt, source=str(p))
 
 
 def draft_info(path: str | Path) -> dict[str, str]:

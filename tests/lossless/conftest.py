@@ -93,11 +93,13 @@ def spire_lm(target: LoadedModel, keep: list[int], window=None, feedback: bool =
 def spire_drafts(tiny_models) -> dict[str, LoadedModel]:
     """For the tiny Llama target (3 blocks, V = 257): "spire", one block pruned from its last, a
     sliding window of 16 after 1 sink, random feedback mixes, a random feature input and a 200-token
-    vocabulary; "spire-exact",
+    vocabulary; "spire-int8", the same with int8 weights (the default for trained drafts); "spire-exact",
     all three blocks with one-hot mixes, a perfect draft (its own memories equal the target's)."""
     from specstack.config import WindowSpec
 
     target = tiny_models["llama"].lm
     vocab = torch.randperm(257, generator=torch.Generator().manual_seed(3))[:200].sort().values
+    int8 = spire_lm(target, [2], WindowSpec(1, 16), vocab_ids=vocab, feature_input=True)
+    int8.model.quantize_("int8")
     return {"spire": spire_lm(target, [2], WindowSpec(1, 16), vocab_ids=vocab, feature_input=True),
-            "spire-exact": spire_lm(target, [0, 1, 2], mix="own")}
+            "spire-int8": int8, "spire-exact": spire_lm(target, [0, 1, 2], mix="own")}

@@ -56,17 +56,20 @@ def test_first_two_tokens_follow_the_target(vocab8, config):
     check_first_two_tokens(target, ModelDrafter(draft, params), warp_args)
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "int8"])
 @pytest.mark.parametrize("config", ["chain2-t1", "tree2-4-2-2-k3-t0.7"])
-def test_spire_draft_first_two_tokens_follow_the_target(vocab8, config):
+def test_spire_draft_first_two_tokens_follow_the_target(vocab8, config, fmt):
     """The same with a SPIRe draft: pruned from the target's last block, reading its activations,
     a sliding window, random feedback mixes, feature input and a 7-token draft vocabulary (q = 0
-    outside it)."""
+    outside it); as trained (fp32) and with int8 weights (the default for trained drafts)."""
     from lossless.conftest import spire_lm
 
     from specstack.config import WindowSpec
 
     target, _ = vocab8
     draft = spire_lm(target, [1], WindowSpec(1, 3), vocab_ids=torch.tensor([0, 1, 2, 3, 4, 5, 7]), feature_input=True)
+    if fmt == "int8":
+        draft.model.quantize_("int8")
     params, warp_args = CONFIGS[config]
     check_first_two_tokens(target, ModelDrafter(draft, params), warp_args)
 

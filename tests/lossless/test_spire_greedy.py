@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("draft", ["spire", "spire-exact"])
+@pytest.mark.parametrize("draft", ["spire", "spire-int8", "spire-exact"])
 def test_spire_greedy_equals_autoregressive(tiny_llama, spire_drafts, shape, draft):
     params = SHAPES[shape]
     drafter = ModelDrafter(spire_drafts[draft], params)
@@ -40,7 +40,7 @@ def test_spire_greedy_equals_autoregressive(tiny_llama, spire_drafts, shape, dra
             assert all(st.accepted >= 1 for st in steps)
 
 
-@pytest.mark.parametrize("draft", ["spire", "spire-exact"])
+@pytest.mark.parametrize("draft", ["spire", "spire-int8", "spire-exact"])
 @pytest.mark.parametrize("oracle", [False, True])
 def test_spire_staged_greedy_equals_autoregressive(tiny_llama, spire_drafts, draft, oracle):
     source = RandomProposals(5, tiny_llama.lm if oracle else None)

@@ -132,10 +132,9 @@ def test_training_forward_matches_what_the_engine_runs(target, window, feature_i
         for j in range(3):
             t = t0 + j
             batch = build_batch(cache, 1, append=j > 0)
-            logits = draft.forward(tokens[:, t:t + 1], batch, cache).logits[0, 0]
-            full = torch.full((257,), float("-inf"))
-            full[draft.vocab_ids] = steps[j][0, t]
-            torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
+            out = draft.forward(tokens[:, t:t + 1], batch, cache)
+            assert out.vocab_ids is draft.vocab_ids  # its columns are the reduced vocabulary
+            torch.testing.assert_close(out.logits[0, 0], steps[j][0, t], atol=1e-4, rtol=1e-4)
 
 
 def test_a_few_training_steps_reduce_the_loss_and_raise_acceptance(target, tmp_path):
@@ -182,7 +181,7 @@ def test_save_and_load_round_trip(target, tmp_path):
             p.copy_(p.to(torch.bfloat16).float())
     path = tmp_path / "d.safetensors"
     save_draft(draft, path, {"target": "tiny"})
-    loaded = load_draft_file(path, target, dtype=torch.float32).model
+    loaded = load_draft_file(path, target, "fp32").model
     assert loaded.spire == draft.spire and torch.equal(loaded.vocab_ids, draft.vocab_ids)
     tokens = tokens_of(20, seed=5)
     _, hidden = target_logits_and_hidden(target, tokens, draft.target_hidden_layers)
@@ -304,3 +303,42 @@ def test_sequences_file_round_trip_and_errors(tmp_path):
     (tmp_path / "x.safetensors").write_text("not safetensors")
     with pytest.raises(SpecstackError, match="cannot read sequences"):
         load_sequences(tmp_path / "x.safetensors", 16, 1, 1)
+
+
+def test_an_int8_draft_computes_with_its_quantised_weights(target, tmp_path):
+    """Loaded as int8 (the default for trained drafts), every linear and the unembedding run the int8
+    kernel; the draft then computes what the same draft with those dequantised weights computes, and
+    differs from the unquantised draft by the quantisation only (fp32 activations, so that bf16
+    rounding does not blur the comparison)."""
+    draft = build_draft(target.model, 2, keep=[0, 2], window=WindowSpec(1, 8), vocab_ids=torch.arange(100, 257),
+                        feature_input=True)
+    randomise_mix(draft, seed=6)
+    path = tmp_path / "d.safetensors"
+    save_draft(draft, path, {"target": "tiny"})
+    loaded = load_draft_file(path, target, "int8")
+    assert loaded.fmt == "int8" and loaded.model.head_q.fmt == "int8" and loaded.model.norm.dtype == torch.bfloat16
+    small = load_draft_file(path, target, "fp32").model.quantize_("int8")
+    plain = load_draft_file(path, target, "fp32").model
+    same = load_draft_file(path, target, "fp32").model  # will get small's dequantised weights
+    linears = [(getattr(bs, n), getattr(bp, n)) for bs, bp in zip(small.layers, same.layers)
+               for n in ("qkv", "o", "up", "down")] + [(small.fuse, same.fuse)]
+    assert all(q.fmt == "int8" for q, _ in linears)
+    with torch.no_grad():
+        for q, lin in linears:
+            lin.weight.copy_(q.dequantized())
+        same.head = small.head_q.dequantized()
+
+    tokens = tokens_of(20, seed=7)
+    _, hidden = target_logits_and_hidden(target, tokens, draft.target_hidden_layers)
+
+    def run(model, width):  # 8 verified tokens from the target's activations, then 12 more in blocks
+        cache = model.new_cache(1, 24)
+        model.write_memories(tokens[:, :8], hidden[:, :8], cache)
+        return torch.cat([model.forward(tokens[:, i:i + width], build_batch(cache, width, append=i > 8), cache).logits
+                          for i in range(8, 20, width)], 1)
+
+    for width in (1, 12):  # the int8 kernel, and (from wide_rows on) the dense copy
+        out_small, out_same, out_plain = run(small, width), run(same, width), run(plain, width)
+        quant_err = (out_small - out_plain).abs().max()
+        assert quant_err > 1e-3  # the weights really are quantised
+        assert (out_small - out_same).abs().max() < 1e-2 * quant_err
