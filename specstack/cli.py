@@ -87,8 +87,9 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
 def add_method_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--method", default="ar", metavar="NAME[:k=v,...]",
-                   help="ar (default), chain[:k=4], tree[:width=4,budget=36,depth=8,expand=4], "
-                        "ngram[:width=1,depth=3], staged[:width=4,budget=36,depth=8]")
+                   help="ar (default), chain[:k=4], tree[:width=4,budget=36,depth=8,expand=4,cost=0], "
+                        "ngram[:width=1,depth=3,max=0,cost=0,match=3], "
+                        "staged[:width=4,budget=36,depth=8,cost=0,d2=0] (see README)")
     g.add_argument("--draft", default=None, metavar="MODEL",
                    help="draft: a model (shares the tokenizer), a trained draft FILE.safetensors "
                         "(specstack train-draft), self:N = the target's first N layers, or magicdec:W = the "

@@ -16,6 +16,7 @@ draw order: keeping the likeliest draws instead would bias RRS.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ import torch
 from specstack.attention import build_batch
 from specstack.config import SamplingParams, WindowSpec
 from specstack.drafting.base import DraftContext
+from specstack.drafting.draft_length import CostAwareBudget
 from specstack.errors import SpecstackError
 from specstack.models.loading import LoadedModel
 from specstack.models.transformer import ModelOutput
@@ -114,11 +116,18 @@ class NextTokens:
 
 
 class ModelDrafter:
+    # Under sampling, sampled children carry the draft's q and a tree of them is verified by recursive
+    # rejection sampling. A subclass whose trees are verified by sample-walk sets this False.
+    carries_q = True
+
     def __init__(self, draft: LoadedModel, params: TreeParams, capacity: int | None = None,
-                 window: WindowSpec | None = None) -> None:
-        """window: a sliding-window KV for the draft (MagicDec: the target itself as its own draft)."""
+                 window: WindowSpec | None = None, budget: CostAwareBudget | None = None) -> None:
+        """window: a sliding-window KV for the draft (MagicDec: the target itself as its own draft).
+        budget: verify each step only the nodes that pay for their width (at most params.budget);
+        it sizes trees of deterministic proposals only (see CostAwareBudget), else params.budget holds."""
         self.draft = draft
         self.params = params
+        self.budget = budget
         self.capacity = capacity
         cap = capacity or draft.config.max_seq_len + self._scratch_bound()
         self.cache = draft.model.new_cache(1, cap, window) if window else draft.model.new_cache(1, cap)
@@ -128,12 +137,16 @@ class ModelDrafter:
         self._cands: list[_Candidate] = []
         self._kids: dict[int, list[int]] = {}  # candidate -> its children candidates
         self._tree_ids: list[int] = []  # candidate index of each node in the proposed tree
+        self._sized = False  # this step's tree is sized by `budget`
+        self._t0 = 0.0  # when this step's proposal began
         self._vocab_src: torch.Tensor | None = None  # a reduced-vocabulary draft's column ids, mapped
         self._vocab: list[int] = []
         self._cols: dict[int, int] = {}
 
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         self.cache.reset()
+        if self.budget is not None:
+            self.budget.reset()
         self.pending = list(prompt_ids)
         if self.target_layers:  # the target's prefill gave the memories of all but the root
             self._remember(self.pending[:-1], target_hidden)
@@ -164,7 +177,7 @@ class ModelDrafter:
     def _add_children(self, parent: int, dists: NextTokens, row: int, ctx: DraftContext) -> None:
         """Add the top-`width` children of an expanded node (tokens already there are kept as they are)."""
         base = 1.0 if parent < 0 else self._cands[parent].score
-        q = None if ctx.sampling.greedy else dists.q(row)
+        q = None if ctx.sampling.greedy or not self.carries_q else dists.q(row)
         present = {self._cands[c].token for c in self._kids.get(parent, [])}
         for tok, prob in dists.children(row):
             if tok not in present:
@@ -199,9 +212,13 @@ class ModelDrafter:
         return 1.0 if c.parent < 0 else self._cands[c.parent].score
 
     def _selected(self) -> list[int]:
-        """Candidate ids of the target batch: the `budget` best, parents before children."""
-        order = sorted(range(len(self._cands)), key=lambda i: (-self._rank(i), i))
-        return sorted(order[: self.params.budget])
+        """Candidate ids of the target batch: the `budget` best (or as many of them as pay, for a
+        sized tree), parents before children."""
+        order = sorted(range(len(self._cands)), key=lambda i: (-self._rank(i), i))[: self.params.budget]
+        if self._sized:
+            n = self.budget.choose([self._cands[i].score for i in order], time.perf_counter() - self._t0)
+            order = order[:n]
+        return sorted(order)
 
     def _depth(self, i: int) -> int:
         d = 0
@@ -231,6 +248,8 @@ class ModelDrafter:
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         model = self.draft.model
+        self._t0 = time.perf_counter()
+        self._sized = self.budget is not None and (ctx.sampling.greedy or not self.carries_q)
         self._cands, self._kids = [], {}
         # 1. catch up on the pending tokens (the last one is the root): only the root's row is scored
         pend = torch.tensor([self.pending], device=model.device)
@@ -269,6 +288,8 @@ class ModelDrafter:
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
         """target_hidden [1, 1 + len(tree), L, d]: the target's hidden states of root + tree (rows as
         scored), for a draft with target_layers."""
+        if self._sized:
+            self.budget.observe([self._cands[c].score for c in self._tree_ids], len(result.accepted))
         if self.target_layers:  # root and accepted path stored from the target's activations
             rows = [0] + [a + 1 for a in result.accepted]
             self._remember(self.pending + [tree.tokens[a] for a in result.accepted],

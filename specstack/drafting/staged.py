@@ -22,6 +22,7 @@ import torch
 
 from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext
+from specstack.drafting.draft_length import CostAwareBudget
 from specstack.drafting.model import ModelDrafter, NextTokens, TreeParams, _Candidate
 from specstack.models.loading import LoadedModel
 from specstack.tree import DraftTree
@@ -36,11 +37,13 @@ class ProposalSource(Protocol):
 
 
 class StagedDrafter(ModelDrafter):
+    carries_q = False  # draft2's nodes have no q: every staged tree is verified by sample-walk
+
     def __init__(self, draft: LoadedModel, draft2: ProposalSource, params: TreeParams,
                  widths: Sequence[int] = PAPER_WIDTHS, capacity: int | None = None,
-                 window: WindowSpec | None = None) -> None:
+                 window: WindowSpec | None = None, budget: CostAwareBudget | None = None) -> None:
         self.widths = tuple(widths)
-        super().__init__(draft, params, capacity, window)
+        super().__init__(draft, params, capacity, window, budget)
         self.draft2 = draft2
 
     def _scratch_bound(self) -> int:
@@ -58,6 +61,8 @@ class StagedDrafter(ModelDrafter):
         dist: dict[int, tuple[NextTokens, int]] = {-1: (root, 0)}
         spine_end, spine_tokens = -1, []
         while self._depth(spine_end) < depth_limit:
+            if self._sized and spine_end >= 0 and spine_end not in self._selected():
+                break  # the spine left the nodes worth verifying: nothing deeper will be
             # 1. the draft's own next token at the spine end (its argmax is always a top child)
             token = self._best(dist, spine_end)
             nxt = self._child(spine_end, token)

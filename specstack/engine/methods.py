@@ -56,7 +56,9 @@ DEFAULT_SOURCES: dict[str, DraftSources] = {
 METHOD_PARAMS: dict[str, dict[str, int]] = {
     "ar": {},
     "chain": {"k": 4},
-    "tree": {"width": 4, "budget": 36, "depth": 8, "expand": 4},
+    # cost=1 (tree, staged): verify each step only the best nodes that pay for their width, by the
+    # draft's path probabilities and the target's measured forward cost per width (greedy and staged)
+    "tree": {"width": 4, "budget": 36, "depth": 8, "expand": 4, "cost": 0},
     # a 3-token chain suits the default int4 target, whose forward cost grows with every token;
     # on a bf16 target (wide forwards nearly free) width=12,depth=6 accepts more (docs/BENCHMARKS.md).
     # max=M > 0: a chain whose length follows BASS's dynamic rule, from `depth` up to M (0 = fixed);
@@ -65,7 +67,9 @@ METHOD_PARAMS: dict[str, dict[str, int]] = {
     # match=N: the longest suffix the context lookup matches (a longer match is both a surer proposal
     # and, for cost=1, sharper evidence)
     "ngram": {"width": 1, "depth": 3, "max": 0, "cost": 0, "match": 3},
-    "staged": {"width": 4, "budget": 36, "depth": 8},
+    # d2: draft2's proposal under each spine token: 0 = the paper's tree (widths 12, 7, 4, 1, 1, 1),
+    # N = a chain of N tokens (a narrower draft forward: on the 2-core CPU it pays, docs/BENCHMARKS.md)
+    "staged": {"width": 4, "budget": 36, "depth": 8, "cost": 0, "d2": 0},
 }
 
 
@@ -89,7 +93,9 @@ def parse_method(text: str) -> MethodSpec:
     if params.get("max") and (params["width"] != 1 or params["depth"] > params["max"]):
         raise SpecstackError(f"method {name!r}: a dynamic chain (max={params['max']}) needs width=1 and "
                              f"depth <= max, got width={params['width']}, depth={params['depth']}")
-    if params.get("cost") and (params["cost"] != 1 or not params["max"]):
+    if name != "ngram" and params.get("cost", 0) > 1:
+        raise SpecstackError(f"method {name!r}: cost is 0 or 1, got {params['cost']}")
+    if name == "ngram" and params["cost"] and (params["cost"] != 1 or not params["max"]):
         raise SpecstackError(f"method {name!r}: cost=1 chooses each chain's length up to max=M: give max=M "
                              f"(and cost is 0 or 1), got cost={params['cost']}, max={params['max']}")
     return MethodSpec(name, params)
@@ -172,6 +178,16 @@ def load_ngram(target: LoadedModel, sources: DraftSources) -> Any:
     return model
 
 
+def tree_budget(target: LoadedModel, p: dict[str, int]) -> Any:
+    """cost=1: a CostAwareBudget over the target's forward costs of widths 1 .. budget + 1, measured now."""
+    if not p["cost"]:
+        return None
+    from specstack.drafting.draft_length import CostAwareBudget
+    from specstack.engine.width_cost import measure_width_costs
+
+    return CostAwareBudget(measure_width_costs(target, p["budget"] + 1, repeats=3))
+
+
 def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources, device: str = "cpu") -> Drafter | None:
     from specstack.drafting.model import ModelDrafter, TreeParams
 
@@ -183,7 +199,8 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
         return ModelDrafter(d.lm, TreeParams.chain(p["k"]), window=d.window)
     if method.name == "tree":
         d = resolve_draft(target, sources, device)
-        return ModelDrafter(d.lm, TreeParams(p["width"], p["budget"], p["depth"], p["expand"]), window=d.window)
+        return ModelDrafter(d.lm, TreeParams(p["width"], p["budget"], p["depth"], p["expand"]), window=d.window,
+                            budget=tree_budget(target, p))
     if method.name == "ngram":
         from specstack.drafting.draft_length import (
             ChainLength,
@@ -205,8 +222,11 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
         from specstack.drafting.staged import StagedDrafter
 
         d = resolve_draft(target, sources, device)
+        from specstack.drafting.staged import PAPER_WIDTHS
+
         return StagedDrafter(d.lm, NgramDrafter(load_ngram(target, sources)),
-                             TreeParams(p["width"], p["budget"], p["depth"]), window=d.window)
+                             TreeParams(p["width"], p["budget"], p["depth"]), window=d.window,
+                             widths=(1,) * p["d2"] if p["d2"] else PAPER_WIDTHS, budget=tree_budget(target, p))
     raise SpecstackError(f"unknown method {method.name!r}")  # parse_method keeps this unreachable
 
 

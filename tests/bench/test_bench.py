@@ -276,6 +276,7 @@ def test_resume_skips_done_rows(tiny, bench, tmp_path, spy):
     (["--methods", "ngram:depth=9,max=8"], "depth <= max"),
     (["--methods", "ngram:cost=1"], "give max=M"),
     (["--methods", "ngram:max=8,cost=2"], "cost is 0 or 1"),
+    (["--methods", "staged:cost=2"], "cost is 0 or 1"),
     (["--methods", "ar", "--prompts", "mbpp"], "unknown prompt set 'mbpp'"),
     (["--methods", "ar", "--prompts", "/nonexistent/prompts.jsonl"], "prompt file not found"),
     (["--methods", "ar", "--limit", "0"], "--limit must be > 0"),

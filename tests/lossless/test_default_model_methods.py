@@ -17,7 +17,7 @@ PROMPTS = [
 ]
 METHODS = ["chain:k=3", "tree:width=3,budget=12,depth=4,expand=3", "ngram", "ngram:width=12,depth=6", "ngram:depth=2,max=8",
            "ngram:max=6,cost=1,match=6",
-           "staged:width=3,budget=16,depth=5"]
+           "staged:width=3,budget=16,depth=5", "staged:budget=8,cost=1,d2=3", "tree:budget=8,cost=1"]
 
 
 @pytest.fixture(scope="module")

@@ -72,6 +72,28 @@ def test_speculative_greedy_equals_autoregressive(tiny, drafts, shape):
                     assert all(st.accepted >= 1 for st in steps)
 
 
+@pytest.mark.parametrize("costs", ["flat", "steep"])
+def test_cost_sized_trees_equal_autoregressive(tiny, drafts, costs):
+    """Trees sized each step by the cost-aware budget (on a flat cost curve every node pays: the full
+    36-node tree; a wall after 3 nodes cuts them to 3 or fewer), from every draft: the output is
+    still autoregressive's."""
+    from specstack.drafting.draft_length import CostAwareBudget
+
+    curve = [1.0] * 37 if costs == "flat" else [1.0, 1.1, 1.2, 1.3] + [100.0] * 33
+    for d, name in enumerate(DRAFTS):
+        drafter = ModelDrafter(drafts[name], SHAPES["tree4-36-8-4"], budget=CostAwareBudget(curve))
+        sizes = []
+        for i in range(2 * d, 2 * d + 2):
+            prompt = PROMPTS[i % len(PROMPTS)]
+            out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+            assert out.tokens == ar_tokens(tiny, prompt), f"draft {name}, prompt {i % len(PROMPTS)}"
+            sizes += [st.tree_size for st in out.stats.steps]
+        if costs == "steep":
+            assert max(sizes) <= 3 and min(sizes) == 0  # the random draft's trees are not worth a node
+        else:
+            assert max(sizes) == 36
+
+
 @pytest.mark.parametrize("shape", ["chain4", "tree4-36-8-4"])
 @pytest.mark.parametrize("draft", ["target", "random"])
 def test_eos_inside_an_accepted_run(tiny, drafts, shape, draft):

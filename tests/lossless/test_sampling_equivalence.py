@@ -19,6 +19,7 @@ from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine.autoregressive import generate
 from specstack.engine.speculative import speculative_generate
 from specstack.sampling import warp
+from specstack.tree import DraftTree
 from specstack.verify import verify_rrs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -93,6 +94,33 @@ def test_ngram_dynamic_chain_first_two_tokens_follow_the_target(vocab8, warp_arg
     length = DynamicDraftLength(start=2, cap=4) if rule == "bass" else CostAwareLength([1.0, 1.05, 1.1, 2.0])
     drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=V), length=length)
     check_first_two_tokens(target, drafter, warp_args)
+
+
+class NextTwo:
+    """draft2 stand-in: the two tokens after the last one, as a chain (right about as often as chance)."""
+
+    def reset(self, prompt_ids) -> None:
+        pass
+
+    def proposal_tree(self, context, widths) -> DraftTree:
+        tree = DraftTree()
+        tree.add((context[-1] + 1) % V, -1, "draft2")
+        tree.add((context[-1] + 2) % V, 0, "draft2")
+        return tree
+
+
+@pytest.mark.parametrize("sized", [False, True])
+def test_staged_first_two_tokens_follow_the_target(vocab8, sized):
+    """Staged trees under sampling carry no q and are verified by sample-walk, at the fixed budget
+    and sized each step by the cost-aware budget (which reads every node's own draft probability:
+    harmless for sample-walk, which any tree built before the target's draws keeps lossless)."""
+    from specstack.drafting.draft_length import CostAwareBudget
+    from specstack.drafting.staged import StagedDrafter
+
+    target, draft = vocab8
+    budget = CostAwareBudget([1.0, 1.1, 1.2, 5.0, 5.0, 5.0, 5.0]) if sized else None
+    drafter = StagedDrafter(draft, NextTwo(), TreeParams(width=2, budget=6, depth=3), widths=(2, 1), budget=budget)
+    check_first_two_tokens(target, drafter, dict(temperature=1.0))
 
 
 def check_first_two_tokens(target, drafter, warp_args: dict) -> None:

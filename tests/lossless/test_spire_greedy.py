@@ -42,9 +42,16 @@ def test_spire_greedy_equals_autoregressive(tiny_llama, spire_drafts, shape, dra
 
 @pytest.mark.parametrize("draft", ["spire", "spire-int8", "spire-exact"])
 @pytest.mark.parametrize("oracle", [False, True])
-def test_spire_staged_greedy_equals_autoregressive(tiny_llama, spire_drafts, draft, oracle):
+@pytest.mark.parametrize("sized", [False, True])
+def test_spire_staged_greedy_equals_autoregressive(tiny_llama, spire_drafts, draft, oracle, sized):
+    """sized: trees cut each step by the cost-aware budget (a cost wall after 4 nodes), which also
+    stops the spine once it leaves the nodes worth verifying."""
+    from specstack.drafting.draft_length import CostAwareBudget
+
     source = RandomProposals(5, tiny_llama.lm if oracle else None)
-    drafter = StagedDrafter(spire_drafts[draft], source, TreeParams(width=3, budget=20, depth=6), widths=(4, 3, 2, 1, 1))
+    budget = CostAwareBudget([1.0, 1.1, 1.2, 1.3, 1.4] + [100.0] * 16) if sized else None
+    drafter = StagedDrafter(spire_drafts[draft], source, TreeParams(width=3, budget=20, depth=6), widths=(4, 3, 2, 1, 1),
+                            budget=budget)
     for prompt in PROMPTS[2:6]:
         assert speculative_generate(tiny_llama.lm, drafter, prompt, GEN).tokens == ar_tokens(tiny_llama, prompt)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
+from specstack.drafting.draft_length import CostAwareBudget, CostAwareLength, DynamicDraftLength
 
 
 def test_grows_by_two_when_a_row_accepts_everything_and_stops_at_the_cap():
@@ -91,3 +91,28 @@ def test_measured_width_costs_cover_each_width_and_never_fall(tiny_llama):
     assert costs == sorted(costs)
     with pytest.raises(ValueError, match="widths"):
         measure_width_costs(tiny_llama.lm, 0)
+
+
+# ---- cost-aware tree budget ----------------------------------------------------------------------
+def test_tree_budget_keeps_the_nodes_that_pay_for_their_width():
+    b = CostAwareBudget(COSTS)
+    # n = 1: 1.9 / 1.1 = 1.73; n = 2: 2.6 / 1.2 = 2.17; n = 3: 2.8 / 1.3 = 2.15; n = 4: 2.9 / 2.0
+    assert b.choose([0.9, 0.7, 0.2, 0.1]) == 2
+    assert b.choose([0.9, 0.7, 0.5, 0.4]) == 3  # n = 3: 3.1 / 1.3 = 2.38 against 2.6 / 1.2 = 2.17
+    assert b.choose([0.05, 0.04]) == 0  # unlikely nodes are not worth the wider forward
+    assert b.choose([]) == 0
+    # time already spent drafting makes the wider forward relatively cheaper:
+    # n = 3: 2.8 / 2.3 = 1.217 beats n = 2: 2.6 / 2.2 = 1.182
+    assert b.choose([0.9, 0.7, 0.2, 0.1], draft_seconds=1.0) == 3
+    assert b.largest() == 4 and b.choose([0.99] * 9) <= 4
+
+
+def test_tree_budget_calibrates_the_draft_probabilities_per_sequence():
+    b = CostAwareBudget(COSTS)
+    for _ in range(20):  # a draft that claims 0.8 for its first node and is never right
+        b.observe([0.8], 0)
+    assert b.choose([0.8, 0.6]) == 0  # c = 1 / 17: its scores are no longer believed
+    b.reset()
+    assert b.choose([0.8, 0.6]) == 2
+    with pytest.raises(ValueError, match="positive"):
+        CostAwareBudget([1.0, -1.0])
