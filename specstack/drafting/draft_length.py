@@ -141,8 +141,8 @@ class CostAwareBudget:
     A model draft scores every node with its cumulative draft probability s (the product of the
     draft's probabilities along the path); under greedy verification s estimates the chance that the
     target accepts the whole path, and the expected accepted nodes of a prefix-closed set is the sum
-    of their s (measured for the shipped SPIRe draft on HumanEval: predicted 1.72, accepted 1.67 tokens
-    a step at n = 3). With nodes in selection order (best first),
+    of their s (for the shipped SPIRe draft on 6 HumanEval prompts, with the drafter instrumented once:
+    1.72 predicted against 1.67 accepted tokens a step at n = 3). With nodes in selection order,
 
         n* = argmax over n in 0..len(scores) of  c * (1 + sum_{i<=n} s_i) / (draft + cost(1 + n)),
 
