@@ -23,9 +23,10 @@ from specstack.errors import SpecstackError
 from specstack.models.bound import BoundModule, Forward
 
 INT4_GROUP = 32
-# Rows from which int8/int4 layers multiply by their dense copy on CPU (measured on the 2-core CPU for
-# the default model, whole forwards: docs/BENCHMARKS.md, "Wide forwards on dense weights").
-WIDE_ROWS = 10
+# Rows from which int8/int4 layers multiply by their dense copy on CPU, measured on the 2-core CPU for
+# the default model's whole forwards (docs/BENCHMARKS.md, "Wide forwards on dense weights" and "The
+# int8 crossover"): the int8 kernel works in blocks of 4 rows and costs twice as much from the 5th.
+WIDE_ROWS: dict[str, int] = {"int8": 5, "int4": 10}
 _INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 _INT4_MM_CPU = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 _INT4_MM = torch.ops.aten._weight_int4pack_mm.default
@@ -75,7 +76,7 @@ class QLinear(BoundModule):
         # the dequantised weight for wide inputs (see the module docstring). A persistent buffer, so the
         # built-model cache stores it: the packed int4 layout is opaque, and re-deriving the copy through
         # the kernel takes ~1.7 s for the default model at every load
-        self._wide_rows: int | None = WIDE_ROWS if quantized else None
+        self._wide_rows: int | None = WIDE_ROWS.get(fmt)
         self.register_buffer("dense", torch.empty(out_features, k, dtype=act, device=device) if quantized else None)
         self.register_buffer("bias", torch.zeros(out_features, dtype=act, device=device) if bias else None)
 
