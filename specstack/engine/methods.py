@@ -33,8 +33,8 @@ class DraftSources:
     """Where drafts come from. draft: a model name/path, a trained draft file (.safetensors), `default`
     (the trained draft shipped for the target), `self:N` (the target's first N layers and its head,
     loaded in draft_dtype) or `magicdec:W`; ngram: a trained trigram file or `default`.
-    draft_dtype None: int8 for a trained draft (int4 costs it acceptance: docs/BENCHMARKS.md, "Drafts
-    in int8"), int4 for a model or self:N draft."""
+    draft_dtype None: int8 for a trained draft (faster than bf16 at one row, where int4 costs it
+    acceptance: docs/BENCHMARKS.md, "The draft's weight format"), int4 for a model or self:N draft."""
 
     draft: str | None = None
     draft_dtype: str | None = None

@@ -45,14 +45,6 @@ class ModelOutput:
     # draft's reduced vocabulary); None: V' = V, column j is token j
     vocab_ids: torch.Tensor | None = None
 
-    def full_logits(self, vocab_size: int) -> torch.Tensor:
-        """[B, T', vocab_size]: -inf for the tokens a reduced-vocabulary model does not score."""
-        if self.vocab_ids is None:
-            return self.logits
-        full = self.logits.new_full((*self.logits.shape[:-1], vocab_size), float("-inf"))
-        full[..., self.vocab_ids] = self.logits
-        return full
-
 
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and [-sin | sin] per position [max_seq_len, head_dim] (fp32) for `apply_rope`."""
