@@ -324,3 +324,26 @@ def ratio_table(folder: Path, pairs: Sequence[str]) -> str:
         lines.append(f"| {a} / {b} | {statistics.mean(r):.3f} | {geo:.3f} | {statistics.median(r):.3f} | "
                      f"{min(r):.2f} – {max(r):.2f} | {sum(x > 1 for x in r)} |")
     return "\n".join(lines)
+
+
+def phase_table(folder: Path) -> str:
+    """Where each method's time goes: milliseconds per target forward (a step) in each phase the
+    engine times (draft, target, verify, overhead; decode = the whole decoding loop), the prefill
+    per step, and the wall time per step, summed over the run's rows (peers time no phases and are
+    left out)."""
+    rows = read_rows(folder / "results.jsonl")
+    if not rows:
+        raise SpecstackError(f"{folder} has no results.jsonl rows")
+    order = ("prefill", "draft", "target", "verify", "overhead", "decode")
+    lines = ["| method | " + " | ".join(order) + " | wall | tokens per step |",
+             "|---|" + "---:|" * (len(order) + 2)]
+    for m in methods_in(rows):
+        mine = [r for r in rows if r["method"] == m and r.get("phases")]
+        steps = sum(r["target_forwards"] for r in mine)
+        if not steps:
+            continue
+        ms = {k: 1e3 * sum(r["phases"].get(k, 0.0) for r in mine) / steps for k in order}
+        cells = " | ".join(f"{ms[k]:.1f}" if any(k in r["phases"] for r in mine) else "–" for k in order)
+        wall = 1e3 * sum(r["seconds"] for r in mine) / steps
+        lines.append(f"| {m} | {cells} | {wall:.1f} | {sum(r['new_tokens'] for r in mine) / steps:.2f} |")
+    return "\n".join(lines)

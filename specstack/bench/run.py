@@ -6,6 +6,7 @@ otherwise use, on a prompt set, on this machine.
         [--draft X --draft-dtype D --ngram FILE] [--repeats R] [--threads N] --out DIR [--resume]
     specstack bench --compare DIR1 DIR2
     specstack bench --ratios DIR "ngram/llamacpp" "ar/hf"    (per-prompt ratios within one run)
+    specstack bench --phases DIR                            (where each method's time goes, per step)
 
 Methods are separated by ';' (commas separate one method's parameters; --methods may also be
 repeated). Engine methods take their parameters (`chain:k=4`); every method also takes `dtype=F`, the
@@ -86,6 +87,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="print the per-method change between two finished runs")
     p.add_argument("--ratios", nargs="+", default=None, metavar="DIR A/B",
                    help="print per-prompt tokens/s ratios of method A over method B in the run in DIR")
+    p.add_argument("--phases", default=None, metavar="DIR",
+                   help="print each method's milliseconds per step in each phase (draft, target, ...) of the run in DIR")
     p.set_defaults(func=run)
     return p
 
@@ -168,7 +171,7 @@ def check_args(args: argparse.Namespace) -> Plan:
     from specstack.models.registry import resolve
 
     if args.out is None:
-        raise SpecstackError("--out DIR is required (or --compare DIR1 DIR2, or --ratios DIR A/B)")
+        raise SpecstackError("--out DIR is required (or --compare DIR1 DIR2, --ratios DIR A/B, --phases DIR)")
     if args.prompts is None:
         raise SpecstackError("--prompts is required: humaneval, sharegpt, or a JSONL file")
     for flag, value in (("--limit", args.limit), ("--repeats", args.repeats), ("--threads", args.threads),
@@ -360,6 +363,11 @@ def run(args: argparse.Namespace) -> int:
         if len(args.ratios) < 2:
             raise SpecstackError("--ratios DIR A/B [C/D ...]: give the run folder and at least one pair")
         print(ratio_table(Path(args.ratios[0]), args.ratios[1:]))
+        return 0
+    if args.phases is not None:
+        from specstack.bench.report import phase_table
+
+        print(phase_table(Path(args.phases)))
         return 0
     plan = check_args(args)
 

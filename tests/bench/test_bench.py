@@ -184,6 +184,17 @@ def test_outputs_fields_and_speedups(tiny, bench, tmp_path):
         f"| chain:k=2 / ar | {statistics.mean(ratios):.3f} | {statistics.geometric_mean(ratios):.3f} | "
         f"{statistics.median(ratios):.3f} | {min(ratios):.2f} – {max(ratios):.2f} | {sum(r > 1 for r in ratios)} |")
 
+    code, table, _ = bench("--phases", str(out))
+    lines = table.splitlines()
+    assert code == 0 and not any(line.startswith("| hf |") for line in lines)  # peers time no phases
+    (row,) = [line for line in lines if line.startswith("| chain:k=2 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    steps = sum(r["target_forwards"] for r in chain)
+    assert float(cells[2]) == pytest.approx(1e3 * sum(r["phases"]["draft"] for r in chain) / steps, abs=0.051)
+    assert float(cells[7]) == pytest.approx(1e3 * sum(r["seconds"] for r in chain) / steps, abs=0.051)
+    assert float(cells[8]) == pytest.approx(5 * len(chain) / steps, abs=0.0051)
+    assert float(cells[6]) >= float(cells[2]) + float(cells[3]) - 0.1  # decode: the whole loop
+
 
 def test_identical_to_ar_false_when_a_method_differs(tiny, bench, tmp_path, monkeypatch, capsys):
     real = bench_run.run_method
@@ -285,11 +296,12 @@ def test_resume_skips_done_rows(tiny, bench, tmp_path, spy):
     (["--compare", "DIR", "DIR"], "has no summary.json"),
     (["--ratios", "DIR", "ar/hf"], "has no results.jsonl rows"),
     (["--ratios", "DIR"], "at least one pair"),
+    (["--phases", "DIR"], "has no results.jsonl rows"),
 ])
 def test_bad_arguments(bench, tmp_path, argv, message):
     argv = [a.replace("DIR", str(tmp_path)) for a in argv]
     base = ["--prompts", "humaneval"] if "--prompts" not in argv else []
-    out = [] if {"--no-out", "--compare", "--ratios"} & set(argv) else ["--out", str(tmp_path / "o")]
+    out = [] if {"--no-out", "--compare", "--ratios", "--phases"} & set(argv) else ["--out", str(tmp_path / "o")]
     code, stdout, err = bench(*base, *[a for a in argv if a != "--no-out"], *out)
     assert code == 2
     assert err.startswith("specstack: error: ") and err.count("\n") == 1, err
