@@ -219,11 +219,9 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
                             max_n=p["match"], length=length)
     if method.name == "staged":
         from specstack.drafting.ngram import NgramDrafter
-        from specstack.drafting.staged import StagedDrafter
+        from specstack.drafting.staged import PAPER_WIDTHS, StagedDrafter
 
         d = resolve_draft(target, sources, device)
-        from specstack.drafting.staged import PAPER_WIDTHS
-
         return StagedDrafter(d.lm, NgramDrafter(load_ngram(target, sources)),
                              TreeParams(p["width"], p["budget"], p["depth"]), window=d.window,
                              widths=(1,) * p["d2"] if p["d2"] else PAPER_WIDTHS, budget=tree_budget(target, p))

@@ -121,7 +121,7 @@ class DraftBlock(nn.Module):
 
     def memory_kv(self, memory: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys/values of memories [B, T, d], with the block's own projections (the whole qkv
-        projection, sliced: it works for every weight format, and q's share is 20 us a forward)."""
+        projection, sliced: it works for every weight format, and q's share costs about 20 us a forward)."""
         cfg = self.cfg
         b, t, _ = memory.shape
         kv = self.qkv(self.norm(memory, self.attn_norm))[..., cfg.q_dim :]
