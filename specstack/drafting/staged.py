@@ -61,11 +61,11 @@ class StagedDrafter(ModelDrafter):
         dist: dict[int, tuple[NextTokens, int]] = {-1: (root, 0)}
         spine_end, spine_tokens = -1, []
         while self._depth(spine_end) < depth_limit:
-            if self._sized and spine_end >= 0 and spine_end not in self._selected():
-                break  # the spine left the nodes worth verifying: nothing deeper will be
             # 1. the draft's own next token at the spine end (its argmax is always a top child)
             token = self._best(dist, spine_end)
             nxt = self._child(spine_end, token)
+            if self._sized and (nxt is None or nxt not in self._selected()):
+                break  # running it would only grow children that are not worth verifying
             if nxt is None:
                 nxt = self._new(_Candidate(token, spine_end, 0.0, None))
             # 2. draft2's proposal tree under it, mapped onto candidates (existing ones are reused)
