@@ -12,7 +12,9 @@ A fixed length wastes tokens in the second case and stops too early in the first
 """
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -75,6 +77,20 @@ class DynamicDraftLength:
         return self.value
 
 
+def best_prefix(gains: Sequence[float], costs: Sequence[float], fixed: float = 0.0) -> int:
+    """argmax over n in 0..len(gains) of (1 + sum_{i<n} gains[i]) / (fixed + costs[n]): how many of a
+    step's proposed tokens (best first, gains[i] the expected acceptance the (i+1)-th adds) to verify,
+    for expected emitted tokens per second; costs[T - 1] is a target forward over T tokens. Ties keep
+    the fewer tokens. The one rule behind CostAwareLength (chains) and CostAwareBudget (trees)."""
+    best, best_rate, expected = 0, 1.0 / (fixed + costs[0]), 1.0
+    for i, g in enumerate(gains[: len(costs) - 1]):
+        expected += g
+        rate = expected / (fixed + costs[i + 1])
+        if rate > best_rate:
+            best, best_rate = i + 1, rate
+    return best
+
+
 @dataclass
 class CostAwareLength:
     """Each step's chain length chosen to maximise expected emitted tokens per second of verification.
@@ -116,15 +132,8 @@ class CostAwareLength:
 
     def choose(self, classes: Sequence[Hashable]) -> int:
         """How many tokens of a proposed chain (classes[i]: the class of its (i+1)-th token) to verify."""
-        best, best_rate = 0, 1.0 / self.costs[0]
-        expected, survive = 1.0, 1.0
-        for i, cls in enumerate(classes[: self.longest()]):
-            survive *= self.p(cls)
-            expected += survive
-            rate = expected / self.costs[i + 1]
-            if rate > best_rate:
-                best, best_rate = i + 1, rate
-        return best
+        survive = itertools.accumulate((self.p(cls) for cls in classes[: self.longest()]), operator.mul)
+        return best_prefix(list(survive), self.costs)
 
     def observe(self, classes: Sequence[Hashable], accepted: int) -> None:
         """The verified chain had these classes and its first `accepted` tokens were accepted: every
@@ -174,13 +183,7 @@ class CostAwareBudget:
     def choose(self, scores: Sequence[float], draft_seconds: float = 0.0) -> int:
         """How many of the best-first nodes (scores[i]: the (i+1)-th node's cumulative probability) to verify."""
         c = self._accepted / self._predicted
-        best, best_rate, expected = 0, 1.0 / (draft_seconds + self.costs[0]), 1.0
-        for i, s in enumerate(scores[: self.largest()]):
-            expected += c * s
-            rate = expected / (draft_seconds + self.costs[i + 1])
-            if rate > best_rate:
-                best, best_rate = i + 1, rate
-        return best
+        return best_prefix([c * s for s in scores[: self.largest()]], self.costs, draft_seconds)
 
     def observe(self, scores: Sequence[float], accepted: int) -> None:
         """The verified nodes' scores, and how many nodes the target accepted."""

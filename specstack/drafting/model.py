@@ -85,6 +85,7 @@ class NextTokens:
     probs: torch.Tensor  # [T, V'] fp32
     ids: list[int] | None  # token id of each column; None: column j is token j
     cols: dict[int, int] | None  # token id -> column (None with ids None)
+    id_tensor: torch.Tensor | None  # ids as the model returned them (to spread q over the vocabulary)
     vocab_size: int
     kids: list[list[int]]  # per row: its children's columns, in draw order (see children_of)
     _full: torch.Tensor | None = None
@@ -111,7 +112,7 @@ class NextTokens:
             return self.probs[row]
         if self._full is None:
             self._full = self.probs.new_zeros(self.probs.shape[0], self.vocab_size)
-            self._full[:, torch.tensor(self.ids, device=self.probs.device)] = self.probs
+            self._full[:, self.id_tensor] = self.probs
         return self._full[row]
 
 
@@ -172,7 +173,7 @@ class ModelDrafter:
                 self._cols = {t: c for c, t in enumerate(self._vocab)}
             ids, cols = self._vocab, self._cols
         kids = children_of(probs, self.params.width, ctx.sampling, ctx.generator)
-        return NextTokens(probs, ids, cols, self.draft.config.vocab_size, kids)
+        return NextTokens(probs, ids, cols, out.vocab_ids, self.draft.config.vocab_size, kids)
 
     def _add_children(self, parent: int, dists: NextTokens, row: int, ctx: DraftContext) -> None:
         """Add the top-`width` children of an expanded node (tokens already there are kept as they are)."""

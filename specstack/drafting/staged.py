@@ -11,7 +11,8 @@ Round, after the catch-up forward that gives the root's draft distribution:
      (b) gives every node run its top-`width` children, candidates for the target's tree;
   until the spine reaches depth D. The target batch is then the `budget` best candidates by
   cumulative draft probability, exactly as for the best-first tree.
-Proposals are deterministic (q = None): under sampling the engine verifies by sample-walk.
+Nodes carry no q (draft2's proposals have none): under sampling the engine verifies every staged
+tree by sample-walk, lossless for any tree built before the target's draws.
 """
 from __future__ import annotations
 

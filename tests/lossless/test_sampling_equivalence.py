@@ -121,6 +121,9 @@ def test_staged_first_two_tokens_follow_the_target(vocab8, sized):
     budget = CostAwareBudget([1.0, 1.1, 1.2, 5.0, 5.0, 5.0, 5.0]) if sized else None
     drafter = StagedDrafter(draft, NextTwo(), TreeParams(width=2, budget=6, depth=3), widths=(2, 1), budget=budget)
     check_first_two_tokens(target, drafter, dict(temperature=1.0))
+    gen = GenerationConfig(max_new_tokens=12, stop_on_eos=False, sampling=SamplingParams(temperature=1.0, seed=1))
+    sizes = [st.tree_size for st in speculative_generate(target, drafter, PROMPT, gen).stats.steps]
+    assert (max(sizes) <= 2) if sized else (max(sizes) > 2)  # a third node never pays before the cost wall
 
 
 def check_first_two_tokens(target, drafter, warp_args: dict) -> None:
