@@ -179,13 +179,14 @@ def load_ngram(target: LoadedModel, sources: DraftSources) -> Any:
 
 
 def tree_budget(target: LoadedModel, p: dict[str, int]) -> Any:
-    """cost=1: a CostAwareBudget over the target's forward costs of widths 1 .. budget + 1, measured now."""
+    """cost=1: a CostAwareBudget over the target's forward costs of widths 1 .. budget + 1
+    (measured once per machine and target format: engine/width_cost.py)."""
     if not p["cost"]:
         return None
     from specstack.drafting.draft_length import CostAwareBudget
-    from specstack.engine.width_cost import measure_width_costs
+    from specstack.engine.width_cost import width_costs
 
-    return CostAwareBudget(measure_width_costs(target, p["budget"] + 1, repeats=3))
+    return CostAwareBudget(width_costs(target, p["budget"] + 1))
 
 
 def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources, device: str = "cpu") -> Drafter | None:
@@ -208,11 +209,11 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
             DynamicDraftLength,
         )
         from specstack.drafting.ngram import NgramDrafter
-        from specstack.engine.width_cost import measure_width_costs
+        from specstack.engine.width_cost import width_costs
 
         length: ChainLength | None = None
-        if p["cost"]:  # the forward costs of widths 1 .. max + 1, measured now on this target (~2 s)
-            length = CostAwareLength(measure_width_costs(target, p["max"] + 1))
+        if p["cost"]:  # the target's forward costs of widths 1 .. max + 1 (measured once, then stored)
+            length = CostAwareLength(width_costs(target, p["max"] + 1))
         elif p["max"]:
             length = DynamicDraftLength(start=p["depth"], cap=p["max"])
         return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1),

@@ -6,15 +6,70 @@ is a step function (blocks of four rows in the int4 kernel), on a bf16 one nearl
 measured, once per loaded target: chain forwards of T = 1 .. n tokens over a committed context,
 interleaved across widths (drift hits all widths alike), median per width, made non-decreasing (a
 wider forward never costs less; the median of a few noisy samples sometimes says so).
+
+`width_costs` keeps each measured curve on disk (SPECSTACK_CACHE/width_costs.json), keyed by what the
+curve depends on: the model's shape and weight format, the device, the thread count, the torch
+version and the CPU. A cost-sized method then starts at once instead of measuring for seconds at
+every start; delete the file to measure again (after a change of machine load, say).
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
-from specstack.models.loading import LoadedModel
+from specstack.models.loading import LoadedModel, cache_root
+
+STORE_NAME = "width_costs.json"
+
+
+def width_costs(lm: LoadedModel, widths: int, repeats: int = 3) -> list[float]:
+    """The forward costs of widths 1 .. `widths` (seconds), from the store or measured and stored.
+    A stored curve at least as wide serves any narrower request (its prefix)."""
+    if widths < 1:
+        raise ValueError(f"need widths >= 1, got {widths}")
+    path = cache_root() / STORE_NAME
+    key = curve_key(lm)
+    store = _read(path)
+    known = store.get(key)
+    if isinstance(known, list) and len(known) >= widths and all(isinstance(c, float) and c > 0 for c in known):
+        return known[:widths]
+    costs = measure_width_costs(lm, widths, repeats=repeats)
+    store = _read(path)  # another process may have written meanwhile
+    store[key] = costs
+    _write(path, store)
+    return costs
+
+
+def curve_key(lm: LoadedModel) -> str:
+    """What a width-cost curve depends on (not the weights' values: a forward's time does not)."""
+    from specstack.bench.peers import cpu_model
+
+    what = [repr(lm.config), lm.fmt, lm.model.device.type, torch.get_num_threads(), torch.__version__, cpu_model()]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
+
+
+def _read(path: Path) -> dict[str, object]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}  # missing or damaged: measure again (and rewrite it whole)
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, store: dict[str, object]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(store, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)  # atomic: a reader never sees half a file
+    except OSError:
+        pass  # a read-only cache only costs the next start a measurement
 
 
 def measure_width_costs(lm: LoadedModel, widths: int, context: int = 256, repeats: int = 5,

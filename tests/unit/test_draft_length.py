@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specstack.drafting.draft_length import CostAwareBudget, CostAwareLength, DynamicDraftLength
 
@@ -91,6 +92,43 @@ def test_measured_width_costs_cover_each_width_and_never_fall(tiny_llama):
     assert costs == sorted(costs)
     with pytest.raises(ValueError, match="widths"):
         measure_width_costs(tiny_llama.lm, 0)
+
+
+def test_width_costs_are_measured_once_then_read_from_the_store(tiny_llama, monkeypatch, tmp_path):
+    from specstack.engine import width_cost
+
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
+    calls: list[int] = []
+    real = width_cost.measure_width_costs
+
+    def counted(lm, widths, **kw):
+        calls.append(widths)
+        return real(lm, widths, context=32, repeats=1)
+
+    monkeypatch.setattr(width_cost, "measure_width_costs", counted)
+    first = width_cost.width_costs(tiny_llama.lm, 5)
+    assert calls == [5] and len(first) == 5 and first == sorted(first)
+    assert (tmp_path / width_cost.STORE_NAME).is_file()
+    assert width_cost.width_costs(tiny_llama.lm, 5) == first  # from the store
+    assert width_cost.width_costs(tiny_llama.lm, 3) == first[:3]  # a narrower request: the prefix
+    assert calls == [5]
+    wider = width_cost.width_costs(tiny_llama.lm, 7)  # wider than stored: measured again, and kept
+    assert calls == [5, 7] and len(wider) == 7
+    assert width_cost.width_costs(tiny_llama.lm, 6) == wider[:6] and calls == [5, 7]
+    # another thread count is another curve
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        width_cost.width_costs(tiny_llama.lm, 2)
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [5, 7, 2]
+    # a damaged store is measured again and rewritten whole
+    (tmp_path / width_cost.STORE_NAME).write_text("{not json", encoding="utf-8")
+    assert len(width_cost.width_costs(tiny_llama.lm, 4)) == 4 and calls == [5, 7, 2, 4]
+    assert width_cost.width_costs(tiny_llama.lm, 4) and calls == [5, 7, 2, 4]
+    with pytest.raises(ValueError, match="widths"):
+        width_cost.width_costs(tiny_llama.lm, 0)
 
 
 # ---- cost-aware tree budget ----------------------------------------------------------------------
