@@ -4,7 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specstack.drafting.draft_length import CostAwareBudget, CostAwareLength, DynamicDraftLength
+from specstack.drafting.draft_length import (
+    CostAwareBudget,
+    CostAwareLength,
+    DynamicDraftLength,
+)
 
 
 def test_grows_by_two_when_a_row_accepts_everything_and_stops_at_the_cap():
