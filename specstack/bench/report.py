@@ -5,7 +5,9 @@ Speed-ups are per prompt: a method's tokens/s on a prompt (the mean over its rep
 baseline's on the same prompt; `mean_speedup_vs_X` / `median_speedup_vs_X` are the mean / median of
 those ratios over the prompts both ran. `tokens_per_s` is total tokens / total seconds. `tau` is
 total tokens / total target forwards that produced tokens (rows that report one). `identical_rate`
-is the share of rows whose tokens equal the greedy `ar` reference (null when sampling).
+is the share of rows whose tokens equal the greedy `ar` reference (null when sampling). `origins` is
+the share of emitted tokens by who produced them (target, draft model, draft2 = the trigram, context
+lookup), over the rows that report origins (our methods; null for the peers).
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from specstack.errors import SpecstackError
 
 Row = dict[str, Any]
 SUMMARY_FIELDS = ("dtype", "prompts", "rows", "new_tokens", "seconds", "tokens_per_s", "mean_speedup_vs_hf",
-                  "median_speedup_vs_hf", "mean_speedup_vs_ar", "median_speedup_vs_ar", "tau", "identical_rate")
+                  "median_speedup_vs_hf", "mean_speedup_vs_ar", "median_speedup_vs_ar", "tau", "identical_rate",
+                  "origins")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -48,6 +51,22 @@ def prompt_speedups(rows: Sequence[Row], method: str, baseline: str) -> dict[str
     return {t: mine[t] / base[t] for t in mine if t in base and base[t] > 0}
 
 
+def origin_shares(rows: Sequence[Row]) -> dict[str, float] | None:
+    """Share of the emitted tokens by origin over `rows` (those that report origins), in the token-origin
+    view's order; None when no row reports them."""
+    from specstack.report.origins import ORIGINS
+
+    counts: dict[str, int] = defaultdict(int)
+    for r in rows:
+        for origin, n in (r.get("origins") or {}).items():
+            counts[origin] += n
+    total = sum(counts.values())
+    if not total:
+        return None
+    order = [o for o in ORIGINS if o in counts] + sorted(o for o in counts if o not in ORIGINS)
+    return {o: counts[o] / total for o in order if counts[o]}
+
+
 def _mean_median(values: Sequence[float]) -> tuple[float | None, float | None]:
     return (statistics.mean(values), statistics.median(values)) if values else (None, None)
 
@@ -72,6 +91,7 @@ def summarize(rows: Sequence[Row], ar: str | None, hf: str | None,
         s["tau"] = sum(r["new_tokens"] for r in with_tau) / forwards if forwards > 0 else None
         checked = [r["identical_to_ar"] for r in mine if r.get("identical_to_ar") is not None]
         s["identical_rate"] = sum(checked) / len(checked) if checked else None
+        s["origins"] = origin_shares(mine)
         out[m] = s
     return out
 
@@ -83,17 +103,25 @@ def _f(v: Any, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if v is None else format(v, spec) + suffix
 
 
+def origins_text(shares: Mapping[str, float] | None) -> str:
+    """`64 % target, 36 % draft` (– when unknown)."""
+    if not shares:
+        return "–"
+    return ", ".join(("< 1" if v < 0.005 else f"{100 * v:.0f}") + f" % {o}" for o, v in shares.items())
+
+
 def summary_table(summary: Mapping[str, Mapping[str, Any]], hf: str | None, ar: str | None) -> str:
     hf, ar = hf or "hf", ar or "ar"
     lines = [f"| method | dtype | prompts | tokens | seconds | tokens/s | mean speed-up vs {hf} | median vs {hf} | "
-             f"mean speed-up vs {ar} | median vs {ar} | tau | identical to ar |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"mean speed-up vs {ar} | median vs {ar} | tau | identical to ar | tokens by origin |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for m, s in summary.items():
         lines.append(f"| {m} | {s['dtype']} | {s['prompts']} | {s['new_tokens']} | {s['seconds']:.1f} | "
                      f"{_f(s['tokens_per_s'], '.1f')} | {_f(s['mean_speedup_vs_hf'])} | "
                      f"{_f(s['median_speedup_vs_hf'])} | "
                      f"{_f(s['mean_speedup_vs_ar'])} | {_f(s['median_speedup_vs_ar'])} | {_f(s['tau'])} | "
-                     f"{_f(None if s['identical_rate'] is None else 100 * s['identical_rate'], '.0f', ' %')} |")
+                     f"{_f(None if s['identical_rate'] is None else 100 * s['identical_rate'], '.0f', ' %')} | "
+                     f"{origins_text(s.get('origins'))} |")
     return "\n".join(lines)
 
 

@@ -116,6 +116,18 @@ def test_summary_speedups_by_hand():
     assert s["hf"]["tau"] is None and s["hf"]["identical_rate"] is None
     assert s["hf"]["tokens_per_s"] == pytest.approx(30 / (10 / 4 + 10 / 6 + 10 / 10))
     assert report.summarize(rows, ar=None, hf=None)["spec"]["mean_speedup_vs_hf"] is None
+    assert s["hf"]["origins"] is None  # no row of it reports origins
+
+
+def test_origin_shares_by_hand():
+    rows = [{"origins": {"target": 6, "draft": 3}}, {"origins": {"context": 2, "target": 4, "draft2": 5}},
+            {"origins": None}, {}]
+    shares = report.origin_shares(rows)
+    assert list(shares) == ["target", "draft", "draft2", "context"]  # the token-origin view's order
+    assert shares == pytest.approx({"target": 0.5, "draft": 0.15, "draft2": 0.25, "context": 0.1})
+    assert report.origins_text(shares) == "50 % target, 15 % draft, 25 % draft2, 10 % context"
+    assert report.origin_shares([{"origins": {}}, {}]) is None and report.origins_text(None) == "–"
+    assert report.origins_text({"target": 0.996, "draft2": 0.004}) == "100 % target, < 1 % draft2"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -166,10 +178,16 @@ def test_outputs_fields_and_speedups(tiny, bench, tmp_path):
     assert s["median_speedup_vs_hf"] == pytest.approx(statistics.median(mine[t] / hf[t] for t in mine))
     assert s["mean_speedup_vs_ar"] == pytest.approx(statistics.mean(mine[t] / ar[t] for t in mine))
     assert s["identical_rate"] == 1.0 and doc["methods"]["hf"]["mean_speedup_vs_hf"] == pytest.approx(1.0)
+    counts = {o: sum(r["origins"].get(o, 0) for r in chain) for o in ("target", "draft")}
+    assert s["origins"] == pytest.approx({o: n / (5 * len(chain)) for o, n in counts.items() if n})
+    assert sum(s["origins"].values()) == pytest.approx(1.0) and doc["methods"]["ar"]["origins"] == {"target": 1.0}
+    assert doc["methods"]["hf"]["origins"] is None
 
     md = (out / "summary.md").read_text()
     assert md in stdout
     assert "specstack bench" in md and "| chain:k=2 | fp32 |" in md
+    (chain_line,) = [line for line in md.splitlines() if line.startswith("| chain:k=2 |")]
+    assert chain_line.endswith(f"| {report.origins_text(s['origins'])} |") and "% target" in chain_line
     assert "llamacpp: skipped (the model is not a GGUF" in md
     assert "threads" in md and "torch" in md
     assert "chain:k=2" in (out / "origins.html").read_text()
