@@ -3,7 +3,7 @@
 A cost-aware draft length (drafting/draft_length.py) needs this curve, and it is a property of the
 machine, the weight format and the thread count, not something to assume: on an int4 CPU target it
 is a step function (blocks of four rows in the int4 kernel), on a bf16 one nearly flat. So it is
-measured, once per loaded target: chain forwards of T = 1 .. n tokens over a committed context,
+measured (`measure_width_costs`): chain forwards of T = 1 .. n tokens over a committed context,
 interleaved across widths (drift hits all widths alike), median per width, made non-decreasing (a
 wider forward never costs less; the median of a few noisy samples sometimes says so).
 
