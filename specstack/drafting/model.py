@@ -61,11 +61,12 @@ class _Candidate:
 
 
 def children_of(probs: torch.Tensor, width: int, sampling: SamplingParams,
-                generator: torch.Generator | None) -> list[list[int]]:
-    """Children columns of every row of probs [T, V']. Greedy: the top-`width` columns. Sampling:
-    `width` draws without replacement from each row (Gumbel top-k), in draw order, as recursive
-    rejection sampling expects. Zero-probability columns are never children. One top-k call for
-    the whole block: per-row calls cost 0.16 ms each at 49k columns, ~80 rows a staged step."""
+                generator: torch.Generator | None) -> list[list[tuple[int, float]]]:
+    """(column, prob) of the children of every row of probs [T, V']. Greedy: the top-`width`
+    columns. Sampling: `width` draws without replacement from each row (Gumbel top-k), in draw
+    order, as recursive rejection sampling expects. Zero-probability columns are never children.
+    One top-k call for the whole block: per-row calls cost 0.16 ms each at 49k columns, ~80 rows a
+    staged step; the probabilities come from one gather, not an index per child."""
     k = min(width, probs.shape[-1])
     if sampling.greedy:
         idx = torch.topk(probs, k, dim=-1).indices
@@ -73,7 +74,7 @@ def children_of(probs: torch.Tensor, width: int, sampling: SamplingParams,
         u = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(1e-20, 1.0)
         idx = torch.topk(probs.log() - (-u.log()).log(), k, dim=-1).indices
     vals = probs.gather(-1, idx)
-    return [[c for c, v in zip(ri, rv) if v > 0] for ri, rv in zip(idx.tolist(), vals.tolist())]
+    return [[(c, v) for c, v in zip(ri, rv) if v > 0] for ri, rv in zip(idx.tolist(), vals.tolist())]
 
 
 @dataclass
@@ -87,7 +88,7 @@ class NextTokens:
     cols: dict[int, int] | None  # token id -> column (None with ids None)
     id_tensor: torch.Tensor | None  # ids as the model returned them (to spread q over the vocabulary)
     vocab_size: int
-    kids: list[list[int]]  # per row: its children's columns, in draw order (see children_of)
+    kids: list[list[tuple[int, float]]]  # per row: its children's (column, prob), in draw order (children_of)
     _full: torch.Tensor | None = None
 
     def token(self, col: int) -> int:
@@ -95,8 +96,7 @@ class NextTokens:
 
     def children(self, row: int) -> list[tuple[int, float]]:
         """(token, prob) of the row's top-`width` children."""
-        p = self.probs[row]
-        return [(self.token(c), float(p[c])) for c in self.kids[row]]
+        return [(self.token(c), prob) for c, prob in self.kids[row]]
 
     def best(self, row: int) -> int:
         """The row's most likely token (its first child when greedy)."""

@@ -67,6 +67,8 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    if fmt not in WEIGHT_FORMATS:  # before any reading
+        raise SpecstackError(f"unsupported draft weight format {fmt!r}; choose from {', '.join(WEIGHT_FORMATS)}")
     p = Path(path)
     if not p.is_file():
         raise SpecstackError(f"draft file not found: {p}")
@@ -82,8 +84,6 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
     state = load_file(str(p))
     model = SpireDraft(config, state["vocab_ids"])
     model.load_state_dict(state, strict=True)
-    if fmt not in WEIGHT_FORMATS:
-        raise SpecstackError(f"unsupported draft weight format {fmt!r}; choose from {', '.join(WEIGHT_FORMATS)}")
     dtype = activation_dtype(fmt)
     model = model.to(dtype=dtype, device=target.model.device).eval()
     model.rope_cos, model.rope_sin = (t.to(target.model.device) for t in rope_tables(config.model))  # fp32

@@ -87,7 +87,7 @@ def _tree_builder(widths: tuple[int, ...], children) -> TreeBuilder:
 def sampled_tree(widths: tuple[int, ...]) -> TreeBuilder:
     """Children drawn from the draft's q without replacement (drafting.model.children_of, Gumbel
     top-k, in draw order), each carrying that q: an RRS tree."""
-    return _tree_builder(widths, lambda toy, c, w, g: [(t, toy.q(c)) for t in children_of(toy.q(c)[None], w, toy.sampling, g)[0]])
+    return _tree_builder(widths, lambda toy, c, w, g: [(t, toy.q(c)) for t, _ in children_of(toy.q(c)[None], w, toy.sampling, g)[0]])
 
 
 def fixed_tree(widths: tuple[int, ...]) -> TreeBuilder:

@@ -8,6 +8,7 @@ from lossless.conftest import save_llama
 
 from specstack.attention import build_batch
 from specstack.config import WindowSpec
+from specstack.errors import SpecstackError
 from specstack.models.loading import load_model
 from specstack.spire.distill import (
     TrainParams,
@@ -188,6 +189,10 @@ def test_save_and_load_round_trip(target, tmp_path):
     for a, b in zip(loaded.train_forward(tokens, hidden, 2), draft.train_forward(tokens, hidden, 2)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert path.stat().st_size < 2 * sum(p.numel() for p in draft.parameters()) + 4096  # no embeddings inside
+    with pytest.raises(SpecstackError, match="unsupported draft weight format 'fp16'"):
+        load_draft_file(path, target, "fp16")
+    with pytest.raises(SpecstackError, match="unsupported draft weight format"):  # checked before the file
+        load_draft_file(tmp_path / "missing.safetensors", target, "q4")
 
 
 def test_the_shipped_draft_loads_and_is_described_for_the_throughput_model():
