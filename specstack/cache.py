@@ -119,6 +119,16 @@ class KVCache:
             s_used = max(self.lengths) + self.scratch
         return self._k_layer[layer][:, :, :s_used], self._v_layer[layer][:, :, :s_used]
 
+    def write_layers(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write every layer's k, v [layers, B, Hkv, T, D] to the scratch slots at once (a draft
+        replacing its tokens' keys/values by their memories after the pass)."""
+        if self.batch_size == 1:  # one copy per tensor instead of one per layer
+            self.k.index_copy_(3, self._write_idx, k)
+            self.v.index_copy_(3, self._write_idx, v)
+            return
+        for layer in range(k.shape[0]):
+            self.write(layer, k[layer], v[layer])
+
     def write_feature(self, x: torch.Tensor) -> None:
         """Store features x [B, T, feature_dim] at the current block's scratch slots."""
         if self.batch_size == 1:

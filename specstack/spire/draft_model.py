@@ -106,9 +106,17 @@ class DraftBlock(nn.Module):
         mix = torch.zeros(n_levels)
         mix[layer] = 2.0
         self.mix = nn.Parameter(mix)
+        self.kv: QLinear | None = None  # quantize_: the k/v rows of qkv in the small format
 
     def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, w.to(x.dtype), self.cfg.norm_eps)
+
+    def kv_proj(self, h: torch.Tensor) -> torch.Tensor:
+        """Keys and values [.., 2 * kv_dim] of normed memories: qkv's k/v rows only. A memory needs
+        no query, and the q rows are 60 % of qkv's weights, read cold after each target forward."""
+        if self.kv is not None:
+            return self.kv(h)
+        return F.linear(h, self.qkv.weight[self.cfg.q_dim :].to(h.dtype))
 
     def qkv_heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """x [B, T, d] -> q [B, Hq, T, D], k, v [B, Hkv, T, D] (q and k rotated)."""
@@ -118,16 +126,6 @@ class DraftBlock(nn.Module):
         qk = apply_rope(qkv[..., : cfg.q_dim + cfg.kv_dim].view(b, t, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim), *rope)
         v = qkv[..., cfg.q_dim + cfg.kv_dim :].view(b, t, cfg.n_kv_heads, cfg.head_dim)
         return qk[:, :, : cfg.n_heads].transpose(1, 2), qk[:, :, cfg.n_heads :].transpose(1, 2), v.transpose(1, 2)
-
-    def memory_kv(self, memory: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values of memories [B, T, d], with the block's own projections (the whole qkv
-        projection, sliced: it works for every weight format, and q's share costs about 20 us a forward)."""
-        cfg = self.cfg
-        b, t, _ = memory.shape
-        kv = self.qkv(self.norm(memory, self.attn_norm))[..., cfg.q_dim :]
-        k = apply_rope(kv[..., : cfg.kv_dim].view(b, t, cfg.n_kv_heads, cfg.head_dim), *rope)
-        v = kv[..., cfg.kv_dim :].view(b, t, cfg.n_kv_heads, cfg.head_dim)
-        return k.transpose(1, 2), v.transpose(1, 2)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual after attention [B, Hq, T, D], then the SwiGLU MLP."""
@@ -188,11 +186,29 @@ class SpireDraft(nn.Module):
     def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rope_cos[pos].unsqueeze(-2).to(dtype), self.rope_sin[pos].unsqueeze(-2).to(dtype)
 
-    def _memory(self, i: int, levels: Sequence[torch.Tensor]) -> torch.Tensor:
-        if not self.spire.feedback:
-            return levels[i]  # a plain decoder: block i keeps its own input
-        w = torch.softmax(self.layers[i].mix.float(), 0).to(levels[0].dtype)
-        return sum(w[j] * lv for j, lv in enumerate(levels))
+    def _memories_kv(self, levels: Sequence[torch.Tensor],
+                     rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values [layers, B, Hkv, T, D] that every block keeps for tokens whose levels x^0..x^L
+        ([B, T, d] each) are known: block i's memory is its mix of the levels (its own input level
+        without feedback), normed and projected by its qkv's k/v rows (kv_proj). All blocks at once
+        (one mix, one norm, one RoPE, one cache write): at one token per forward these small kernels
+        cost more than the projections themselves."""
+        cfg = self.config
+        n = len(self.layers)
+        if self.spire.feedback:
+            # one fp32 matmul [layers, levels] @ [levels, B*T*d]: 15 us at any T, where bf16's is 50 us
+            w = torch.softmax(torch.stack([blk.mix for blk in self.layers]).float(), -1)
+            stacked = torch.stack(list(levels))
+            memories = torch.mm(w, stacked.view(len(levels), -1).float()).to(stacked.dtype).view(n, *stacked.shape[1:])
+        else:
+            memories = torch.stack(list(levels[:n]))  # a plain decoder: block i keeps its own input
+        norm_w = torch.stack([blk.attn_norm for blk in self.layers]).to(memories.dtype)[:, None, None]
+        h = rms_norm(memories, norm_w, cfg.norm_eps)
+        kv = torch.stack([blk.kv_proj(h[i]) for i, blk in enumerate(self.layers)])
+        _, b, t, _ = kv.shape
+        k = apply_rope(kv[..., : cfg.kv_dim].view(n, b, t, cfg.n_kv_heads, cfg.head_dim), *rope)
+        v = kv[..., cfg.kv_dim :].view(n, b, t, cfg.n_kv_heads, cfg.head_dim)
+        return k.transpose(2, 3), v.transpose(2, 3)
 
     def _fused(self, x0: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         """The stream's input: token embedding plus the projected top-level feature of the token before."""
@@ -206,12 +222,14 @@ class SpireDraft(nn.Module):
         pos = batch.positions
         b, t = pos.shape
         d = self.config.d_model
-        start = torch.tensor(cache.block_start(), device=pos.device)
-        s = int(start.max())
+        starts = cache.block_start()
+        s = max(starts)
         if s == 0:
             return torch.zeros(b, t, d, dtype=self.norm.dtype, device=pos.device)
-        slot = torch.arange(s, device=pos.device)
-        cand = (cache.slot_pos[:, :s].unsqueeze(1) == (pos - 1).unsqueeze(-1)) & (slot < start[:, None, None])
+        cand = cache.slot_pos[:, :s].unsqueeze(1) == (pos - 1).unsqueeze(-1)
+        if min(starts) < s:  # a row whose block starts earlier: its slots from there are this block's own
+            slot = torch.arange(s, device=pos.device)
+            cand &= slot < torch.tensor(starts, device=pos.device)[:, None, None]
         if batch.mask is not None:
             cand &= batch.mask[:, 0, :, :s]
         idx = cand.int().argmax(-1)
@@ -238,6 +256,9 @@ class SpireDraft(nn.Module):
             return QLinear(lin.in_features, lin.out_features, fmt, device=self.device, activation=act).set_float(lin.weight)
 
         for blk in self.layers:
+            # the k/v rows quantised on their own give the same codes and scales (per-row formats)
+            blk.kv = QLinear(blk.qkv.in_features, 2 * self.config.kv_dim, fmt, device=self.device,
+                             activation=act).set_float(blk.qkv.weight[self.config.q_dim :])
             blk.qkv, blk.o, blk.up, blk.down = small(blk.qkv), small(blk.o), small(blk.up), small(blk.down)
         if self.spire.feature_input:
             self.fuse = small(self.fuse)
@@ -270,8 +291,7 @@ class SpireDraft(nn.Module):
             x = blk.finish(x, a)
             levels.append(x)
         if self.spire.feedback:  # later forwards see these tokens through their memories
-            for i, blk in enumerate(self.layers):
-                cache.write(i, *blk.memory_kv(self._memory(i, levels), rope))
+            cache.write_layers(*self._memories_kv(levels, rope))
         if self.spire.feature_input:
             cache.write_feature(x)
         return ModelOutput(self._logits(x[:, logit_rows]).float(), {j: levels[j] for j in hidden_layers},
@@ -286,8 +306,7 @@ class SpireDraft(nn.Module):
         cache.begin_block(pos)
         rope = self._rope(pos, self.norm.dtype)
         levels = self._levels_from_target(tokens, hidden)
-        for i, blk in enumerate(self.layers):
-            cache.write(i, *blk.memory_kv(self._memory(i, levels), rope))
+        cache.write_layers(*self._memories_kv(levels, rope))
         if self.spire.feature_input:
             cache.write_feature(levels[-1])
         cache.commit_all()
@@ -313,8 +332,8 @@ class SpireDraft(nn.Module):
                                                                  enable_gqa=gqa))
             return [self._logits(x)] * steps  # its own memories at every step: one pass says it all
         levels_t = [x0] + [target_hidden[:, :, j].float() for j in range(target_hidden.shape[2])]
-        target_kv = [blk.memory_kv(self._memory(i, levels_t), rope) for i, blk in enumerate(self.layers)]
-        draft_kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per step, per block
+        target_kv = self._memories_kv(levels_t, rope)  # (k, v), each [layers, B, Hkv, T, D]
+        draft_kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step
         diag = torch.eye(t, dtype=torch.bool, device=tokens.device)
         outs = []
         tops = [levels_t[-1]]  # top-level features: the target's, then each draft step's
@@ -329,13 +348,13 @@ class SpireDraft(nn.Module):
                 x = self._fused(x0, prev)
             for i, blk in enumerate(self.layers):
                 q, k, v = blk.qkv_heads(x, rope)
-                ks = [target_kv[i][0]] + [draft_kv[j - r - 1][i][0] for r in range(1, j)] + [k]
-                vs = [target_kv[i][1]] + [draft_kv[j - r - 1][i][1] for r in range(1, j)] + [v]
+                ks = [target_kv[0][i]] + [draft_kv[j - r - 1][0][i] for r in range(1, j)] + [k]
+                vs = [target_kv[1][i]] + [draft_kv[j - r - 1][1][i] for r in range(1, j)] + [v]
                 a = F.scaled_dot_product_attention(q, torch.cat(ks, 2).to(q.dtype), torch.cat(vs, 2).to(q.dtype),
                                                    attn_mask=mask, enable_gqa=gqa)
                 x = blk.finish(x, a)
                 levels.append(x)
-            draft_kv.append([blk.memory_kv(self._memory(i, levels), rope) for i, blk in enumerate(self.layers)])
+            draft_kv.append(self._memories_kv(levels, rope))
             tops.append(x)
             outs.append(self._logits(x))
         return outs

@@ -69,6 +69,27 @@ def test_commit_prefix_keeps_first_tokens_without_moving_data():
     assert cache.committed_positions(0) == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_write_layers_replaces_every_layers_block_at_once(batch):
+    """A draft rewrites its new tokens' keys/values in every layer at once (its memories): the block's
+    slots hold the new values in each layer and row, and nothing else changes."""
+    cache = make(batch)
+    put(cache, [[1, 2, 3]] * batch)
+    cache.commit_prefix([3] * batch)
+    put(cache, [[10, 11]] * batch)
+    before = cache.k.clone()
+    m = torch.tensor([[20.0, 21.0]] * batch)
+    k = torch.stack([(1000.0 * layer + m)[:, None, :, None].expand(batch, CFG.n_kv_heads, 2, CFG.head_dim)
+                     for layer in range(CFG.n_layers)])
+    cache.write_layers(k.contiguous(), -k.contiguous())
+    for row in range(batch):
+        for layer in range(CFG.n_layers):
+            assert markers_at(cache, row, range(5), layer) == [1, 2, 3, 20, 21]
+    assert torch.equal(cache.k[..., 5:, :], before[..., 5:, :])  # slots after the block untouched
+    cache.commit_prefix([2] * batch)
+    assert committed(cache, batch - 1) == [1, 2, 3, 20, 21]
+
+
 def test_commit_prefix_rejects_more_than_the_block():
     cache = make()
     put(cache, [[1, 2]])

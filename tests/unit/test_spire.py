@@ -347,3 +347,18 @@ def test_an_int8_draft_computes_with_its_quantised_weights(target, tmp_path):
         quant_err = (out_small - out_plain).abs().max()
         assert quant_err > 1e-3  # the weights really are quantised
         assert (out_small - out_same).abs().max() < 1e-2 * quant_err
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_a_quantised_drafts_memory_projection_is_exactly_the_kv_rows_of_its_qkv(target, fmt):
+    """Memories need keys and values only: a quantised draft projects them with its own copy of qkv's
+    k/v rows. The formats quantise each row on its own, so the copy must give exactly the k/v columns
+    of the full projection, at one row (the small format's kernel) and wide (the dense copy)."""
+    draft = build_draft(target.model, 2, keep=[0, 2], window=WindowSpec(1, 8))
+    draft = draft.to(torch.bfloat16).quantize_(fmt)
+    q_dim = draft.config.q_dim
+    for rows in (1, 12):
+        h = torch.randn(1, rows, draft.config.d_model, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        for blk in draft.layers:
+            assert blk.kv.fmt == fmt
+            assert torch.equal(blk.kv_proj(h), blk.qkv(h)[..., q_dim:])
