@@ -4,7 +4,8 @@ A cost-aware draft length (drafting/draft_length.py) needs this curve, and it is
 machine, the weight format and the thread count, not something to assume: on an int4 CPU target it
 is a step function (blocks of four rows in the int4 kernel), on a bf16 one nearly flat. So it is
 measured (`measure_width_costs`): chain forwards of T = 1 .. n tokens over a committed context,
-interleaved across widths (drift hits all widths alike), median per width, made non-decreasing (a
+interleaved across widths in a new random order each round (drift and the previous forward's
+after-effects hit all widths alike), median per width, made non-decreasing (a
 wider forward never costs less; the median of a few noisy samples sometimes says so).
 
 `width_costs` keeps each measured curve on disk (SPECSTACK_CACHE/width_costs.json), keyed by what the
@@ -26,9 +27,12 @@ import torch
 from specstack.models.loading import LoadedModel, cache_root
 
 STORE_NAME = "width_costs.json"
+# part of every curve's key: a change to how curves are measured retires the curves measured before it
+# (2: widths in a new random order each round)
+MEASURE_VERSION = 2
 
 
-def width_costs(lm: LoadedModel, widths: int, repeats: int = 3) -> list[float]:
+def width_costs(lm: LoadedModel, widths: int, repeats: int = 5) -> list[float]:
     """The forward costs of widths 1 .. `widths` (seconds), from the store or measured and stored.
     A stored curve at least as wide serves any narrower request (its prefix)."""
     if widths < 1:
@@ -50,7 +54,8 @@ def curve_key(lm: LoadedModel) -> str:
     """What a width-cost curve depends on (not the weights' values: a forward's time does not)."""
     from specstack.bench.peers import cpu_model
 
-    what = [repr(lm.config), lm.fmt, lm.model.device.type, torch.get_num_threads(), torch.__version__, cpu_model()]
+    what = [repr(lm.config), lm.fmt, lm.model.device.type, torch.get_num_threads(), torch.__version__, cpu_model(),
+            MEASURE_VERSION]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
 
 
@@ -89,9 +94,12 @@ def measure_width_costs(lm: LoadedModel, widths: int, context: int = 256, repeat
     blocks = [torch.randint(0, cfg.vocab_size, (1, t), generator=gen).to(lm.model.device) for t in range(1, widths + 1)]
     times: list[list[float]] = [[] for _ in blocks]
     for r in range(warmup + repeats):
-        for t, block in enumerate(blocks):
+        # a new order every round: a forward right after the widest one (dense copies streamed, 2.6 x
+        # a one-token step) ran up to 25 % slower, which in a fixed order always hit T = 1 and made
+        # T = 2..4 look free
+        for t in torch.randperm(len(blocks), generator=gen).tolist():
             t0 = time.perf_counter()
-            chain(block)
+            chain(blocks[t])
             if r >= warmup:
                 times[t].append(time.perf_counter() - t0)
     costs = [statistics.median(ts) for ts in times]
