@@ -94,9 +94,8 @@ def measure_width_costs(lm: LoadedModel, widths: int, context: int = 256, repeat
     blocks = [torch.randint(0, cfg.vocab_size, (1, t), generator=gen).to(lm.model.device) for t in range(1, widths + 1)]
     times: list[list[float]] = [[] for _ in blocks]
     for r in range(warmup + repeats):
-        # a new order every round: a forward right after the widest one (dense copies streamed, 2.6 x
-        # a one-token step) ran up to 25 % slower, which in a fixed order always hit T = 1 and made
-        # T = 2..4 look free
+        # a new order every round: a forward right after the widest one (through the dense copies)
+        # ran up to 25 % slower, which in a fixed order always hit T = 1 and made T = 2..4 look free
         for t in torch.randperm(len(blocks), generator=gen).tolist():
             t0 = time.perf_counter()
             chain(blocks[t])

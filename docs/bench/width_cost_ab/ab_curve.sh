@@ -1,5 +1,6 @@
 #!/bin/bash
-# A/B of the stored int4 width-cost curve: the old (fixed-order, T=1 inflated) against the new one
+# A/B of the stored int4 width-cost curve: the old (fixed-order, T=1 inflated) against the new one.
+# The key prefixes are this machine's curves (f2c5e57e: measured the old way, 7d139caf: the new way).
 cd /work/main
 F=/root/.cache/specstack/width_costs.json
 cp $F /work/runs/s15/width_costs.new.json
