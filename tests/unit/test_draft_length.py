@@ -98,6 +98,33 @@ def test_measured_width_costs_cover_each_width_and_never_fall(tiny_llama):
         measure_width_costs(tiny_llama.lm, 0)
 
 
+def test_each_width_is_timed_in_a_new_order_every_round(tiny_llama, monkeypatch):
+    """On the CPU a forward right after the widest one runs slow. Timed in a fixed order, that always
+    hit T = 1 and made T = 2..4 look as cheap as one token. On a simulated clock where a forward costs
+    its width, plus 10 right after the widest, each width's median must be its own cost."""
+    from types import SimpleNamespace
+
+    from specstack.bench import forward
+    from specstack.engine import width_cost
+
+    widths, clock, order = 6, [0.0], []
+
+    def steps(lm, ctx, n):
+        def chain(block):
+            t = block.shape[1]
+            clock[0] += t + (10.0 if order and order[-1] == widths else 0.0)
+            order.append(t)
+        return {f"specstack {lm.fmt} chain": chain}
+
+    monkeypatch.setattr(forward, "ours_forward_steps", steps)
+    monkeypatch.setattr(width_cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    costs = width_cost.measure_width_costs(tiny_llama.lm, widths, repeats=5)
+    assert costs == [float(t) for t in range(1, widths + 1)]
+    rounds = [order[i:i + widths] for i in range(0, len(order), widths)]
+    assert len(rounds) == 6 and all(sorted(r) == list(range(1, widths + 1)) for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # the order changes between rounds
+
+
 def test_width_costs_are_measured_once_then_read_from_the_store(tiny_llama, monkeypatch, tmp_path):
     from specstack.engine import width_cost
 
