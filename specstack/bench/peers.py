@@ -1,6 +1,6 @@
 """What people would otherwise use, run on the same model file: Hugging Face transformers (`generate`,
 prompt lookup, assisted generation) and llama.cpp (llama-cpp-python, plain and with prompt lookup);
-plus the machine description every benchmark prints beside its numbers.
+the machine description every benchmark prints beside its numbers is specstack/machine.py.
 
 Every generate function here takes prompt token ids and returns exactly `n` new token ids: EOS does
 not stop it (as the engine with stop_on_eos=False), so tokens/s compare like with like.
@@ -8,11 +8,7 @@ not stop it (as the engine with stop_on_eos=False), so tokens/s compare like wit
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import importlib.metadata
-import platform
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,35 +17,6 @@ from specstack.config import SamplingParams
 from specstack.models.registry import ModelSource
 
 HF_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-# ---------------------------------------------------------------------------------------------------
-# Machine
-# ---------------------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def versions() -> dict[str, str | None]:
-    return {"specstack": _version("specstack"), "torch": torch.__version__, "transformers": _version("transformers"),
-            "llama-cpp-python": _version("llama_cpp_python"), "python": platform.python_version()}
-
-
-def now() -> str:
-    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ RESUME_KEYS = ("model", "prompts", "max_new_tokens", "temperature", "top_k", "to
 # ---------------------------------------------------------------------------------------------------
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `bench` on the CLI's subparsers; the parser's `func` is `run`."""
-    from specstack.cli import _finite_float
+    from specstack.cli.app import _finite_float
 
     p = subparsers.add_parser("bench", help="benchmark methods and peers on a prompt set",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -323,7 +323,7 @@ def command_line() -> str:
 
 def _meta(plan: Plan, args: argparse.Namespace, methods: Sequence[BenchMethod], skipped: dict[str, str],
           notes: list[str], threads: int) -> dict[str, Any]:
-    from specstack.bench.peers import cpu_model, now, versions
+    from specstack.machine import cpu_model, now, versions
 
     ars = [m for m in methods if m.name == "ar"]
     ar = next((m for m in ars if m.dtype == plan.settings["dtype"]), ars[0] if ars else None)
@@ -375,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specstack.bench.datasets import SHAREGPT_MAX_PROMPT_TOKENS, iter_prompts, select_prompts
     from specstack.bench.peers import hf_dtype
-    from specstack.engine.methods import DEFAULT_SOURCES, DraftSources, build_drafter
+    from specstack.engine.methods import DraftSources, build_drafter
     from specstack.models.loading import load_model
     from specstack.prompts import encode_prompt
 
@@ -392,9 +392,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = select_prompts(iter_prompts(args.prompts), lambda p: encode_prompt(first.tokenizer, p.text, chat=p.chat),
                              args.limit, first.config.max_seq_len, plan.new_tokens, skip_long=sharegpt,
                              max_prompt_tokens=SHAREGPT_MAX_PROMPT_TOKENS if sharegpt else None)
-    defaults = DEFAULT_SOURCES.get(first.name, DraftSources())
-    sources = DraftSources(draft=args.draft or defaults.draft, draft_dtype=args.draft_dtype or defaults.draft_dtype,
-                           ngram=args.ngram or defaults.ngram)
+    sources = DraftSources.for_model(first.name, args.draft, args.draft_dtype, args.ngram)
     tok = first.tokenizer
     peers = Peers(args.model, sources, plan.sampling, args.device, threads,
                   tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)

@@ -25,10 +25,9 @@ from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext
 from specstack.drafting.draft_length import CostAwareBudget
 from specstack.drafting.model import ModelDrafter, NextTokens, TreeParams, _Candidate
+from specstack.drafting.ngram import STAGED_WIDTHS
 from specstack.models.loading import LoadedModel
 from specstack.tree import DraftTree
-
-PAPER_WIDTHS = (12, 7, 4, 1, 1, 1)
 
 
 class ProposalSource(Protocol):
@@ -41,7 +40,7 @@ class StagedDrafter(ModelDrafter):
     carries_q = False  # draft2's nodes have no q: every staged tree is verified by sample-walk
 
     def __init__(self, draft: LoadedModel, draft2: ProposalSource, params: TreeParams,
-                 widths: Sequence[int] = PAPER_WIDTHS, capacity: int | None = None,
+                 widths: Sequence[int] = STAGED_WIDTHS, capacity: int | None = None,
                  window: WindowSpec | None = None, budget: CostAwareBudget | None = None) -> None:
         self.widths = tuple(widths)
         super().__init__(draft, params, capacity, window, budget)

@@ -40,6 +40,15 @@ class DraftSources:
     draft_dtype: str | None = None
     ngram: str | None = None
 
+    @classmethod
+    def for_model(cls, model_name: str, draft: str | None = None, draft_dtype: str | None = None,
+                  ngram: str | None = None) -> DraftSources:
+        """The sources a user asked for, each one not given taken from the model's defaults: the one
+        place where command-line choices and per-model defaults merge."""
+        defaults = DEFAULT_SOURCES.get(model_name, cls())
+        return cls(draft=draft or defaults.draft, draft_dtype=draft_dtype or defaults.draft_dtype,
+                   ngram=ngram or defaults.ngram)
+
     def draft_format(self, spec: str) -> str:
         if self.draft_dtype is not None:
             return self.draft_dtype
@@ -131,7 +140,7 @@ def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> Dr
     drafting with a sliding-window KV of 1 sink + W positions)."""
     spec = sources.draft or f"self:{max(1, target.config.n_layers // 8)}"
     if spec == "default":
-        from specstack.spire.store import resolve_default_draft
+        from specstack.models.draft_file import resolve_default_draft
 
         spec = resolve_default_draft(spec, target.name)
     if spec.startswith("magicdec:"):
@@ -145,7 +154,7 @@ def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> Dr
 
 def _load_draft_model(target: LoadedModel, spec: str, sources: DraftSources, device: str) -> LoadedModel:
     if spec.endswith(".safetensors"):  # a trained draft (specstack train-draft), sharing the target's embeddings
-        from specstack.spire.store import load_draft_file
+        from specstack.models.draft_file import load_draft_file
 
         return load_draft_file(spec, target, sources.draft_format(spec))
     if spec.startswith("self:"):
@@ -162,7 +171,7 @@ def _load_draft_model(target: LoadedModel, spec: str, sources: DraftSources, dev
 
 
 def load_ngram(target: LoadedModel, sources: DraftSources) -> Any:
-    from specstack.drafting.ngram import KatzTrigram, default_ngram_path
+    from specstack.drafting.katz import KatzTrigram, default_ngram_path
 
     path = sources.ngram
     if path in (None, "default"):
@@ -219,13 +228,13 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
         return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1),
                             max_n=p["match"], length=length)
     if method.name == "staged":
-        from specstack.drafting.ngram import NgramDrafter
-        from specstack.drafting.staged import PAPER_WIDTHS, StagedDrafter
+        from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
+        from specstack.drafting.staged import StagedDrafter
 
         d = resolve_draft(target, sources, device)
         return StagedDrafter(d.lm, NgramDrafter(load_ngram(target, sources)),
                              TreeParams(p["width"], p["budget"], p["depth"]), window=d.window,
-                             widths=(1,) * p["d2"] if p["d2"] else PAPER_WIDTHS, budget=tree_budget(target, p))
+                             widths=(1,) * p["d2"] if p["d2"] else STAGED_WIDTHS, budget=tree_budget(target, p))
     raise SpecstackError(f"unknown method {method.name!r}")  # parse_method keeps this unreachable
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from specstack.engine.timing import forward_steps, random_context
+from specstack.machine import cpu_model
 from specstack.models.loading import LoadedModel, cache_root
 
 STORE_NAME = "width_costs.json"
@@ -52,8 +54,6 @@ def width_costs(lm: LoadedModel, widths: int, repeats: int = 5) -> list[float]:
 
 def curve_key(lm: LoadedModel) -> str:
     """What a width-cost curve depends on (not the weights' values: a forward's time does not)."""
-    from specstack.bench.peers import cpu_model
-
     what = [repr(lm.config), lm.fmt, lm.model.device.type, torch.get_num_threads(), torch.__version__, cpu_model(),
             MEASURE_VERSION]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
@@ -80,16 +80,11 @@ def _write(path: Path, store: dict[str, object]) -> None:
 def measure_width_costs(lm: LoadedModel, widths: int, context: int = 256, repeats: int = 5,
                         warmup: int = 1) -> list[float]:
     """Seconds of a target forward over T = 1 .. `widths` tokens after `context` committed ones."""
-    from specstack.bench.forward import (  # the benchmark's scratch-only forward
-        context_ids,
-        ours_forward_steps,
-    )
-
     if widths < 1 or repeats < 1:
         raise ValueError(f"need widths >= 1 and repeats >= 1, got {widths}, {repeats}")
     cfg = lm.config
-    ctx = context_ids(None, max(1, min(context, cfg.max_seq_len - widths)), cfg.vocab_size)
-    chain = ours_forward_steps(lm, ctx, widths)[f"specstack {lm.fmt} chain"]
+    ctx = random_context(max(1, min(context, cfg.max_seq_len - widths)), cfg.vocab_size)
+    chain = forward_steps(lm, ctx, widths)[f"specstack {lm.fmt} chain"]
     gen = torch.Generator().manual_seed(0)
     blocks = [torch.randint(0, cfg.vocab_size, (1, t), generator=gen).to(lm.model.device) for t in range(1, widths + 1)]
     times: list[list[float]] = [[] for _ in blocks]

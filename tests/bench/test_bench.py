@@ -13,7 +13,7 @@ import pytest
 
 import specstack.bench.run as bench_run
 from specstack.bench import datasets, report
-from specstack.cli import main
+from specstack.cli.app import main
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL
 
@@ -343,7 +343,7 @@ def test_prompt_sets(tmp_path):
         list(datasets.iter_prompts(str(bad)))
 
     # a JSON array read item by item across small chunks; a truncated last item ends it
-    items = datasets._json_array_items(io.StringIO('[ {"a": [1, 2]},\n {"b": "x]y"} , {"c"'), chunk=3)
+    items = datasets.json_array_items(io.StringIO('[ {"a": [1, 2]},\n {"b": "x]y"} , {"c"'), chunk=3)
     assert list(items) == [{"a": [1, 2]}, {"b": "x]y"}]
 
     ids = {"a": [1, 2], "b": [1] * 40, "c": [3]}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import specstack.cli
+import specstack.cli.app
 from specstack.models.registry import DEFAULT_MODEL
 
 
@@ -36,7 +36,7 @@ def no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*_a, **_k):
         raise AssertionError("the model was loaded although the arguments are invalid")
 
-    monkeypatch.setattr(specstack.cli, "load", fail)
+    monkeypatch.setattr(specstack.cli.app, "load", fail)
 
 
 def _file(tmp_path: Path, data: bytes, name: str = "prompt.txt") -> str:
@@ -148,7 +148,7 @@ def test_keyboard_interrupt_exits_130_quietly(run_cli, monkeypatch):
     def interrupt(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(specstack.cli, "load", interrupt)
+    monkeypatch.setattr(specstack.cli.app, "load", interrupt)
     r = run_cli(*GEN)
     assert (r.code, r.err) == (130, "")
 

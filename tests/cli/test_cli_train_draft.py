@@ -125,7 +125,7 @@ def test_prepared_sequences_online_teacher_and_acceptance_by_context(run_cli, tm
 def test_draft_acceptance_bad_arguments(run_cli, no_model, tmp_path, extra, phrase):
     import torch
 
-    from specstack.spire.data import save_sequences
+    from specstack.training.data import save_sequences
 
     seq = tmp_path / "seq.safetensors"
     save_sequences(seq, torch.zeros(2, 16, dtype=torch.int32), torch.zeros(1, 16, dtype=torch.int32), {})

@@ -68,10 +68,10 @@ def one_thread():
 
 def spire_lm(target: LoadedModel, keep: list[int], window=None, feedback: bool = True,
              vocab_ids: torch.Tensor | None = None, mix: str = "random", feature_input: bool = False) -> LoadedModel:
-    """A SPIRe draft (specstack.spire) pruned from `target`'s blocks `keep`, reading its activations.
+    """A SPIRe draft (specstack.models.spire_draft) pruned from `target`'s blocks `keep`, reading its activations.
     mix: "random" memory mixes, or "own" (one-hot on each block's own input: with every target block
     kept, the draft computes exactly the target)."""
-    from specstack.spire.prune import build_draft
+    from specstack.training.prune import build_draft
 
     draft = build_draft(target.model, n_layers=len(keep), keep=keep, window=window, feedback=feedback,
                         target_acts=True, vocab_ids=vocab_ids, feature_input=feature_input)

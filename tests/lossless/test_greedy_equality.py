@@ -184,7 +184,8 @@ def test_staged_up_to_the_context_limit(tiny, drafts, draft):
 @pytest.mark.parametrize("length", [None, (1, 8), (7, 32), "cost"], ids=["tree", "dynamic1-8", "dynamic7-32", "cost"])
 def test_ngram_drafter_greedy_equals_autoregressive(tiny, length):
     from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
-    from specstack.drafting.ngram import KatzTrigram, NgramDrafter
+    from specstack.drafting.katz import KatzTrigram
+    from specstack.drafting.ngram import NgramDrafter
 
     corpus = [[_rnd.randrange(257) for _ in range(400)] for _ in range(3)] + [ar_tokens(tiny, p) for p in PROMPTS[:4]]
     # "cost": a cost curve flat to 4 tokens, then twice as dear (the int4 CPU shape)

@@ -82,7 +82,8 @@ def test_ngram_dynamic_chain_first_two_tokens_follow_the_target(vocab8, warp_arg
     1 after a step that accepted none, so the second step's shape depends on the first step's draws;
     or chosen by the cost-aware rule, whose learned rates after step one also depend on them."""
     from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
-    from specstack.drafting.ngram import KatzTrigram, NgramDrafter
+    from specstack.drafting.katz import KatzTrigram
+    from specstack.drafting.ngram import NgramDrafter
 
     target, _ = vocab8
     # a trigram of the target's own samples after the prompt: a draft that is often, not always, right

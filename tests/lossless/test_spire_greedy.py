@@ -1,4 +1,4 @@
-"""Greedy losslessness with SPIRe drafts (specstack.spire): drafts that read the target's activations
+"""Greedy losslessness with SPIRe drafts (specstack.models.spire_draft): drafts that read the target's activations
 for verified tokens, keep a sliding window, mix feedback memories and draft from a reduced vocabulary
 emit exactly the target's greedy tokens, for chains, trees and the staged drafter, up to the context
 limit. A perfect SPIRe draft (all target blocks, one-hot memories) has every chain accepted in full,
@@ -99,8 +99,8 @@ def test_the_walked_count_is_what_the_engine_does(tiny_llama):
     import torch
     from lossless.conftest import spire_lm
 
-    from specstack.spire.distill import ChainCounts
-    from specstack.spire.teacher import OnlineTeacher, TeacherSpec, hidden_for
+    from specstack.training.distill import ChainCounts
+    from specstack.training.teacher import OnlineTeacher, TeacherSpec, hidden_for
 
     target = tiny_llama.lm
     draft = spire_lm(target, [0, 1, 2], mix="own")  # the target itself (always accepted) ...

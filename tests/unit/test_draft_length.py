@@ -104,7 +104,6 @@ def test_each_width_is_timed_in_a_new_order_every_round(tiny_llama, monkeypatch)
     its width, plus 10 right after the widest, each width's median must be its own cost."""
     from types import SimpleNamespace
 
-    from specstack.bench import forward
     from specstack.engine import width_cost
 
     widths, clock, order = 6, [0.0], []
@@ -116,7 +115,7 @@ def test_each_width_is_timed_in_a_new_order_every_round(tiny_llama, monkeypatch)
             order.append(t)
         return {f"specstack {lm.fmt} chain": chain}
 
-    monkeypatch.setattr(forward, "ours_forward_steps", steps)
+    monkeypatch.setattr(width_cost, "forward_steps", steps)
     monkeypatch.setattr(width_cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     costs = width_cost.measure_width_costs(tiny_llama.lm, widths, repeats=5)
     assert costs == [float(t) for t in range(1, widths + 1)]

@@ -1,4 +1,4 @@
-"""τ measured with the engine (specstack/spire/measure_tau.py) on the tiny random Llama (fp32): the
+"""τ measured with the engine (specstack/throughput/measure_tau.py) on the tiny random Llama (fp32): the
 MagicDec drafter is the target itself behind a sliding-window KV, so with a window covering the whole
 context it agrees with the target on every token, and with a small one it still never changes the
 output (verification is lossless) while its cache really evicts."""
@@ -8,12 +8,12 @@ import torch
 
 from specstack.config import GenerationConfig, WindowSpec
 from specstack.engine.autoregressive import generate
-from specstack.spire.measure_tau import (
+from specstack.throughput.measure_tau import (
     magicdec_drafters,
     measure_tau,
     sparse_self_drafter,
 )
-from specstack.spire.throughput import ENGINE
+from specstack.throughput.model import ENGINE
 
 
 def _prompts(vocab: int, lengths: list[int]) -> list[list[int]]:

@@ -10,19 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-import specstack.cli
+import specstack.cli.app
 from specstack.config import SamplingParams
 from specstack.drafting.base import DraftContext
-from specstack.drafting.ngram import (
-    STAGED_WIDTHS,
-    ContextLookup,
+from specstack.drafting.katz import (
     KatzTrigram,
-    NgramDrafter,
     default_ngram_path,
     good_turing_discounts,
 )
+from specstack.drafting.lookup import ContextLookup
+from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.verify import VerifyResult
-
 
 # ---------------------------------------------------------------------------------------------------
 # A hand-worked corpus (vocabulary 0..5, k = 2)

@@ -1,4 +1,4 @@
-"""The SPIRe draft model (specstack.spire): sliding window, feedback memory, pruned initialisation,
+"""The SPIRe draft model (specstack.models.spire_draft): sliding window, feedback memory, pruned initialisation,
 target activations, the training forward agreeing with what the engine runs, distillation, storage."""
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from specstack.attention import build_batch
 from specstack.config import WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.loading import load_model
-from specstack.spire.distill import (
+from specstack.training.distill import (
     TrainParams,
     acceptance,
     draft_index,
     train,
     train_loss,
 )
-from specstack.spire.prune import build_draft
-from specstack.spire.store import load_draft_file, save_draft
-from specstack.spire.teacher import (
+from specstack.training.prune import build_draft
+from specstack.models.draft_file import load_draft_file, save_draft
+from specstack.training.teacher import (
     CachedTeacher,
     TeacherSpec,
     build_cache,
@@ -198,8 +198,8 @@ def test_save_and_load_round_trip(target, tmp_path):
 def test_the_shipped_draft_loads_and_is_described_for_the_throughput_model():
     """The default draft file: small, loadable for the embedded model, and its shape (2 blocks, its own
     8192-row unembedding, sink + window positions, bf16) is what `specstack throughput` costs."""
-    from specstack.spire.shapes import draft_shape, model_shape
-    from specstack.spire.store import default_draft_path, draft_info
+    from specstack.throughput.shapes import draft_shape, model_shape
+    from specstack.models.draft_file import default_draft_path, draft_info
 
     path = default_draft_path("smollm2-135m")
     assert path is not None and path.stat().st_size < 25 * 2**20
@@ -215,7 +215,7 @@ def test_the_shipped_draft_loads_and_is_described_for_the_throughput_model():
 def test_online_teacher_gives_the_cached_teachers_batches(target, tmp_path):
     """The teacher run on each batch (the GPU path) yields exactly what the disk cache holds for the
     same sequences, and a resumed run's `skip` passes over batches without changing the order."""
-    from specstack.spire.teacher import OnlineTeacher
+    from specstack.training.teacher import OnlineTeacher
 
     seqs = torch.randint(0, 257, (6, 24), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
     spec = TeacherSpec(layers=(2, 3), topk=8, shard_size=4)
@@ -237,7 +237,7 @@ def test_online_teacher_gives_the_cached_teachers_batches(target, tmp_path):
 def test_chain_counts_by_hand():
     """alpha_j = accepted / eligible at step j; a chain is eligible for step j only where steps < j were
     accepted and the text followed the target's greedy tokens; context buckets (C/2, C]."""
-    from specstack.spire.distill import ChainCounts
+    from specstack.training.distill import ChainCounts
 
     text = torch.tensor([5, 1, 2, 3, 4, 9, 9, 9])
     greedy = torch.tensor([1, 2, 3, 4, 7, 9, 9, 9])  # the target's next token after each position
@@ -263,8 +263,8 @@ def test_chain_counts_by_hand():
 def test_magicdec_acceptance_is_one_with_a_window_wider_than_the_text(target):
     """MagicDec teacher-forced: with a window covering every position the windowed target is the target
     (every guess accepted); a window of 2 loses context and is rejected somewhere."""
-    from specstack.spire.acceptance_cli import _magicdec
-    from specstack.spire.teacher import OnlineTeacher
+    from specstack.cli.draft_acceptance import _magicdec
+    from specstack.training.teacher import OnlineTeacher
 
     seqs = []
     for s in range(3):  # the target's own greedy text after a random start: every chain is eligible
@@ -289,7 +289,7 @@ def test_magicdec_acceptance_is_one_with_a_window_wider_than_the_text(target):
 
 def test_sequences_file_round_trip_and_errors(tmp_path):
     from specstack.errors import SpecstackError
-    from specstack.spire.data import load_sequences, save_sequences
+    from specstack.training.data import load_sequences, save_sequences
 
     train_s = torch.randint(0, 49152, (5, 16), dtype=torch.int32)
     held = torch.randint(0, 49152, (2, 16), dtype=torch.int32)

@@ -1,4 +1,4 @@
-"""The throughput model (specstack/spire/throughput.py, shapes.py, calibrate.py's fit): the SPIRe paper's
+"""The throughput model (specstack/throughput/model.py, shapes.py, calibrate.py's fit): the SPIRe paper's
 published values, parameter counts against models' known sizes, passes worked by hand, the critical
 batch and context against the round model itself, edge cases and errors."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from specstack.errors import SpecstackError
-from specstack.spire import calibrate
-from specstack.spire.shapes import (
+from specstack.throughput import calibrate
+from specstack.throughput.shapes import (
     NAMED,
     describe,
     draft_shape,
@@ -18,7 +18,7 @@ from specstack.spire.shapes import (
     model_shape,
     shape,
 )
-from specstack.spire.throughput import (
+from specstack.throughput.model import (
     ENGINE,
     PRESETS,
     PUBLISHED,
@@ -335,7 +335,7 @@ def test_calibration_files_round_trip(tmp_path):
 
 
 def test_check_row_takes_per_prompt_ratios():
-    from specstack.spire.throughput_check import Run, _row
+    from specstack.throughput.check import Run, _row
 
     rnd = round_times(TARGET, spire_draft(TARGET), H100, 1, 512, 2)
     # ar: 10 ms per step on prompt a, 20 ms on b (the machine got busier); chain: 2 tokens per round

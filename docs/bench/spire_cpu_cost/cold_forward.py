@@ -11,7 +11,7 @@ import torch
 
 from specstack.attention import build_batch
 from specstack.models.loading import load_model
-from specstack.spire.store import load_draft_file
+from specstack.models.draft_file import load_draft_file
 
 torch.set_num_threads(2)
 target = load_model("smollm2-135m", dtype="int4", tokenizer=False)

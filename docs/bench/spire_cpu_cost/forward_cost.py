@@ -12,7 +12,7 @@ import torch
 
 from specstack.attention import build_batch
 from specstack.models.loading import load_model
-from specstack.spire.store import load_draft_file
+from specstack.models.draft_file import load_draft_file
 
 
 def forward_ms(path: str, target) -> float:

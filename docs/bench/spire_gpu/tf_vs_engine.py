@@ -17,9 +17,9 @@ from specstack.bench.datasets import humaneval_prompts
 from specstack.config import GenerationConfig
 from specstack.engine.methods import DraftSources, build_drafter, parse_method, run_method
 from specstack.models.loading import load_model
-from specstack.spire.distill import ChainCounts
-from specstack.spire.store import load_draft_file
-from specstack.spire.teacher import OnlineTeacher, TeacherSpec, hidden_for
+from specstack.training.distill import ChainCounts
+from specstack.models.draft_file import load_draft_file
+from specstack.training.teacher import OnlineTeacher, TeacherSpec, hidden_for
 
 
 def main(draft_path: str, n: int, k: int, draft_dtype: str) -> None:

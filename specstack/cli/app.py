@@ -131,18 +131,16 @@ def build_parser() -> ArgumentParser:
     )
 
     bench_ties.add_parser(sub)  # `specstack bench-ties`
-    from specstack import ngram_cli  # light: numpy/tokenizers only when run
+    from specstack.cli import ngram as ngram_cli  # light: numpy/tokenizers only when run
 
     ngram_cli.add_parser(sub)  # `specstack ngram train`
-    from specstack.spire import (
-        throughput_cli,  # light: torch only for --tau auto, calibrate and check
-    )
+    from specstack.cli import throughput as throughput_cli  # light: torch only for --tau auto, calibrate and check
 
     throughput_cli.add_parser(sub)  # `specstack throughput`, `throughput-calibrate`, `throughput-check`
-    from specstack.spire import train_cli  # light: torch only when run
+    from specstack.cli import train_draft as train_cli  # light: torch only when run
 
     train_cli.add_parser(sub)  # `specstack train-draft`
-    from specstack.spire import acceptance_cli  # light: torch only when run
+    from specstack.cli import draft_acceptance as acceptance_cli  # light: torch only when run
 
     acceptance_cli.add_parser(sub)  # `specstack draft-acceptance`
     return parser
@@ -240,11 +238,9 @@ def run_generation(lm: LoadedModel, prompt_ids: list[int], gen: GenerationConfig
 
 
 def build_method(args: argparse.Namespace, lm: LoadedModel):  # -> Drafter | None
-    from specstack.engine.methods import DEFAULT_SOURCES, DraftSources, build_drafter
+    from specstack.engine.methods import DraftSources, build_drafter
 
-    defaults = DEFAULT_SOURCES.get(lm.name, DraftSources())
-    sources = DraftSources(draft=args.draft or defaults.draft, draft_dtype=args.draft_dtype or defaults.draft_dtype,
-                           ngram=args.ngram or defaults.ngram)
+    sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram)
     return build_drafter(args.method_spec, lm, sources, args.device)
 
 

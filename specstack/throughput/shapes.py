@@ -201,7 +201,7 @@ def draft_shape(spec: str, target: ModelShape, fmt: str) -> ModelShape:
     """`self:N` (the target's first N blocks and its head), a trained draft file (`default`: the one
     shipped for the target), `magicdec:W` (the target itself), or anything `model_shape` takes."""
     if spec == "default":
-        from specstack.spire.store import resolve_default_draft
+        from specstack.models.draft_file import resolve_default_draft
 
         spec = resolve_default_draft(spec, target.name)
     if spec.endswith(".safetensors"):
@@ -222,7 +222,7 @@ def trained_draft_shape(path: str, target: ModelShape) -> ModelShape:
     vocabulary's rows; it computes in bf16 and keeps sink + window positions."""
     from safetensors import safe_open
 
-    from specstack.spire.draft_model import SpireConfig
+    from specstack.models.spire_draft import SpireConfig
 
     try:
         with safe_open(path, "pt") as f:

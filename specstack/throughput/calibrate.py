@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from specstack.errors import SpecstackError
-from specstack.spire.shapes import ModelShape
-from specstack.spire.throughput import (
+from specstack.throughput.shapes import ModelShape
+from specstack.throughput.model import (
     ENGINE,
     PRESETS,
     Conventions,
@@ -126,7 +126,8 @@ def measure(models: Sequence[tuple[Any, ModelShape]], tokenizer: Any, contexts: 
             tokens: Sequence[int], repeats: int, warmup: int, conv: Conventions = ENGINE) -> list[Sample]:
     """Median of `repeats` chain forwards of T tokens at each context, for every (model, shape),
     the models interleaved in one run of bench/forward.py's protocol per context."""
-    from specstack.bench.forward import context_ids, ours_forward_steps, time_forwards
+    from specstack.bench.forward import context_ids, time_forwards
+    from specstack.engine.timing import forward_steps
 
     out: list[Sample] = []
     for ctx in contexts:
@@ -136,7 +137,7 @@ def measure(models: Sequence[tuple[Any, ModelShape]], tokenizer: Any, contexts: 
                 raise SpecstackError(f"context {ctx} + {max(tokens)} tokens exceeds {lm.name}'s "
                                      f"{lm.config.max_seq_len}")
             ids = context_ids(tokenizer, ctx, lm.config.vocab_size)
-            for name, step in ours_forward_steps(lm, ids, max(tokens)).items():
+            for name, step in forward_steps(lm, ids, max(tokens)).items():
                 if name.endswith(" chain"):
                     steps[f"{lm.name} chain"] = step
                     shapes[f"{lm.name} chain"] = (lm.name, shape)
@@ -153,10 +154,10 @@ def calibrate(model: str, dtype: str, draft: str | None, draft_dtype: str, conte
     """Time the target and the draft (default: the engine's default draft for the model) and fit."""
     import torch
 
-    from specstack.bench.peers import cpu_model, now, versions
+    from specstack.machine import cpu_model, now, versions
     from specstack.engine.methods import DEFAULT_SOURCES, DraftSources, load_draft
     from specstack.models.loading import load_model
-    from specstack.spire.shapes import from_config
+    from specstack.throughput.shapes import from_config
 
     if threads is not None:
         torch.set_num_threads(threads)

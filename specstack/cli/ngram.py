@@ -176,7 +176,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                              + (f" ({skipped} not valid UTF-8)" if skipped else ""))
     t1 = time.perf_counter()
     # 3. train and save
-    from specstack.drafting.ngram import KatzTrigram
+    from specstack.drafting.katz import KatzTrigram
 
     model = KatzTrigram.train(streams, vocab, k=args.k, min_count=args.min_count,
                               min_count_bigram=args.min_count_bigram)

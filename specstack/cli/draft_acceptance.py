@@ -26,8 +26,8 @@ from specstack.models.registry import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from specstack.models.transformer import Transformer
-    from specstack.spire.distill import Acceptance
-    from specstack.spire.teacher import OnlineTeacher
+    from specstack.training.distill import Acceptance
+    from specstack.training.teacher import OnlineTeacher
 
 DEFAULT_CONTEXTS = (256, 1024, 2048)
 
@@ -67,11 +67,11 @@ def cmd_draft_acceptance(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from specstack.models.loading import load_model
-    from specstack.spire.data import read_sequences
-    from specstack.spire.distill import acceptance
-    from specstack.spire.store import is_draft_file, load_draft_file
-    from specstack.spire.teacher import OnlineTeacher, TeacherSpec
-    from specstack.spire.train_cli import parse_contexts
+    from specstack.training.data import read_sequences
+    from specstack.training.distill import acceptance
+    from specstack.models.draft_file import is_draft_file, load_draft_file
+    from specstack.training.teacher import OnlineTeacher, TeacherSpec
+    from specstack.cli.train_draft import parse_contexts
 
     if args.k < 1 or args.heldout_sequences < 1:
         raise SpecstackError("--k and --heldout-sequences must be >= 1")
@@ -123,7 +123,7 @@ def _magicdec(target: Transformer, teacher: OnlineTeacher, k: int, contexts: tup
 
     from specstack.attention import build_batch
     from specstack.config import WindowSpec
-    from specstack.spire.distill import Acceptance, ChainCounts
+    from specstack.training.distill import Acceptance, ChainCounts
 
     windows = {c: fixed or max(1, c // 8) for c in contexts}
     per_window = {w: ChainCounts(k, contexts, target.device) for w in ({fixed} if fixed else set(windows.values()))}

@@ -12,8 +12,8 @@ from specstack.errors import SpecstackError
 from specstack.models.loading import LoadedModel
 from specstack.models.quant import activation_dtype
 from specstack.models.transformer import rope_tables
-from specstack.spire.draft_model import SpireConfig, SpireDraft
-from specstack.spire.prune import shared_weights
+from specstack.models.spire_draft import SpireConfig, SpireDraft
+from specstack.training.prune import shared_weights
 
 SUFFIX = ".safetensors"
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"

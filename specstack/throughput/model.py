@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from specstack.errors import SpecstackError
-from specstack.spire.shapes import ModelShape
+from specstack.throughput.shapes import ModelShape
 
 DESIGNS = ("vanilla", "spire", "magicdec")
 

@@ -13,7 +13,7 @@ import torch
 from specstack.config import WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.transformer import Transformer
-from specstack.spire.draft_model import SpireConfig, SpireDraft
+from specstack.models.spire_draft import SpireConfig, SpireDraft
 
 DEFAULT_WINDOW = WindowSpec(1, 256)  # sink 1 + window 256, in training and inference
 

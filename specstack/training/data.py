@@ -68,11 +68,11 @@ def code_documents(root: Path | None) -> Iterator[tuple[str, str]]:
 
 def sharegpt_documents(path: Path | None, render: Callable[[list[dict[str, str]]], str]) -> Iterator[tuple[str, str]]:
     """Whole conversations (user and assistant turns) rendered with the target's chat template."""
-    from specstack.bench.datasets import _json_array_items, sharegpt_path
+    from specstack.bench.datasets import json_array_items, sharegpt_path
 
     roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
     with open(path or sharegpt_path(), encoding="utf-8") as f:
-        for i, conv in enumerate(_json_array_items(f)):
+        for i, conv in enumerate(json_array_items(f)):
             if not isinstance(conv, dict):
                 continue
             msgs = [{"role": roles[t["from"]], "content": t.get("value") or ""}

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from specstack.errors import SpecstackError
-from specstack.spire.shapes import ModelShape, draft_shape, from_config, read_config
-from specstack.spire.throughput import (
+from specstack.throughput.shapes import ModelShape, draft_shape, from_config, read_config
+from specstack.throughput.model import (
     Conventions,
     Hardware,
     Round,

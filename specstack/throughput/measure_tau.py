@@ -17,7 +17,7 @@ from specstack.drafting.base import Drafter
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine.methods import run_method
 from specstack.models.loading import LoadedModel
-from specstack.spire.throughput import Conventions
+from specstack.throughput.model import Conventions
 
 MEASURABLE = ("vanilla", "magicdec")
 

@@ -12,7 +12,7 @@
 4. training (distill.py), checkpoints in OUT (--resume continues);
 5. OUT/draft.safetensors (the draft's own weights, config and the command in its metadata),
    OUT/acceptance.json (held-out greedy acceptance per chain position and tau).
-A thin adapter (DESIGN §1): the parts live in specstack/spire/.
+A thin adapter (DESIGN §1): the parts live in specstack/training/.
 """
 from __future__ import annotations
 
@@ -155,11 +155,11 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     import torch
 
     from specstack.models.loading import load_model
-    from specstack.spire import data as data_mod
-    from specstack.spire.distill import TrainParams, train
-    from specstack.spire.prune import build_draft, last_blocks
-    from specstack.spire.store import save_draft
-    from specstack.spire.teacher import (
+    from specstack.training import data as data_mod
+    from specstack.training.distill import TrainParams, train
+    from specstack.training.prune import build_draft, last_blocks
+    from specstack.models.draft_file import save_draft
+    from specstack.training.teacher import (
         CachedTeacher,
         OnlineTeacher,
         TeacherData,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from specstack.spire.throughput import Cell
+from specstack.throughput.model import Cell
 
 
 def heatmap(cells: Sequence[Cell], batches: Sequence[int], contexts: Sequence[int], title: str, path: Path) -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from specstack.spire.draft_model import SpireDraft
-from specstack.spire.teacher import TeacherData, hidden_for
+from specstack.models.spire_draft import SpireDraft
+from specstack.training.teacher import TeacherData, hidden_for
 
 LOSSES = ("kl", "ce", "mixed")
 

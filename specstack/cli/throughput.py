@@ -34,14 +34,14 @@ from typing import Any
 from specstack.bench.forward import int_list
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL
-from specstack.spire.shapes import (
+from specstack.throughput.shapes import (
     FORMATS,
     ModelShape,
     draft_shape,
     looks_like_description,
     model_shape,
 )
-from specstack.spire.throughput import (
+from specstack.throughput.model import (
     CONVENTIONS,
     DESIGNS,
     PRESETS,
@@ -108,7 +108,7 @@ def add_parser(subparsers: Any) -> None:
     c = subparsers.add_parser("throughput-calibrate", help="fit this machine's hardware preset from its forwards",
                               description="Time forwards of the target and a draft (bench-forward's protocol) "
                                           "and fit seconds = c0 + c_layer x layers + FLOPs/F + bytes/BW + KV bytes/BW_kv "
-                                          "(specstack/spire/calibrate.py).")
+                                          "(specstack/throughput/calibrate.py).")
     c.add_argument("--model", default=DEFAULT_MODEL, help=f"default {DEFAULT_MODEL}")
     c.add_argument("--dtype", choices=WEIGHT_FORMATS, default="int4", help="default int4")
     c.add_argument("--draft", default=None, metavar="MODEL", help="default: the engine's default draft")
@@ -125,7 +125,7 @@ def add_parser(subparsers: Any) -> None:
     k = subparsers.add_parser("throughput-check", help="the throughput model against a `specstack bench` run",
                               description="For every chain method of a finished greedy bench run: the model's "
                                           "multiplier at batch 1 beside the measured speed-up over ar "
-                                          "(specstack/spire/throughput_check.py).")
+                                          "(specstack/throughput/check.py).")
     k.add_argument("run_dir", type=Path, metavar="DIR", help="a `specstack bench --out` folder")
     k.add_argument("--hardware", default="local", metavar="NAME", help=f"{HARDWARE_HELP} (default local)")
     k.add_argument("--conventions", choices=tuple(CONVENTIONS), default="engine")
@@ -139,7 +139,7 @@ def add_parser(subparsers: Any) -> None:
 # ---------------------------------------------------------------------------------------------------
 def parse_tau(text: str, designs: list[str], k: int) -> tuple[dict[str, float], list[str]]:
     """(given τ per design, designs to measure). `auto` alone measures every design it can."""
-    from specstack.spire.measure_tau import MEASURABLE
+    from specstack.throughput.measure_tau import MEASURABLE
 
     given: dict[str, float] = {}
     auto: list[str] = []
@@ -185,7 +185,7 @@ def measure_taus(args: argparse.Namespace, designs: list[str], conv: Conventions
     from specstack.engine.methods import DraftSources, load_draft
     from specstack.models.loading import load_model
     from specstack.prompts import encode_prompt
-    from specstack.spire.measure_tau import magicdec_drafters, measure_tau
+    from specstack.throughput.measure_tau import magicdec_drafters, measure_tau
 
     if args.k == 0:
         return dict.fromkeys(designs, 1.0)  # no drafts: every round is one target step
@@ -221,7 +221,7 @@ def measure_taus(args: argparse.Namespace, designs: list[str], conv: Conventions
 # throughput
 # ---------------------------------------------------------------------------------------------------
 def _loadable(spec: str) -> bool:
-    from specstack.spire.shapes import NAMED
+    from specstack.throughput.shapes import NAMED
 
     return spec not in NAMED and not looks_like_description(spec)
 
@@ -318,7 +318,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specstack.spire.calibrate import load_hardware
+    from specstack.throughput.calibrate import load_hardware
 
     # 1. cheap checks: numbers, hardware, shapes (configs only), τ
     _check_args(args)
@@ -352,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecstackError("no design has a τ: nothing to model")
     # 3. report
     print(report(args, target, drafts, cells, hw, conv))
-    from specstack.spire.throughput_plot import heatmap
+    from specstack.throughput.plot import heatmap
 
     title = (f"{target.name} on {hw.name}, k = {args.k}, conventions {args.conventions}\n"
              "modelled throughput multiplier of speculative decoding")
@@ -372,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------------
 def run_calibrate(args: argparse.Namespace) -> int:
     from specstack.models.registry import resolve
-    from specstack.spire.calibrate import calibrate, local_path, save
+    from specstack.throughput.calibrate import calibrate, local_path, save
 
     for flag, v in (("--repeats", args.repeats), ("--threads", args.threads)):
         if v is not None and v < 1:
@@ -400,8 +400,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from specstack.spire.calibrate import load_hardware
-    from specstack.spire.throughput_check import check, table
+    from specstack.throughput.calibrate import load_hardware
+    from specstack.throughput.check import check, table
 
     if args.context is not None and args.context < 1:
         raise SpecstackError(f"--context must be >= 1, got {args.context}")

@@ -1,0 +1,4 @@
+"""The command line: one module per command (DESIGN §1: the top layer)."""
+from specstack.cli.app import main
+
+__all__ = ["main"]

@@ -1,0 +1,3 @@
+from specstack.cli.app import main
+
+raise SystemExit(main())

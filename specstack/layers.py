@@ -1,0 +1,39 @@
+"""The layer order of DESIGN §1, written once: data flows down, never up.
+
+A module may import modules of its own layer or of any layer below it, never above; and the import
+graph has no circles (tests/unit/test_layers.py walks every import, top-level and inside functions,
+and fails on either). Layers are listed bottom first; each names the modules and packages it owns.
+"""
+from __future__ import annotations
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # errors, frozen configuration, the machine a measurement ran on
+    ("foundation", ("specstack.errors", "specstack.config", "specstack.machine", "specstack.layers")),
+    # the data structures and pure functions every layer above shares: prompt encoding, the one mask
+    # builder, the preallocated KV cache, the draft tree as data, logits -> warped probabilities
+    ("primitives", ("specstack.prompts", "specstack.attention", "specstack.cache", "specstack.tree",
+                    "specstack.sampling")),
+    # decoders behind one protocol, weight formats, loading, the registry of named models
+    ("models", ("specstack.models",)),
+    # drafters build DraftTrees; verifiers are pure functions over (tree, target probabilities)
+    ("drafting", ("specstack.verify", "specstack.drafting")),
+    # generation loops (propose -> score -> verify -> commit), the method registry, cost curves
+    ("engine", ("specstack.engine",)),
+    # tools built on the engine, never imported by it: reports, benchmarks, draft training, the
+    # analytic throughput model
+    ("tools", ("specstack.report", "specstack.bench", "specstack.training", "specstack.throughput")),
+    # thin adapters: the command line (and, to come, the server and the cluster deployment)
+    ("adapters", ("specstack.cli", "specstack.server", "specstack.cluster")),
+)
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the layer owning `module` (its longest listed prefix)."""
+    best, best_len = -1, -1
+    for i, (_, owned) in enumerate(LAYERS):
+        for prefix in owned:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = i, len(prefix)
+    if best < 0:
+        raise KeyError(f"{module} belongs to no layer in specstack/layers.py")
+    return best
