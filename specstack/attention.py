@@ -6,6 +6,11 @@ What a query may attend to is the conjunction of:
 - inside the block, the query's ancestors-or-self: a causal triangle for ordinary sequences,
   the ancestor mask of a draft tree, and nothing of the padding of shorter rows (ragged batches),
 - the sliding window of the cache, if any: key position < sink, or query pos - key pos < window.
+
+Besides the batches of the engine's forwards (build_batch, tree_batch), the mask pieces other code
+needs come from here too: a draft tree grown block by block in a round's scratch (scratch_tree_mask,
+the model drafters), the window rule alone (window_mask) and the masks of a SPIRe draft's unrolled
+training forward (unrolled_step_mask).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from specstack.cache import KVCache
+from specstack.config import WindowSpec
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,45 @@ def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") ->
             m[i] = m[p]
         m[i, i] = True
     return m.to(device)
+
+
+def scratch_tree_mask(paths: Sequence[Sequence[int]], trunk: int, width: int) -> torch.Tensor:
+    """[T, width] block mask (build_batch's, with append) for T tree nodes appended to a round's
+    scratch, which already holds width - T slots: a chain (`trunk` slots: a draft's pending tokens up
+    to the root, which every node continues), then nodes of the tree written by earlier blocks.
+    Row j sees the trunk and exactly paths[j]: the scratch slots of node j and of its ancestors in
+    the tree (in any order; each written by this block or an earlier one)."""
+    mask = torch.zeros(len(paths), width, dtype=torch.bool)
+    mask[:, :trunk] = True
+    rows = [j for j, path in enumerate(paths) for _ in path]
+    mask[rows, [slot for path in paths for slot in path]] = True
+    return mask
+
+
+def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: WindowSpec | None) -> torch.Tensor:
+    """[..., Tq, Tk] the sliding-window rule: a query at q_pos [..., Tq] sees a key at k_pos [..., Tk]
+    when the key is one of the first `sink` positions or fewer than `window` positions back (leading
+    dimensions broadcast). window None: every key."""
+    if window is None:
+        lead = torch.broadcast_shapes(q_pos.shape[:-1], k_pos.shape[:-1])
+        return torch.ones(*lead, q_pos.shape[-1], k_pos.shape[-1], dtype=torch.bool, device=q_pos.device)
+    dist = q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)
+    return (k_pos.unsqueeze(-2) < window.sink) | (dist < window.window)
+
+
+def unrolled_step_mask(pos: torch.Tensor, step: int, window: WindowSpec | None) -> torch.Tensor:
+    """[T, (step + 1) * T] mask of draft step `step` (1, 2, ...) of a SPIRe draft's training forward,
+    which runs k chained draft steps over a whole sequence at once (positions pos [T] = 0..T-1).
+    Keys: [target memories of every position | the draft's own memories from steps step - 1, ..., 1
+    | this step's tokens]. The query at t sees the target's memories before t - step + 1 (the verified
+    context), from step step - r the memory at t - r for r = 1..step-1 (the tokens a chain of drafts
+    made itself) and itself: exactly what the engine's step-th draft forward sees. Within the window."""
+    t = pos.shape[0]
+    seen = window_mask(pos, pos, window)
+    diag = torch.eye(t, dtype=torch.bool, device=pos.device)
+    masks = [seen & (pos.unsqueeze(1) - pos.unsqueeze(0) >= step)]
+    masks += [seen & torch.roll(diag, -r, dims=1).tril(-r) for r in range(1, step)]
+    return torch.cat(masks + [diag], dim=1)
 
 
 def depths_from_parents(parents: Sequence[int]) -> list[int]:
@@ -127,9 +172,7 @@ def build_batch(
         # Keys of the block get their positions when written; use the block's positions here.
         key_pos = cache.slot_pos[:, :s_used].clone()
         key_pos.scatter_(1, block_slots[:, 0, prior:], positions)
-        dist = positions.unsqueeze(2) - key_pos.unsqueeze(1)
-        in_window = (key_pos.unsqueeze(1) < cache.window.sink) | (dist < cache.window.window)
-        mask &= in_window
+        mask &= window_mask(positions, key_pos, cache.window)
     return AttentionBatch(positions, mask.unsqueeze(1), n_valid_t, append=append)
 
 

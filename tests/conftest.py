@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specstack.models.loading import LoadedModel, load_model
+from specstack.models.base import LoadedModel
+from specstack.models.loading import load_model
 
 VOCAB = 257
 MAX_POS = 256

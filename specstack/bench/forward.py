@@ -1,28 +1,16 @@
-"""Benchmark: specstack's forward and greedy generation against transformers (and llama.cpp if present).
+"""The `specstack bench-forward` run: specstack's forward and greedy generation against transformers
+(and llama.cpp if present). The protocol is the command's help (specstack/cli/bench_forward.py).
 
-Part 1 (forward): for each weight format, prefill a context (default 256 tokens of HumanEval text),
-then time forwards of T query tokens at that context, as a causal chain (`build_batch`) and as a
-draft tree (`tree_batch`, a fixed binary tree of T nodes). Forwards never commit, so the cache's
-committed length stays at the context and every repeat runs at the same context (cache.py: a
-forward writes scratch slots only). The time includes building the attention metadata, as a decoding
-step pays it (transformers builds its mask inside its forward too). Beside it, transformers' forward
-of the same GGUF (bf16 and fp32) with a DynamicCache cropped back to the context after each forward.
-All methods are measured interleaved (method order rotated per repeat) so machine drift cancels.
-
-Part 2 (generation): greedy, exactly --new-tokens tokens (EOS ignored) on the first --prompts
-HumanEval prompts, specstack's `generate` in every format beside transformers' `generate` (bf16),
-interleaved per prompt; tokens/s, mean per-prompt speed-up vs transformers bf16, and how many outputs
-are token-identical to transformers'.
-
-    python -m specstack.bench.forward --formats int4 --tokens 1,4 --repeats 2 --prompts 1 --new-tokens 8
+Terms: a forward step runs T query tokens at a fixed committed context and never commits (a
+ForwardStep, engine/timing.py); part 1 times such steps per method and T, interleaved with the
+method order rotated per repeat so machine drift cancels; part 2 times greedy generations of exactly
+new_tokens tokens, interleaved per prompt, against transformers' bf16 `generate` (HF_GEN_REFERENCE).
 """
 from __future__ import annotations
 
-import argparse
 import inspect
 import itertools
 import json
-import shlex
 import statistics
 import sys
 import time
@@ -36,13 +24,12 @@ from tqdm import tqdm
 
 from specstack.bench.datasets import humaneval_prompts
 from specstack.bench.peers import (
-    HF_DTYPES,
     hf_generate,
     llama_cpp_generate,
     load_hf,
     load_llama_cpp,
 )
-from specstack.config import WEIGHT_FORMATS, GenerationConfig, SamplingParams
+from specstack.config import GenerationConfig, SamplingParams
 from specstack.engine.autoregressive import generate
 from specstack.engine.timing import (
     ForwardStep,
@@ -52,12 +39,31 @@ from specstack.engine.timing import (
 )
 from specstack.errors import SpecstackError
 from specstack.machine import cpu_model, now, versions
-from specstack.models.loading import LoadedModel, load_model
-from specstack.models.registry import DEFAULT_MODEL, resolve
+from specstack.models.base import LoadedModel
+from specstack.models.loading import load_model
+from specstack.models.registry import resolve
 
 HF_GEN_REFERENCE = "hf bf16"  # the method speed-ups and token matches of part 2 are measured against
 
 GenerateFn = Callable[[list[int], int], list[int]]  # (prompt ids, new tokens) -> new token ids
+
+
+@dataclass(frozen=True)
+class ForwardSettings:
+    """A run's settings, in the results file's order and names."""
+
+    model: str
+    formats: list[str]  # specstack weight formats
+    tokens: list[int]  # query tokens T per forward
+    context: int  # committed context before the timed forwards
+    repeats: int  # timed forwards per method and T (median reported)
+    warmup: int  # untimed forwards per method and T
+    prompts: int  # HumanEval prompts for generation (0: no part 2)
+    new_tokens: int  # tokens generated per prompt (EOS ignored)
+    threads: int  # torch (and llama.cpp) threads
+    hf_dtypes: list[str]  # transformers dtypes for the forward timings
+    skip_hf: bool  # no transformers at all
+    out: Path  # the JSON results file
 
 
 @dataclass
@@ -78,68 +84,6 @@ class GenerationRow:
     mean_speedup_vs_hf_bf16: float | None
     identical_to_hf_bf16: int | None
     per_prompt_seconds: list[float] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Arguments
-# ---------------------------------------------------------------------------------------------------
-def int_list(text: str) -> list[int]:
-    """argparse type: comma-separated positive integers, each once, in order."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return list(dict.fromkeys(values))
-
-
-def _format_list(text: str) -> list[str]:
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [v for v in values if v not in WEIGHT_FORMATS]
-    if not values or bad:
-        raise argparse.ArgumentTypeError(f"formats must be among {', '.join(WEIGHT_FORMATS)}, got {text!r}")
-    return values
-
-
-def _hf_dtype_list(text: str) -> list[str]:
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    if any(v not in HF_DTYPES for v in values):
-        raise argparse.ArgumentTypeError(f"transformers dtypes must be among {', '.join(HF_DTYPES)}, got {text!r}")
-    return values
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="registry name, .gguf file or HF directory")
-    p.add_argument("--formats", type=_format_list, default=list(WEIGHT_FORMATS), help="specstack weight formats")
-    p.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64], help="query tokens T per forward")
-    p.add_argument("--context", type=int, default=256, help="committed context before the timed forwards")
-    p.add_argument("--repeats", type=int, default=10, help="timed forwards per method and T (median reported)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed forwards per method and T")
-    p.add_argument("--prompts", type=int, default=20, help="HumanEval prompts for generation (0: skip part 2)")
-    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (EOS ignored)")
-    p.add_argument("--threads", type=int, default=2, help="torch (and llama.cpp) threads")
-    p.add_argument("--hf-dtypes", type=_hf_dtype_list, default=["bf16", "fp32"],
-                   help="transformers dtypes for the forward timings")
-    p.add_argument("--skip-hf", action="store_true", help="do not run transformers")
-    p.add_argument("--out", type=Path, default=Path("docs/bench/forward.json"), help="JSON results file")
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `bench-forward` on a CLI's subparsers; the parser's `func` is `run`."""
-    p = subparsers.add_parser("bench-forward", help="time forwards and greedy generation vs transformers",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(func=run)
-    return p
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    for name in ("context", "repeats", "threads", "new_tokens"):
-        if getattr(args, name) <= 0:
-            raise SpecstackError(f"--{name.replace('_', '-')} must be > 0")
-    if args.warmup < 0 or args.prompts < 0:
-        raise SpecstackError("--warmup and --prompts must be >= 0")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -263,27 +207,20 @@ def _generation_row(name: str, seconds: dict[str, list[float]], outputs: dict[st
     speedup = identical = None
     if HF_GEN_REFERENCE in seconds:
         ref_s, ref_o = seconds[HF_GEN_REFERENCE], outputs[HF_GEN_REFERENCE]
-        speedup = statistics.mean(r / s for r, s in zip(ref_s, secs))
-        identical = None if name == HF_GEN_REFERENCE else sum(a == b for a, b in zip(outs, ref_o))
+        speedup = statistics.mean(r / s for r, s in zip(ref_s, secs, strict=True))
+        identical = None if name == HF_GEN_REFERENCE else sum(a == b for a, b in zip(outs, ref_o, strict=True))
     return GenerationRow(name, total_tokens, total_s, total_tokens / total_s, speedup, identical, secs)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------
-def machine_info(args: argparse.Namespace) -> dict[str, Any]:
+def machine_info(s: ForwardSettings, command: str) -> dict[str, Any]:
     v = versions()
     return {
-        "cpu": cpu_model(), "threads": args.threads, "torch": v["torch"], "transformers": v["transformers"],
-        "python": v["python"], "date": now(), "command": command_line(args),
+        "cpu": cpu_model(), "threads": s.threads, "torch": v["torch"], "transformers": v["transformers"],
+        "python": v["python"], "date": now(), "command": command,
     }
-
-
-def command_line(args: argparse.Namespace) -> str:
-    given = getattr(args, "argv", None)
-    if given is not None:
-        return shlex.join(["python", "-m", "specstack.bench.forward", *given])
-    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
 
 
 def forward_table(rows: Sequence[ForwardRow], token_counts: Sequence[int]) -> str:
@@ -307,7 +244,7 @@ def generation_table(rows: Sequence[GenerationRow], n_prompts: int) -> str:
     return "\n".join(lines)
 
 
-def render(info: dict[str, Any], args: argparse.Namespace, fwd: Sequence[ForwardRow],
+def render(info: dict[str, Any], args: ForwardSettings, fwd: Sequence[ForwardRow],
            gen: Sequence[GenerationRow] | None) -> str:
     parts = [
         f"# Forward and generation benchmark: {args.model}", "",
@@ -326,65 +263,48 @@ def render(info: dict[str, Any], args: argparse.Namespace, fwd: Sequence[Forward
 
 
 # ---------------------------------------------------------------------------------------------------
-# Entry points
+# The run
 # ---------------------------------------------------------------------------------------------------
-def run(args: argparse.Namespace) -> int:
-    _check_args(args)
-    torch.set_num_threads(args.threads)
-    src = resolve(args.model)
-    info = machine_info(args)
+def run_forward_bench(settings: ForwardSettings, command: str) -> None:
+    """Both parts; prints the report and writes settings.out. command: the line that reproduces it."""
+    s = settings
+    torch.set_num_threads(s.threads)
+    src = resolve(s.model)
+    info = machine_info(s, command)
 
-    ours = {fmt: load_model(args.model, dtype=fmt) for fmt in args.formats}
-    first = ours[args.formats[0]]
+    ours = {fmt: load_model(s.model, dtype=fmt) for fmt in s.formats}
+    first = ours[s.formats[0]]
     tok, vocab = first.tokenizer, first.config.vocab_size
-    hf_needed = [*args.hf_dtypes, *(["bf16"] if args.prompts > 0 else [])]  # bf16: the generation reference
-    hf = {} if args.skip_hf else {d: load_hf(src, d) for d in dict.fromkeys(hf_needed)}
+    hf_needed = [*s.hf_dtypes, *(["bf16"] if s.prompts > 0 else [])]  # bf16: the generation reference
+    hf = {} if s.skip_hf else {d: load_hf(src, d) for d in dict.fromkeys(hf_needed)}
 
-    ctx = context_ids(tok, args.context, vocab)
+    # 1. forwards
+    ctx = context_ids(tok, s.context, vocab)
     steps: dict[str, ForwardStep] = {}
     for lm in ours.values():
-        steps |= forward_steps(lm, ctx, max(args.tokens))
-    steps |= {f"hf {d}": hf_forward_step(hf[d], ctx) for d in args.hf_dtypes if d in hf}
-    fwd = time_forwards(steps, args.tokens, vocab, args.repeats, args.warmup)
+        steps |= forward_steps(lm, ctx, max(s.tokens))
+    steps |= {f"hf {d}": hf_forward_step(hf[d], ctx) for d in s.hf_dtypes if d in hf}
+    fwd = time_forwards(steps, s.tokens, vocab, s.repeats, s.warmup)
 
+    # 2. generation
     gen: list[GenerationRow] | None = None
-    if args.prompts > 0:
+    if s.prompts > 0:
         if tok is None:
             raise SpecstackError("generation needs a tokenizer; pass --prompts 0 to skip it")
-        prompts = [list(tok(p, add_special_tokens=True).input_ids) for p in humaneval_prompts(args.prompts)]
+        prompts = [list(tok(p, add_special_tokens=True).input_ids) for p in humaneval_prompts(s.prompts)]
         fns = {f"specstack {fmt}": ours_generate_fn(lm) for fmt, lm in ours.items()}
         if hf:
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
             fns[HF_GEN_REFERENCE] = hf_generate_fn(hf["bf16"], pad)
-        llm = load_llama_cpp(src, args.threads, max(map(len, prompts)) + args.new_tokens + 8)
+        llm = load_llama_cpp(src, s.threads, max(map(len, prompts)) + s.new_tokens + 8)
         if llm is not None:
             fns["llama.cpp"] = llama_cpp_generate_fn(llm)
-        gen = run_generation(fns, prompts, args.new_tokens)
+        gen = run_generation(fns, prompts, s.new_tokens)
 
-    print(render(info, args, fwd, gen))
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("func", "argv")}
-    results = {"machine": info, "settings": settings,
-               "tree_parents": {t: tree_parents(t) for t in args.tokens},
+    print(render(info, s, fwd, gen))
+    results = {"machine": info, "settings": asdict(s) | {"out": str(s.out)},
+               "tree_parents": {t: tree_parents(t) for t in s.tokens},
                "forward": [asdict(r) for r in fwd], "generation": None if gen is None else [asdict(r) for r in gen]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"\nresults written to {args.out}", file=sys.stderr)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specstack.bench.forward", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    args.argv = argv
-    try:
-        return run(args)
-    except SpecstackError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    s.out.parent.mkdir(parents=True, exist_ok=True)
+    s.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nresults written to {s.out}", file=sys.stderr)

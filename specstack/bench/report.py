@@ -11,6 +11,7 @@ lookup), over the rows that report origins (our methods; null for the peers).
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -242,11 +243,21 @@ def origins_html(row: Row, tokenizer: Any, title: str) -> str:
 # Files
 # ---------------------------------------------------------------------------------------------------
 def read_rows(path: Path) -> list[Row]:
-    """The rows of a results.jsonl (none if it does not exist); a cut-off last line (an interrupted
+    """The rows of a results.jsonl, or of the gzip file beside it (`results.jsonl.gz`) when only that
+    exists: a run committed under docs/bench keeps its rows compressed and without their per-token
+    arrays (benchmarks/publish_run.py). None if neither exists; a cut-off last line (an interrupted
     run) is dropped."""
-    if not path.is_file():
+    gz = path.with_name(path.name + ".gz")
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif gz.is_file():
+        try:
+            text = gzip.decompress(gz.read_bytes()).decode("utf-8")
+        except (OSError, EOFError, UnicodeDecodeError):  # BadGzipFile is an OSError; EOFError: cut short
+            raise SpecstackError(f"{gz}: not a readable gzip file of rows") from None
+    else:
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = text.splitlines()
     rows = []
     for n, line in enumerate(lines, 1):
         if not line.strip():

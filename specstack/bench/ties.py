@@ -1,4 +1,4 @@
-"""`specstack bench-ties DIR`: is every divergence of a greedy `specstack bench` run a near-tie?
+"""Is every divergence of a greedy `specstack bench` run from `ar` a near-tie (`specstack bench-ties DIR`)?
 
 In bf16/int4 a T-token verification forward rounds differently from T one-token forwards, so a
 lossless method can part from `ar` (DESIGN §2.1). Where it does, both tokens must be at the top of
@@ -10,14 +10,20 @@ Rows of the peers (transformers, llama.cpp) are other implementations and are no
 """
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import torch
+
+from specstack.bench.datasets import iter_prompts
+from specstack.bench.report import read_rows
+from specstack.engine.methods import METHODS
 from specstack.errors import SpecstackError
+from specstack.models.base import LoadedModel
+from specstack.models.loading import load_model
+from specstack.prompts import encode_prompt
 
 # bf16 logits of these models are 20-40 in size, where one bf16 step is 0.125-0.25; rounding in a
 # different kernel order moves a logit by a few steps at most
@@ -38,59 +44,46 @@ class Divergence:
         return self.gap <= TIE_TOLERANCE
 
 
-def tie_gap(logits, a: int, b: int) -> float:
+def tie_gap(logits: torch.Tensor, a: int, b: int) -> float:
     """How far below the top logit the lower of tokens a and b is (0: both are at the top)."""
     return float(logits.max() - min(logits[a], logits[b]))
 
 
 def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
-    return next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), None)
+    return next((i for i, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b), None)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench-ties", help="check that every divergence from ar in a greedy bench run is a near-tie",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", type=Path, metavar="DIR", help="a finished `specstack bench` output folder")
-    p.add_argument("--threads", type=int, default=None)
-    p.set_defaults(func=cmd_bench_ties)
-    return p
-
-
-def cmd_bench_ties(args: argparse.Namespace) -> int:
-    from specstack.bench.report import read_rows
-
-    run_path = args.dir / "run.json"
+def check_folder(folder: Path, threads: int | None = None) -> list[Divergence]:
+    """The first divergence of every engine row of a finished greedy bench run in `folder`."""
+    run_path = folder / "run.json"
     if not run_path.is_file():
-        raise SpecstackError(f"{args.dir} holds no run.json: not a `specstack bench` output folder")
+        raise SpecstackError(f"{folder} holds no run.json: not a `specstack bench` output folder")
     run = json.loads(run_path.read_text(encoding="utf-8"))
     if run.get("temperature", 0) > 0:
-        raise SpecstackError(f"{args.dir} is a sampling run: only greedy runs compare tokens with ar")
-    divergences = check_run(run, read_rows(args.dir / "results.jsonl"), args.threads)
+        raise SpecstackError(f"{folder} is a sampling run: only greedy runs compare tokens with ar")
+    return check_run(run, read_rows(folder / "results.jsonl"), threads)
+
+
+def report(divergences: Sequence[Divergence]) -> str:
+    """One line for all divergences, then one per divergence that is no near-tie (a bug)."""
     bad = [d for d in divergences if not d.near_tie]
     gaps = sorted(d.gap for d in divergences)
-    print(f"{len(divergences)} rows differ from ar; {len(divergences) - len(bad)} first divergences are near-ties "
-          f"(both tokens within {TIE_TOLERANCE} of the top logit)" + (f"; gaps {gaps[0]:.3f} .. {gaps[-1]:.3f}" if gaps else ""))
-    for d in bad:
-        print(f"NOT A NEAR-TIE: {d.task_id} {d.method} token {d.index}: ar {d.ar_token}, method {d.token}, "
-              f"{d.gap:.3f} below the top logit")
-    return 1 if bad else 0
+    lines = [f"{len(divergences)} rows differ from ar; {len(divergences) - len(bad)} first divergences are near-ties "
+             f"(both tokens within {TIE_TOLERANCE} of the top logit)"
+             + (f"; gaps {gaps[0]:.3f} .. {gaps[-1]:.3f}" if gaps else "")]
+    lines += [f"NOT A NEAR-TIE: {d.task_id} {d.method} token {d.index}: ar {d.ar_token}, method {d.token}, "
+              f"{d.gap:.3f} below the top logit" for d in bad]
+    return "\n".join(lines)
 
 
 def check_run(run: dict, rows: Sequence[dict], threads: int | None = None) -> list[Divergence]:
-    import torch
-
-    from specstack.bench.datasets import iter_prompts
-    from specstack.engine.methods import METHOD_PARAMS
-    from specstack.models.loading import load_model
-    from specstack.prompts import encode_prompt
-
     if threads:
         torch.set_num_threads(threads)
-    engine = [r for r in rows if r["method"].partition(":")[0] in METHOD_PARAMS]
+    engine = [r for r in rows if r["method"].partition(":")[0] in METHODS]
     ar = {(r["task_id"], r["dtype"]): r["tokens"] for r in engine if r["method"].partition(":")[0] == "ar"}
     todo = [r for r in engine if r.get("identical_to_ar") is False and (r["task_id"], r["dtype"]) in ar]
     prompts = {p.task_id: p for p in iter_prompts(run["prompts"])}
-    models: dict[str, Any] = {}
+    models: dict[str, LoadedModel] = {}
     out = []
     for r in todo:
         ref = ar[(r["task_id"], r["dtype"])]

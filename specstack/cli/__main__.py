@@ -1,3 +1,4 @@
-from specstack.cli.app import main
+"""`python -m specstack.cli`: the `specstack` command."""
+from specstack.cli import main
 
 raise SystemExit(main())

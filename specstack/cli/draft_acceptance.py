@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specstack.cli.common import parse_contexts
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL
 
@@ -66,12 +67,11 @@ def cmd_draft_acceptance(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
+    from specstack.models.draft_file import is_draft_file, load_draft_file
     from specstack.models.loading import load_model
     from specstack.training.data import read_sequences
     from specstack.training.distill import acceptance
-    from specstack.models.draft_file import is_draft_file, load_draft_file
     from specstack.training.teacher import OnlineTeacher, TeacherSpec
-    from specstack.cli.train_draft import parse_contexts
 
     if args.k < 1 or args.heldout_sequences < 1:
         raise SpecstackError("--k and --heldout-sequences must be >= 1")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specstack.errors import SpecstackError
-from specstack.models.registry import DEFAULT_MODEL, ModelSource
+from specstack.models.registry import DEFAULT_MODEL, ModelSource, resolve
 
 DEFAULT_EXTS = (".py",)
 DEFAULT_EXCLUDE_DIRS = ("__pycache__", ".git", "site-packages", "node_modules")
@@ -82,7 +82,6 @@ def collect_files(paths: Sequence[Path], exts: Sequence[str], exclude_dirs: Sequ
 def load_tokenizer_for(name: str) -> tuple[ModelSource, Any]:
     """The model's tokenizer without loading its weights (reusing load_model's on-disk cache)."""
     from specstack.models.loading import cache_root, load_tokenizer
-    from specstack.models.registry import resolve
 
     src = resolve(name)  # unknown names fail here with a SpecstackError
     if not src.has_tokenizer:
@@ -162,8 +161,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                           args.max_files)
     if not files:
         raise SpecstackError(f"no corpus files found (extensions: {', '.join(args.ext or DEFAULT_EXTS)})")
-    from specstack.models.registry import resolve
-
     resolve(args.model)
     # 2. tokenise
     t0 = time.perf_counter()

@@ -31,16 +31,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specstack.bench.forward import int_list
+from specstack.bench.datasets import check_prompt_set, iter_prompts, select_prompts
+from specstack.cli.common import choice_list, int_list
+from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
-from specstack.models.registry import DEFAULT_MODEL
-from specstack.throughput.shapes import (
-    FORMATS,
-    ModelShape,
-    draft_shape,
-    looks_like_description,
-    model_shape,
-)
+from specstack.models.drafts import choose_draft
+from specstack.models.registry import DEFAULT_MODEL, resolve
+from specstack.throughput.check import check, table
 from specstack.throughput.model import (
     CONVENTIONS,
     DESIGNS,
@@ -57,21 +54,20 @@ from specstack.throughput.model import (
     spire_draft,
     vanilla_draft,
 )
+from specstack.throughput.shapes import (
+    FORMATS,
+    NAMED,
+    ModelShape,
+    draft_shape,
+    looks_like_description,
+    model_shape,
+)
 
 HARDWARE_HELP = f"{', '.join(PRESETS)}, local (this machine's calibration) or a calibration file"
 
 
-def _design_list(text: str) -> list[str]:
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    if not values or any(v not in DESIGNS for v in values):
-        raise argparse.ArgumentTypeError(f"designs must be among {', '.join(DESIGNS)}, got {text!r}")
-    return list(dict.fromkeys(values))
-
-
 def add_parser(subparsers: Any) -> None:
     """Register `throughput`, `throughput-calibrate` and `throughput-check`."""
-    from specstack.config import WEIGHT_FORMATS
-
     p = subparsers.add_parser("throughput", help="model the speculative speed-up over batch x context",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_MODEL, metavar="MODEL", help=f"default {DEFAULT_MODEL}")
@@ -91,7 +87,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--spire-layers", type=int, default=2, metavar="N", help="blocks of the SPIRe draft (default 2)")
     p.add_argument("--sparse-window", type=int, default=None, metavar="W",
                    help="KV positions of the sparse drafts (default: 1 + L // 8)")
-    p.add_argument("--designs", type=_design_list, default=list(DESIGNS), metavar="LIST",
+    p.add_argument("--designs", type=choice_list(DESIGNS, "designs"), default=list(DESIGNS), metavar="LIST",
                    help="default vanilla,spire,magicdec")
     p.add_argument("--plot", type=Path, default=Path("throughput.png"), metavar="FILE",
                    help="heat-map PNG (default throughput.png)")
@@ -181,7 +177,6 @@ def measure_taus(args: argparse.Namespace, designs: list[str], conv: Conventions
     import torch
     from tqdm import tqdm
 
-    from specstack.bench.datasets import iter_prompts, select_prompts
     from specstack.engine.methods import DraftSources, load_draft
     from specstack.models.loading import load_model
     from specstack.prompts import encode_prompt
@@ -221,19 +216,13 @@ def measure_taus(args: argparse.Namespace, designs: list[str], conv: Conventions
 # throughput
 # ---------------------------------------------------------------------------------------------------
 def _loadable(spec: str) -> bool:
-    from specstack.throughput.shapes import NAMED
-
     return spec not in NAMED and not looks_like_description(spec)
 
 
 def default_draft(target_spec: str, target: ModelShape) -> str:
-    if _loadable(target_spec):
-        from specstack.engine.methods import DEFAULT_SOURCES
-
-        found = DEFAULT_SOURCES.get(target_spec)
-        if found is not None and found.draft:
-            return found.draft
-    return f"self:{max(1, target.n_layers // 8)}"
+    """The engine's draft for a loadable target (models/drafts.py), the fallback for a named shape or a
+    description."""
+    return str(choose_draft(None, target.n_layers, target_spec if _loadable(target_spec) else None))
 
 
 def build_drafts(args: argparse.Namespace, target: ModelShape, draft: ModelShape) -> list[Draft]:
@@ -337,8 +326,6 @@ def run(args: argparse.Namespace) -> int:
             raise SpecstackError("--tau auto runs the engine: --target must be a model it can load")
         if "vanilla" in auto and not (args.draft_spec.startswith("self:") or _loadable(args.draft_spec)):
             raise SpecstackError("--tau auto: the vanilla --draft must be self:N or a model the engine can load")
-        from specstack.bench.datasets import check_prompt_set
-
         check_prompt_set(args.prompts)
         # 2. measure τ with the engine
         taus |= measure_taus(args, auto, conv)
@@ -371,7 +358,6 @@ def run(args: argparse.Namespace) -> int:
 # throughput-calibrate, throughput-check
 # ---------------------------------------------------------------------------------------------------
 def run_calibrate(args: argparse.Namespace) -> int:
-    from specstack.models.registry import resolve
     from specstack.throughput.calibrate import calibrate, local_path, save
 
     for flag, v in (("--repeats", args.repeats), ("--threads", args.threads)):
@@ -401,7 +387,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from specstack.throughput.calibrate import load_hardware
-    from specstack.throughput.check import check, table
 
     if args.context is not None and args.context < 1:
         raise SpecstackError(f"--context must be >= 1, got {args.context}")

@@ -25,6 +25,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specstack.cli.common import parse_contexts
 from specstack.config import WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL
@@ -101,17 +102,6 @@ def _check(args: argparse.Namespace) -> None:
     args.contexts = parse_contexts(args.contexts, args.seq_len)
 
 
-def parse_contexts(text: str, seq_len: int) -> tuple[int, ...]:
-    try:
-        contexts = tuple(int(c) for c in text.split(",") if c.strip())
-    except ValueError:
-        raise SpecstackError(f"--contexts must be comma-separated integers, got {text!r}") from None
-    bad = [c for c in contexts if not 2 <= c <= seq_len]
-    if bad:
-        raise SpecstackError(f"--contexts {bad}: each must lie in [2, --seq-len {seq_len}]")
-    return contexts
-
-
 def token_counts(sequences: torch.Tensor | None, data: Any, vocab_size: int) -> torch.Tensor:
     """How often each token occurs in the training sequences (or, without them, in the teacher cache)."""
     import torch
@@ -154,11 +144,11 @@ def _command(args: argparse.Namespace) -> str:
 def cmd_train_draft(args: argparse.Namespace) -> int:
     import torch
 
+    from specstack.models.draft_file import save_draft
     from specstack.models.loading import load_model
     from specstack.training import data as data_mod
     from specstack.training.distill import TrainParams, train
     from specstack.training.prune import build_draft, last_blocks
-    from specstack.models.draft_file import save_draft
     from specstack.training.teacher import (
         CachedTeacher,
         OnlineTeacher,

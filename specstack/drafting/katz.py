@@ -33,18 +33,6 @@ import torch
 from specstack.errors import SpecstackError
 
 FORMAT_VERSION = 1
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-# model name -> the trigram shipped for it in specstack/data (see docs/NGRAM.md for how it was built)
-DEFAULT_NGRAMS: dict[str, str] = {"smollm2-135m": "smollm2-135m-code-trigram.npz"}
-
-
-def default_ngram_path(model_name: str) -> Path | None:
-    """The shipped trigram for a model (registry name), or None if there is none."""
-    name = DEFAULT_NGRAMS.get(model_name)
-    if name is None:
-        return None
-    path = DATA_DIR / name
-    return path if path.is_file() else None
 
 
 # ---------------------------------------------------------------------------------------------------

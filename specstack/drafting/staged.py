@@ -23,10 +23,11 @@ import torch
 
 from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext
+from specstack.drafting.candidates import NextTokens
 from specstack.drafting.draft_length import CostAwareBudget
-from specstack.drafting.model import ModelDrafter, NextTokens, TreeParams, _Candidate
+from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import STAGED_WIDTHS
-from specstack.models.loading import LoadedModel
+from specstack.models.base import LoadedModel
 from specstack.tree import DraftTree
 
 
@@ -42,11 +43,11 @@ class StagedDrafter(ModelDrafter):
     def __init__(self, draft: LoadedModel, draft2: ProposalSource, params: TreeParams,
                  widths: Sequence[int] = STAGED_WIDTHS, capacity: int | None = None,
                  window: WindowSpec | None = None, budget: CostAwareBudget | None = None) -> None:
-        self.widths = tuple(widths)
+        self.widths = tuple(widths)  # before ModelDrafter sizes the cache by scratch_bound
         super().__init__(draft, params, capacity, window, budget)
         self.draft2 = draft2
 
-    def _scratch_bound(self) -> int:
+    def scratch_bound(self) -> int:
         # each spine step runs its token and, at most, all of draft2's proposal tree
         return self.params.depth + 2 + self.params.depth * (1 + sum(self.widths))
 
@@ -54,53 +55,54 @@ class StagedDrafter(ModelDrafter):
         super().reset(prompt_ids, target_hidden)
         self.draft2.reset(prompt_ids)
 
-    def _grow(self, root: NextTokens, ctx: DraftContext) -> None:
-        depth_limit = self._max_run_depth()  # nodes up to this depth may be run
-        self._add_children(-1, root, 0, ctx)
+    def grow(self, root: NextTokens, ctx: DraftContext) -> None:
+        cands = self.candidates
+        depth_limit = self.max_run_depth()  # nodes up to this depth may be run
+        self.expand(-1, root, 0, ctx)
         # next-token distribution of every expanded node: (the forward's rows, its row)
         dist: dict[int, tuple[NextTokens, int]] = {-1: (root, 0)}
         spine_end, spine_tokens = -1, []
-        while self._depth(spine_end) < depth_limit:
+        while cands.depth(spine_end) < depth_limit:
             # 1. the draft's own next token at the spine end (its argmax is always a top child)
             token = self._best(dist, spine_end)
-            nxt = self._child(spine_end, token)
-            if self._sized and (nxt is None or nxt not in self._selected()):
+            nxt = cands.child(spine_end, token)
+            if self.sized and (nxt is None or nxt not in self.selected()):
                 break  # running it would only grow children that are not worth verifying
             if nxt is None:
-                nxt = self._new(_Candidate(token, spine_end, 0.0, None))
+                nxt = cands.add(token, spine_end, 0.0)
             # 2. draft2's proposal tree under it, mapped onto candidates (existing ones are reused)
             proposal = self.draft2.proposal_tree(list(ctx.tokens) + spine_tokens + [token], self.widths)
-            block = [nxt] if self._cands[nxt].slot < 0 else []
+            block = [] if cands[nxt].expanded else [nxt]
             mapped: dict[int, int] = {}
-            for i, (tok, par) in enumerate(zip(proposal.tokens, proposal.parent)):
+            for i, (tok, par) in enumerate(zip(proposal.tokens, proposal.parent, strict=True)):
                 parent = nxt if par < 0 else mapped.get(par)
-                if parent is None or self._depth(parent) >= depth_limit:
+                if parent is None or cands.depth(parent) >= depth_limit:
                     continue
-                c = self._child(parent, tok)
+                c = cands.child(parent, tok)
                 if c is None:
-                    c = self._new(_Candidate(tok, parent, 0.0, None, proposal.origin[i]))
+                    c = cands.add(tok, parent, 0.0, origin=proposal.origin[i])
                 else:
-                    self._cands[c].origin = proposal.origin[i]  # draft2 proposed it too
+                    cands[c].origin = proposal.origin[i]  # draft2 proposed it too
                 mapped[i] = c
-                if self._cands[c].slot < 0:
+                if not cands[c].expanded:
                     block.append(c)
             if not block:
                 break
             # 3. one draft forward: scores of the new nodes, their children, draft2's verification
             block.sort()  # candidates are created parents-first: index order is topological
-            rows = self._run(block, ctx)
+            rows = self.run(block, ctx)
             for row, c in enumerate(block):
                 dist[c] = (rows, row)
             for c in block:  # parents first, so each score builds on a final one
-                self._cands[c].score = self._score(c, dist)
+                cands[c].score = self._score(c, dist)
             for row, c in enumerate(block):
-                self._add_children(c, rows, row, ctx)
+                self.expand(c, rows, row, ctx)
             proposed = set(mapped.values())
             node = nxt
             spine_tokens.append(token)
-            while self._depth(node) < depth_limit:
+            while cands.depth(node) < depth_limit:
                 want = self._best(dist, node)
-                ch = self._child(node, want)
+                ch = cands.child(node, want)
                 if ch is None or ch not in proposed:
                     break  # draft2 did not propose the draft's next token: the draft continues
                 node = ch
@@ -113,7 +115,7 @@ class StagedDrafter(ModelDrafter):
         return rows.best(row)
 
     def _score(self, c: int, dist: dict[int, tuple[NextTokens, int]]) -> float:
-        cand = self._cands[c]
-        base = 1.0 if cand.parent < 0 else self._cands[cand.parent].score
+        """Candidate c's path probability: its parent's times the draft's probability of c there."""
+        cand = self.candidates[c]
         rows, row = dist[cand.parent]
-        return base * rows.prob(row, cand.token)
+        return self.candidates.score(cand.parent) * rows.prob(row, cand.token)

@@ -9,7 +9,7 @@ import torch
 
 from specstack.config import GenerationConfig
 from specstack.engine.session import GenerationResult, open_session
-from specstack.models.loading import LoadedModel
+from specstack.models.base import LoadedModel
 from specstack.sampling import next_token
 
 __all__ = ["GenerationResult", "generate"]

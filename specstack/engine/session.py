@@ -11,7 +11,7 @@ from specstack.cache import KVCache
 from specstack.config import GenerationConfig
 from specstack.engine.stats import RunStats
 from specstack.engine.stopping import FinishReason, TokenStream
-from specstack.models.loading import LoadedModel
+from specstack.models.base import LoadedModel
 from specstack.prompts import check_context
 from specstack.sampling import make_generator
 

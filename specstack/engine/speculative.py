@@ -21,7 +21,7 @@ from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import DraftContext, Drafter
 from specstack.engine.session import GenerationResult, open_session
 from specstack.engine.stats import StepStats
-from specstack.models.loading import LoadedModel
+from specstack.models.base import LoadedModel
 from specstack.sampling import warp
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult, verify_greedy, verify_rrs, verify_sample_walk

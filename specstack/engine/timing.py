@@ -10,7 +10,7 @@ import torch
 
 from specstack.attention import build_batch, tree_batch
 from specstack.errors import SpecstackError
-from specstack.models.loading import LoadedModel
+from specstack.models.base import LoadedModel
 
 ForwardStep = Callable[[torch.Tensor], None]  # one forward of tokens [1, T] at the context, rolled back
 

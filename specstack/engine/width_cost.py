@@ -26,7 +26,8 @@ import torch
 
 from specstack.engine.timing import forward_steps, random_context
 from specstack.machine import cpu_model
-from specstack.models.loading import LoadedModel, cache_root
+from specstack.models.base import LoadedModel
+from specstack.models.loading import cache_root
 
 STORE_NAME = "width_costs.json"
 # part of every curve's key: a change to how curves are measured retires the curves measured before it

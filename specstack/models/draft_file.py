@@ -6,43 +6,32 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
-from specstack.models.loading import LoadedModel
+from specstack.models.base import LoadedModel
+from specstack.models.drafts import FILE_SUFFIX
 from specstack.models.quant import activation_dtype
-from specstack.models.transformer import rope_tables
 from specstack.models.spire_draft import SpireConfig, SpireDraft
-from specstack.training.prune import shared_weights
-
-SUFFIX = ".safetensors"
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-# trained drafts shipped with the package (docs/BENCHMARKS.md has the command that made each one)
-DEFAULT_DRAFTS: dict[str, str] = {"smollm2-135m": "smollm2-135m-spire-draft.safetensors"}
+from specstack.models.transformer import Transformer, rope_tables
 
 
-def default_draft_path(model_name: str) -> Path | None:
-    """The shipped trained draft for a model (registry name), or None."""
-    name = DEFAULT_DRAFTS.get(model_name)
-    path = DATA_DIR / name if name else None
-    return path if path is not None and path.is_file() else None
-
-
-def resolve_default_draft(spec: str, model_name: str) -> str:
-    """`default` -> the path of the draft shipped for `model_name` (a clear error when none ships);
-    any other draft spec unchanged."""
-    if spec != "default":
-        return spec
-    found = default_draft_path(model_name)
-    if found is None:
-        raise SpecstackError(f"no trained draft ships for {model_name}: pass --draft (a model, a file from "
-                             "`specstack train-draft`, self:N or magicdec:W)")
-    return str(found)
+def shared_weights(target: Transformer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's embedding and unembedding as float [V, d] (the embedding itself when tied)."""
+    embed = target.embed.detach()
+    if target.config.tie_embeddings:
+        return embed, embed
+    head = target.head
+    if head.fmt in ("fp32", "bf16"):
+        return embed, head.weight
+    if head.fmt == "int8":
+        return embed, (head.weight.float() * head.scales.float()[:, None]).to(embed.dtype)
+    raise SpecstackError(f"cannot share a {head.fmt} unembedding with a draft")
 
 
 def save_draft(model: SpireDraft, path: Path, info: dict[str, str] | None = None) -> None:
-    from safetensors.torch import save_file
-
     state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
              for k, v in model.state_dict().items()}
     meta = {"format": "specstack-spire-draft", "config": model.spire.to_json(), **(info or {})}
@@ -53,10 +42,8 @@ def save_draft(model: SpireDraft, path: Path, info: dict[str, str] | None = None
 
 def is_draft_file(path: str | Path) -> bool:
     p = Path(path)
-    if p.suffix != SUFFIX or not p.is_file():
+    if p.suffix != FILE_SUFFIX or not p.is_file():
         return False
-    from safetensors import safe_open
-
     with safe_open(str(p), "pt") as f:
         return (f.metadata() or {}).get("format") == "specstack-spire-draft"
 
@@ -64,9 +51,6 @@ def is_draft_file(path: str | Path) -> bool:
 def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") -> LoadedModel:
     """The draft in `path`, sharing `target`'s embedding and unembedding, its weights in `fmt`
     (fp32, bf16, or int8 / int4 for inference: see SpireDraft.quantize_)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     if fmt not in WEIGHT_FORMATS:  # before any reading
         raise SpecstackError(f"unsupported draft weight format {fmt!r}; choose from {', '.join(WEIGHT_FORMATS)}")
     p = Path(path)
@@ -96,8 +80,6 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
 
 
 def draft_info(path: str | Path) -> dict[str, str]:
-    from safetensors import safe_open
-
     with safe_open(str(path), "pt") as f:
         return dict(f.metadata() or {})
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import torch
 
 from specstack.config import DEVICES, WEIGHT_FORMATS, ModelConfig
 from specstack.errors import SpecstackError
+from specstack.models.base import LoadedModel
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Q4Weight, Transformer, Weight
 
@@ -243,23 +244,6 @@ def load_tokenizer(src: ModelSource, cache_dir: Path | None) -> Any:
 # ---------------------------------------------------------------------------------------------------
 # The whole load, with the on-disk cache
 # ---------------------------------------------------------------------------------------------------
-@dataclass
-class LoadedModel:
-    name: str
-    model: Transformer
-    tokenizer: Any  # a transformers tokenizer, or None for weights without one
-    config: ModelConfig
-    fmt: str
-    source: str = ""  # what load_model was given (a registry name or a path): reloads the same model
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        ids = set(self.config.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return tuple(sorted(ids))
-
-
 def _source_key(src: ModelSource) -> str:
     files = [src.path] if src.path.is_file() else sorted(p for p in src.path.iterdir() if p.is_file())
     h = hashlib.sha256(CACHE_VERSION.encode())

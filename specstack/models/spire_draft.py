@@ -21,10 +21,10 @@ largest cost of a small draft at 49k tokens; the draft's probability of every ot
 which verification handles like any other draft distribution.
 
 Two forwards share the blocks:
-- `forward(tokens, batch, cache)`: the engine's interface (a drafter runs it like any model). Tokens
-  of one forward see the cache (memories) and themselves; after the pass their memories replace the
-  keys/values they were written with. `write_memories` stores verified tokens from target hidden
-  states without running the draft.
+- `forward(tokens, batch, cache)`: the engine's interface (a DecoderModel, models/base.py: a drafter
+  runs it like any model). Tokens of one forward see the cache (memories) and themselves; after the
+  pass their memories replace the keys/values they were written with. `write_memories` stores
+  verified tokens from target hidden states without running the draft (ReadsTargetActivations).
 - `train_forward`: the same computation for a whole sequence at once, unrolled for k draft steps:
   draft step j at position t sees target memories before t - j + 1 and, for the j - 1 tokens after
   them, the memories the draft made itself in steps j - r (exactly what a chain of k drafts sees).
@@ -39,12 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specstack.attention import AttentionBatch
+from specstack.attention import AttentionBatch, causal_block_mask, unrolled_step_mask, window_mask
 from specstack.cache import KVCache
 from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
+from specstack.models.base import Extends, ModelOutput
 from specstack.models.quant import QLinear
-from specstack.models.transformer import ModelOutput, apply_rope, rms_norm, rope_tables
+from specstack.models.transformer import apply_rope, rms_norm, rope_tables
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,6 @@ class SpireConfig:
         w = d.pop("window")
         return SpireConfig(ModelConfig(**m), WindowSpec(**w) if w else None,
                            target_layers=tuple(d.pop("target_layers")), **d)
-
-
-def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: WindowSpec | None) -> torch.Tensor:
-    """[.., Tq, Tk] sliding-window visibility (the rule attention.py applies to the cache)."""
-    if window is None:
-        return torch.ones(q_pos.shape[-1], k_pos.shape[-1], dtype=torch.bool, device=q_pos.device)
-    dist = q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)
-    return (k_pos.unsqueeze(-2) < window.sink) | (dist < window.window)
 
 
 class DraftBlock(nn.Module):
@@ -135,7 +128,9 @@ class DraftBlock(nn.Module):
         return x + self.down(F.silu(gate) * up)
 
 
-class SpireDraft(nn.Module):
+class SpireDraft(Extends, nn.Module):
+    """A DecoderModel that reads the target's activations (ReadsTargetActivations: models/base.py)."""
+
     def __init__(self, config: SpireConfig, vocab_ids: torch.Tensor | None = None) -> None:
         super().__init__()
         self.spire = config
@@ -178,7 +173,11 @@ class SpireDraft(nn.Module):
         self.head = unembed[self.vocab_ids.to(unembed.device)].to(self.norm.dtype).contiguous()
         return self
 
-    def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> KVCache:
+    def new_cache(self, batch_size: int = 1, capacity: int | None = None,
+                  window: WindowSpec | None = None) -> KVCache:
+        """window: None (or the draft's own): the window the draft was trained with, used in any case."""
+        if window is not None and window != self.spire.window:
+            raise SpecstackError(f"this SPIRe draft was trained with the window {self.spire.window}, not {window}")
         cap = capacity or self.config.max_seq_len + 64
         return KVCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window,
                        feature_dim=self.config.d_model if self.spire.feature_input else 0)
@@ -275,7 +274,7 @@ class SpireDraft(nn.Module):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, cache: KVCache,
                 hidden_layers: Sequence[int] = (), logit_rows: slice = slice(None)) -> ModelOutput:
-        """Same contract as Transformer.forward; the logits' columns are the draft's vocabulary
+        """DecoderModel.forward (models/base.py); the logits' columns are the draft's vocabulary
         (out.vocab_ids): spreading them over all 49k tokens cost more than the draft's head."""
         cache.begin_block(batch.positions, batch.append)
         rope = self._rope(batch.positions, self.norm.dtype)
@@ -320,28 +319,24 @@ class SpireDraft(nn.Module):
         t = tokens.shape[1]
         pos = torch.arange(t, device=tokens.device)
         rope = self._rope(pos.unsqueeze(0), torch.float32)
-        seen = visible(pos, pos, self.spire.window)  # [T, T]
         gqa = cfg.n_kv_heads != cfg.n_heads
         x0 = F.embedding(tokens, self.embed).float()
         if target_hidden is None:
             x = x0
+            mask = window_mask(pos, pos, self.spire.window) & causal_block_mask(t, pos.device)  # [T, T]
             for blk in self.layers:
                 q, k, v = blk.qkv_heads(x, rope)
-                mask = seen & (pos.unsqueeze(1) >= pos.unsqueeze(0))
                 x = blk.finish(x, F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
                                                                  enable_gqa=gqa))
             return [self._logits(x)] * steps  # its own memories at every step: one pass says it all
         levels_t = [x0] + [target_hidden[:, :, j].float() for j in range(target_hidden.shape[2])]
         target_kv = self._memories_kv(levels_t, rope)  # (k, v), each [layers, B, Hkv, T, D]
         draft_kv: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step
-        diag = torch.eye(t, dtype=torch.bool, device=tokens.device)
         outs = []
         tops = [levels_t[-1]]  # top-level features: the target's, then each draft step's
         for j in range(1, steps + 1):
             # keys: target memories before t - j + 1 | the draft's step-(j - r) memory at t - r | self
-            masks = [seen & (pos.unsqueeze(1) - pos.unsqueeze(0) >= j)]
-            masks += [seen & torch.roll(diag, -r, dims=1).tril(-r) for r in range(1, j)]
-            mask = torch.cat(masks + [diag], dim=1)
+            mask = unrolled_step_mask(pos, j, self.spire.window)  # [T, (j + 1) T]
             x, levels = x0, [x0]
             if self.spire.feature_input:  # the token before: the target's (step 1) or the previous step's
                 prev = F.pad(tops[j - 1][:, :-1], (0, 0, 1, 0))

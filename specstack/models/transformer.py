@@ -7,15 +7,17 @@ invisible until the caller commits them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specstack.attention import AttentionBatch, build_batch
+from specstack.attention import AttentionBatch
 from specstack.cache import KVCache
 from specstack.config import ModelConfig, WindowSpec
+from specstack.errors import SpecstackError
+from specstack.models.base import Extends, ModelOutput
 from specstack.models.bound import BoundModule, Forward
 from specstack.models.quant import QLinear, activation_dtype
 
@@ -35,15 +37,6 @@ class Q4Weight:
 
 
 Weight = torch.Tensor | Q4Weight
-
-
-@dataclass
-class ModelOutput:
-    logits: torch.Tensor  # [B, T', V'] float32: the rows asked for (all T by default)
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, T, d]
-    # the token id of each logits column when the model scores only part of the vocabulary (a SPIRe
-    # draft's reduced vocabulary); None: V' = V, column j is token j
-    vocab_ids: torch.Tensor | None = None
 
 
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,8 +125,8 @@ class Block(nn.Module):
         return x + down_proj.forward(h)
 
 
-class Transformer(nn.Module):
-    target_hidden_layers: tuple[int, ...] = ()  # as a draft, it runs every token itself (see SpireDraft)
+class Transformer(Extends, nn.Module):
+    """The target, and a draft of the target's kind (a DecoderModel: models/base.py)."""
 
     def __init__(self, cfg: ModelConfig, fmt: str = "fp32") -> None:
         super().__init__()
@@ -176,7 +169,7 @@ class Transformer(nn.Module):
         def dense(name: str, shape: tuple[int, ...]) -> torch.Tensor:
             w = get(name)
             w = w.dequantize() if isinstance(w, Q4Weight) else w
-            if len(w.shape) != len(shape) or any(a != b for a, b in zip(w.shape, shape) if b != -1):
+            if len(w.shape) != len(shape) or any(a != b for a, b in zip(w.shape, shape, strict=True) if b != -1):
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(w.shape)}")
             return w
 
@@ -197,17 +190,20 @@ class Transformer(nn.Module):
         if self.pos_embed is not None:
             self.pos_embed.copy_(dense("pos_embed", (cfg.max_seq_len, cfg.d_model)))
         gpt2 = cfg.arch == "gpt2"
+
+        def biases(prefix: str, *names: str) -> list[str] | None:  # llama blocks have none
+            return [prefix + n + ".bias" for n in names] if gpt2 else None
+
         for i, blk in enumerate(self.layers):
             p = f"layers.{i}."
             for norm, name in ((blk.attn_norm, "attn_norm"), (blk.mlp_norm, "mlp_norm")):
                 norm.weight.copy_(dense(p + name + ".weight", (cfg.d_model,)))
                 if gpt2:
                     norm.bias.copy_(dense(p + name + ".bias", (cfg.d_model,)))
-            b = (lambda *ns: [p + n + ".bias" for n in ns]) if gpt2 else (lambda *ns: None)
-            linear(blk.qkv, [p + "q", p + "k", p + "v"], b("q", "k", "v"))
-            linear(blk.o, [p + "o"], b("o"))
-            linear(blk.up, [p + "gate", p + "up"] if not gpt2 else [p + "up"], b("up"))
-            linear(blk.down, [p + "down"], b("down"))
+            linear(blk.qkv, [p + "q", p + "k", p + "v"], biases(p, "q", "k", "v"))
+            linear(blk.o, [p + "o"], biases(p, "o"))
+            linear(blk.up, [p + "gate", p + "up"] if not gpt2 else [p + "up"], biases(p, "up"))
+            linear(blk.down, [p + "down"], biases(p, "down"))
         self.norm.weight.copy_(dense("norm.weight", (cfg.d_model,)))
         if gpt2:
             self.norm.bias.copy_(dense("norm.bias", (cfg.d_model,)))
@@ -254,9 +250,15 @@ class Transformer(nn.Module):
         logits = self.head.forward(self.norm.forward(x).to(self.head.act_dtype)).float()
         return ModelOutput(logits.view(b, rows, -1), hidden)
 
-    def extend(self, tokens: torch.Tensor, cache: KVCache, hidden_layers: Sequence[int] = (),
-               logit_rows: slice = slice(None)) -> ModelOutput:
-        """Run `tokens` [B, T] as the continuation of every row and commit them all (prefill/decode)."""
-        out = self.forward(tokens, build_batch(cache, tokens.shape[1]), cache, hidden_layers, logit_rows)
-        cache.commit_all()
-        return out
+    def first_layers(self, n: int) -> Transformer:
+        """A model of this one's first `n` blocks with its embeddings, final norm and head (a self-draft:
+        MagicDec-style, without training). Every tensor is shared with this model, none copied."""
+        if not 1 <= n <= self.config.n_layers:
+            raise SpecstackError(f"self-draft: {n} layers requested, the model has {self.config.n_layers}")
+        with torch.device("meta"):  # the skeleton allocates nothing: every tensor in it is replaced below
+            model = Transformer(replace(self.config, n_layers=n), self.fmt)
+        for name, part in (*self.named_parameters(recurse=False), *self.named_buffers(recurse=False),
+                           *self.named_children()):
+            setattr(model, name, part)
+        model.layers = self.layers[:n]
+        return model

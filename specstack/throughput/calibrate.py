@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from specstack.errors import SpecstackError
-from specstack.throughput.shapes import ModelShape
+from specstack.models.drafts import choose_draft
 from specstack.throughput.model import (
     ENGINE,
     PRESETS,
@@ -42,6 +42,7 @@ from specstack.throughput.model import (
     PassCost,
     pass_cost,
 )
+from specstack.throughput.shapes import ModelShape
 
 LOCAL = "local"  # --hardware local: the preset written by throughput-calibrate
 _TINY = 1e-30  # a coefficient fitted to 0: that resource costs nothing measurable here
@@ -154,8 +155,8 @@ def calibrate(model: str, dtype: str, draft: str | None, draft_dtype: str, conte
     """Time the target and the draft (default: the engine's default draft for the model) and fit."""
     import torch
 
+    from specstack.engine.methods import DraftSources, load_draft
     from specstack.machine import cpu_model, now, versions
-    from specstack.engine.methods import DEFAULT_SOURCES, DraftSources, load_draft
     from specstack.models.loading import load_model
     from specstack.throughput.shapes import from_config
 
@@ -164,7 +165,7 @@ def calibrate(model: str, dtype: str, draft: str | None, draft_dtype: str, conte
     target = load_model(model, dtype=dtype)
     if target.tokenizer is None:
         raise SpecstackError(f"{model} has no tokenizer: calibration times forwards over real text")
-    spec = draft or DEFAULT_SOURCES.get(target.name, DraftSources()).draft or f"self:{max(1, target.config.n_layers // 8)}"
+    spec = str(choose_draft(draft, target.config.n_layers, target.name))
     drafted = load_draft(target, DraftSources(draft=spec, draft_dtype=draft_dtype), "cpu")
     models = [(lm, from_config(lm.config, lm.name, fmt)) for lm, fmt in ((target, dtype), (drafted, draft_dtype))]
     samples = measure(models, target.tokenizer, contexts, tokens, repeats, warmup)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specstack.errors import SpecstackError
-from specstack.throughput.shapes import ModelShape, draft_shape, from_config, read_config
+from specstack.models.drafts import choose_draft
 from specstack.throughput.model import (
     Conventions,
     Hardware,
@@ -31,6 +31,7 @@ from specstack.throughput.model import (
     round_times,
     vanilla_draft,
 )
+from specstack.throughput.shapes import ModelShape, draft_shape, from_config, read_config
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,8 @@ def mean_context(settings: dict[str, Any], task_ids: set[str], new_tokens: int) 
 
 def check(run_dir: Path, hw: Hardware, conv: Conventions, context: float | None = None) -> tuple[list[CheckRow], str]:
     """Rows for every chain method of the run; also the draft spec the run used."""
+    from specstack.bench.plan import parse_methods
     from specstack.bench.report import read_rows
-    from specstack.bench.run import parse_methods
-    from specstack.engine.methods import DEFAULT_SOURCES, DraftSources
 
     settings_file = run_dir / "run.json"
     if not settings_file.is_file():
@@ -125,8 +125,7 @@ def check(run_dir: Path, hw: Hardware, conv: Conventions, context: float | None 
     if not chains:
         raise SpecstackError(f"{run_dir} has no chain method to check")
     cfg = read_config(settings["model"])
-    draft_spec = settings.get("draft") or DEFAULT_SOURCES.get(settings["model"], DraftSources()).draft \
-        or f"self:{max(1, cfg.n_layers // 8)}"
+    draft_spec = str(choose_draft(settings.get("draft"), cfg.n_layers, settings["model"]))
     if context is None:
         context = mean_context(settings, {r["task_id"] for r in rows}, settings["max_new_tokens"])
     out = []

@@ -16,7 +16,7 @@ from specstack.config import GenerationConfig, WindowSpec
 from specstack.drafting.base import Drafter
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine.methods import run_method
-from specstack.models.loading import LoadedModel
+from specstack.models.base import LoadedModel
 from specstack.throughput.model import Conventions
 
 MEASURABLE = ("vanilla", "magicdec")

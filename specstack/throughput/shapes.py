@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, replace
 
 from specstack.errors import SpecstackError
+from specstack.models.drafts import DraftKind, DraftSpec
 
 # Bytes per weight of each format. int4: a 4-bit code plus a bf16 scale and zero per group of 32
 # inputs (0.5 + 4/32). fp8 is the published convention (every value one byte).
@@ -200,21 +201,14 @@ def model_shape(spec: str, fmt: str = "fp8") -> ModelShape:
 def draft_shape(spec: str, target: ModelShape, fmt: str) -> ModelShape:
     """`self:N` (the target's first N blocks and its head), a trained draft file (`default`: the one
     shipped for the target), `magicdec:W` (the target itself), or anything `model_shape` takes."""
-    if spec == "default":
-        from specstack.models.draft_file import resolve_default_draft
-
-        spec = resolve_default_draft(spec, target.name)
-    if spec.endswith(".safetensors"):
-        return trained_draft_shape(spec, target)
-    if spec.startswith("magicdec:"):
+    draft = DraftSpec.parse(spec).resolved(target.name)
+    if draft.kind == DraftKind.FILE:
+        return trained_draft_shape(draft.source, target)
+    if draft.kind == DraftKind.MAGICDEC:
         return target
-    if spec.startswith("self:"):
-        try:
-            n = int(spec.removeprefix("self:"))
-        except ValueError:
-            raise SpecstackError(f"draft {spec!r}: expected self:N with N layers") from None
-        return target.first_layers(n, name=spec).in_format(fmt)
-    return model_shape(spec, fmt)
+    if draft.kind == DraftKind.SELF:
+        return target.first_layers(draft.size, name=spec).in_format(fmt)
+    return model_shape(draft.source, fmt)
 
 
 def trained_draft_shape(path: str, target: ModelShape) -> ModelShape:

@@ -12,6 +12,7 @@ import torch
 
 from specstack.config import WindowSpec
 from specstack.errors import SpecstackError
+from specstack.models.draft_file import shared_weights
 from specstack.models.transformer import Transformer
 from specstack.models.spire_draft import SpireConfig, SpireDraft
 
@@ -52,19 +53,6 @@ def build_draft(target: Transformer, n_layers: int = 2, keep: Sequence[int] | No
     else:
         copy_blocks(draft, target, keep)
     return draft.attach_target(*(w.float() for w in shared_weights(target)))
-
-
-def shared_weights(target: Transformer) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's embedding and unembedding as float [V, d] (the embedding itself when tied)."""
-    embed = target.embed.detach()
-    if target.config.tie_embeddings:
-        return embed, embed
-    head = target.head
-    if head.fmt in ("fp32", "bf16"):
-        return embed, head.weight
-    if head.fmt == "int8":
-        return embed, (head.weight.float() * head.scales.float()[:, None]).to(embed.dtype)
-    raise SpecstackError(f"cannot share a {head.fmt} unembedding with a draft")
 
 
 @torch.no_grad()

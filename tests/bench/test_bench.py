@@ -13,7 +13,7 @@ import pytest
 
 import specstack.bench.run as bench_run
 from specstack.bench import datasets, report
-from specstack.cli.app import main
+from specstack.cli import main
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL
 

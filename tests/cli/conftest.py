@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specstack.cli.app import main
+from specstack.cli import main
 
 TINY_CONTEXT = 64
 STATS_LINE = re.compile(r"^\d+ tokens in \d+\.\d+ s \(\d+\.\d+ tokens/s; prefill \d+ tokens \d+\.\d+ s\)$")

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-import specstack.cli.app
+import specstack.cli.generate
 from specstack.models.registry import DEFAULT_MODEL
 
 
@@ -36,7 +36,7 @@ def no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*_a, **_k):
         raise AssertionError("the model was loaded although the arguments are invalid")
 
-    monkeypatch.setattr(specstack.cli.app, "load", fail)
+    monkeypatch.setattr(specstack.cli.generate, "load", fail)
 
 
 def _file(tmp_path: Path, data: bytes, name: str = "prompt.txt") -> str:
@@ -148,7 +148,7 @@ def test_keyboard_interrupt_exits_130_quietly(run_cli, monkeypatch):
     def interrupt(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(specstack.cli.app, "load", interrupt)
+    monkeypatch.setattr(specstack.cli.generate, "load", interrupt)
     r = run_cli(*GEN)
     assert (r.code, r.err) == (130, "")
 

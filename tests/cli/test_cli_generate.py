@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-import specstack.cli.app
+import specstack.cli.generate
 from specstack.models.registry import DEFAULT_MODEL
 
 
@@ -23,7 +23,7 @@ def test_tiny_model_generates(run_cli, tiny_model, stats_line):
 def test_output_is_streamed_and_matches_result(run_cli, tiny_model, monkeypatch):
     pieces: list[str] = []
     results = []
-    run = specstack.cli.app.run_generation
+    run = specstack.cli.generate.run_generation
 
     def spy(lm, ids, gen, on_text, **kw):
         def tee(text: str) -> None:
@@ -34,7 +34,7 @@ def test_output_is_streamed_and_matches_result(run_cli, tiny_model, monkeypatch)
         results.append(res)
         return res
 
-    monkeypatch.setattr(specstack.cli.app, "run_generation", spy)
+    monkeypatch.setattr(specstack.cli.generate, "run_generation", spy)
     r = run_cli("generate", "--model", tiny_model, "--prompt", "hello", "--max-new-tokens", "6", "--dtype", "fp32",
                 "--temperature", "0.8", "--top-k", "50", "--top-p", "0.9", "--seed", "1")
     assert r.code == 0, r.err

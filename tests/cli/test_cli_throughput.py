@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_cli_errors import assert_error
 
-from specstack.throughput.shapes import NAMED
 from specstack.throughput.model import PRESETS, PUBLISHED, magicdec_draft, round_times
+from specstack.throughput.shapes import NAMED
 
 PUBLISHED_ARGS = ("throughput", "--target", "spire-67m", "--k", "4", "--conventions", "published",
                   "--designs", "spire,magicdec", "--tau", "spire=3.401,magicdec=3.891", "--batch", "8,64",

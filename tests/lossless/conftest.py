@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specstack.models.loading import LoadedModel, load_model
+from specstack.models.base import LoadedModel
+from specstack.models.loading import load_model
 
 
 def save_llama(path: Path, seed: int, vocab: int, layers: int, hidden: int, max_pos: int, init: float) -> Path:

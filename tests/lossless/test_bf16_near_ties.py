@@ -12,7 +12,7 @@ from specstack.bench.ties import TIE_TOLERANCE, first_divergence, tie_gap
 from specstack.config import GenerationConfig
 from specstack.engine.autoregressive import generate
 from specstack.engine.methods import (
-    DEFAULT_SOURCES,
+    DraftSources,
     build_drafter,
     parse_method,
     run_method,
@@ -41,7 +41,7 @@ def step_logits(lm, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("method", ["ngram:width=12,depth=6", "chain:k=3"])
 def test_bf16_divergences_are_near_ties(target, method):
     gen = GenerationConfig(max_new_tokens=32, stop_on_eos=False)
-    drafter = build_drafter(parse_method(method), target, DEFAULT_SOURCES["smollm2-135m"])
+    drafter = build_drafter(parse_method(method), target, DraftSources.for_model("smollm2-135m"))
     for text in PROMPTS:
         ids = encode_prompt(target.tokenizer, text)
         ref = generate(target, ids, gen).tokens

@@ -7,7 +7,7 @@ import pytest
 
 from specstack.config import GenerationConfig
 from specstack.engine.autoregressive import generate
-from specstack.engine.methods import DEFAULT_SOURCES, build_drafter, parse_method, run_method
+from specstack.engine.methods import DraftSources, build_drafter, parse_method, run_method
 from specstack.models.loading import load_model
 from specstack.prompts import encode_prompt
 
@@ -37,7 +37,7 @@ def references(target):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_method_equals_autoregressive_greedy(target, references, method):
-    drafter = build_drafter(parse_method(method), target, DEFAULT_SOURCES["smollm2-135m"])
+    drafter = build_drafter(parse_method(method), target, DraftSources.for_model("smollm2-135m"))
     gen = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
     for text, (ids, ref) in references.items():
         result = run_method(target, drafter, ids, gen)

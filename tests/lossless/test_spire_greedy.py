@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
+from lossless.conftest import spire_lm
 from lossless.test_greedy_equality import (
     GEN,
     PROMPTS,
@@ -16,9 +18,14 @@ from lossless.test_greedy_equality import (
     ar_tokens,
 )
 
+from specstack.config import WindowSpec
+from specstack.drafting.draft_length import CostAwareBudget
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.staged import StagedDrafter
+from specstack.engine.methods import DraftSources, resolve_draft
 from specstack.engine.speculative import speculative_generate
+from specstack.training.distill import ChainCounts
+from specstack.training.teacher import OnlineTeacher, TeacherSpec, hidden_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -46,8 +53,6 @@ def test_spire_greedy_equals_autoregressive(tiny_llama, spire_drafts, shape, dra
 def test_spire_staged_greedy_equals_autoregressive(tiny_llama, spire_drafts, draft, oracle, sized):
     """sized: trees cut each step by the cost-aware budget (a cost wall after 4 nodes), which also
     stops the spine once it leaves the nodes worth verifying."""
-    from specstack.drafting.draft_length import CostAwareBudget
-
     source = RandomProposals(5, tiny_llama.lm if oracle else None)
     budget = CostAwareBudget([1.0, 1.1, 1.2, 1.3, 1.4] + [100.0] * 16) if sized else None
     drafter = StagedDrafter(spire_drafts[draft], source, TreeParams(width=3, budget=20, depth=6), widths=(4, 3, 2, 1, 1),
@@ -74,9 +79,6 @@ def test_spire_up_to_the_context_limit(tiny_llama, spire_drafts, shape):
 def test_magicdec_window_draft_greedy_equals_autoregressive(tiny_llama, shape):
     """MagicDec (`--draft magicdec:W`): the target drafting for itself through a sliding-window cache
     that evicts; the output stays the target's, and a window covering the context is a perfect draft."""
-    from specstack.config import WindowSpec
-    from specstack.engine.methods import DraftSources, resolve_draft
-
     small = resolve_draft(tiny_llama.lm, DraftSources(draft="magicdec:6"), "cpu")
     assert small.lm is tiny_llama.lm and small.window == WindowSpec(1, 6)
     drafter = ModelDrafter(small.lm, SHAPES[shape], window=small.window)
@@ -96,12 +98,6 @@ def test_the_walked_count_is_what_the_engine_does(tiny_llama):
     """The held-out measure's walk (distill.ChainCounts) on the target's own greedy text replays the
     engine round for round: the same draft, teacher-forced with the target's activations, accepts the
     same number of tokens in each round as the engine's chain did (fp32: no near-ties to break)."""
-    import torch
-    from lossless.conftest import spire_lm
-
-    from specstack.training.distill import ChainCounts
-    from specstack.training.teacher import OnlineTeacher, TeacherSpec, hidden_for
-
     target = tiny_llama.lm
     draft = spire_lm(target, [0, 1, 2], mix="own")  # the target itself (always accepted) ...
     g = torch.Generator().manual_seed(0)

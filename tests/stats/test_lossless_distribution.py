@@ -23,7 +23,7 @@ import torch
 from chisq import chi2_pvalue
 
 from specstack.config import SamplingParams
-from specstack.drafting.model import children_of
+from specstack.drafting.candidates import children_of
 from specstack.sampling import warp
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult, verify_rrs, verify_sample_walk
@@ -85,7 +85,7 @@ def _tree_builder(widths: tuple[int, ...], children) -> TreeBuilder:
 
 
 def sampled_tree(widths: tuple[int, ...]) -> TreeBuilder:
-    """Children drawn from the draft's q without replacement (drafting.model.children_of, Gumbel
+    """Children drawn from the draft's q without replacement (drafting.candidates.children_of, Gumbel
     top-k, in draw order), each carrying that q: an RRS tree."""
     return _tree_builder(widths, lambda toy, c, w, g: [(t, toy.q(c)) for t, _ in children_of(toy.q(c)[None], w, toy.sampling, g)[0]])
 

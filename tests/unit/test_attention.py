@@ -1,12 +1,22 @@
 """The one mask builder (DESIGN §2.3): ancestor masks and depths of draft trees, and build_batch's masks
-for causal blocks over a cache, ragged padding, stale scratch slots, trees and sliding windows.
-Every expected mask here is written out by hand."""
+for causal blocks over a cache, ragged padding, stale scratch slots, trees and sliding windows; the
+block masks of a tree grown in a drafter's scratch, the window rule alone, and the masks of a SPIRe
+draft's unrolled training forward. Every expected mask here is written out by hand."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specstack.attention import ancestor_mask, build_batch, causal_block_mask, depths_from_parents, tree_batch
+from specstack.attention import (
+    ancestor_mask,
+    build_batch,
+    causal_block_mask,
+    depths_from_parents,
+    scratch_tree_mask,
+    tree_batch,
+    unrolled_step_mask,
+    window_mask,
+)
 from specstack.cache import KVCache
 from specstack.config import ModelConfig, WindowSpec
 
@@ -176,3 +186,70 @@ def test_invalid_n_valid():
         build_batch(cache, 2, n_valid=[2])
     with pytest.raises(ValueError):
         build_batch(cache, 2, n_valid=[3, 1])
+
+
+def test_scratch_tree_mask_sees_the_trunk_and_each_nodes_path():
+    # scratch: 2 pending tokens (trunk), then nodes a (slot 2), b (slot 3, child of a) run by earlier
+    # blocks; this block appends c (slot 4, child of b) and d (slot 5, child of a)
+    mask = scratch_tree_mask([[2, 3, 4], [5, 2]], trunk=2, width=6)
+    assert torch.equal(mask, B([
+        "1 1 1 1 1 0",
+        "1 1 1 0 0 1",
+    ]))
+    assert torch.equal(scratch_tree_mask([[1]], trunk=1, width=2), B(["1 1"]))  # a root child after the root
+
+
+def test_scratch_tree_mask_of_a_drafter_block_is_build_batchs_block_mask():
+    # 3 committed tokens; a round wrote 2 pending tokens (positions 3, 4: the root) and one node of
+    # depth 1 (slot 2), and now appends two children of depth 2 (offset: depth + pending - 1)
+    cache = cache_with([3])
+    cache.begin_block(torch.tensor([[3, 4, 5]]))
+    batch = build_batch(cache, 2, scratch_tree_mask([[2, 3], [2, 4]], 2, 5), torch.tensor([3, 3]), append=True)
+    assert batch.positions.tolist() == [[6, 6]]
+    assert torch.equal(batch.mask[0, 0], B([
+        "1 1 1 1 1 1 1 0",
+        "1 1 1 1 1 1 0 1",
+    ]))
+
+
+def test_window_mask_rule_and_broadcasting():
+    pos = torch.arange(6)
+    assert torch.equal(window_mask(pos, pos, WindowSpec(sink=1, window=2)), B([
+        "1 1 1 1 1 1",
+        "1 1 1 1 1 1",
+        "1 1 1 1 1 1",
+        "1 0 1 1 1 1",
+        "1 0 0 1 1 1",
+        "1 0 0 0 1 1",
+    ]))  # the rule alone: causality comes from elsewhere
+    assert torch.equal(window_mask(pos[None, 4:], pos[None], WindowSpec(sink=2, window=1)), B([
+        "1 1 0 0 1 1",
+        "1 1 0 0 0 1",
+    ])[None])
+    full = window_mask(torch.zeros(3, 2), torch.zeros(1, 5), None)
+    assert full.shape == (3, 2, 5) and full.all()
+
+
+def test_unrolled_step_masks_of_a_spire_training_forward():
+    pos = torch.arange(4)
+    # step 1: the target's memories strictly before t, and itself
+    assert torch.equal(unrolled_step_mask(pos, 1, None), B([
+        "0 0 0 0  1 0 0 0",
+        "1 0 0 0  0 1 0 0",
+        "1 1 0 0  0 0 1 0",
+        "1 1 1 0  0 0 0 1",
+    ]))
+    # step 3: target memories before t - 2 | step 2's memory at t - 1 | step 1's at t - 2 | itself
+    assert torch.equal(unrolled_step_mask(pos, 3, None), B([
+        "0 0 0 0  0 0 0 0  0 0 0 0  1 0 0 0",
+        "0 0 0 0  1 0 0 0  0 0 0 0  0 1 0 0",
+        "0 0 0 0  0 1 0 0  1 0 0 0  0 0 1 0",
+        "1 0 0 0  0 0 1 0  0 1 0 0  0 0 0 1",
+    ]))
+    # a window of 2 after 1 sink: position 3 no longer sees position 1
+    assert torch.equal(unrolled_step_mask(pos, 2, WindowSpec(sink=1, window=2)), B([
+        "0 0 0 0  0 0 0 0  1 0 0 0",
+        "0 0 0 0  1 0 0 0  0 1 0 0",
+        "1 0 0 0  0 1 0 0  0 0 1 0",
+        "1 0 0 0  0 0 1 0  0 0 0 1",
+    ]))

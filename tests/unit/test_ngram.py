@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-import specstack.cli.app
+import specstack.cli
 from specstack.config import SamplingParams
 from specstack.drafting.base import DraftContext
 from specstack.drafting.katz import (
     KatzTrigram,
-    default_ngram_path,
     good_turing_discounts,
 )
 from specstack.drafting.lookup import ContextLookup
 from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
+from specstack.models.registry import default_ngram_path
 from specstack.verify import VerifyResult
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from lossless.conftest import save_llama
 from specstack.attention import build_batch
 from specstack.config import WindowSpec
 from specstack.errors import SpecstackError
+from specstack.models.base import DecoderModel, ReadsTargetActivations
+from specstack.models.draft_file import load_draft_file, save_draft
 from specstack.models.loading import load_model
 from specstack.training.distill import (
     TrainParams,
@@ -18,7 +20,6 @@ from specstack.training.distill import (
     train_loss,
 )
 from specstack.training.prune import build_draft
-from specstack.models.draft_file import load_draft_file, save_draft
 from specstack.training.teacher import (
     CachedTeacher,
     TeacherSpec,
@@ -60,11 +61,33 @@ def tokens_of(n, seed=0):
 def decode_one_by_one(draft, tokens):
     """The engine's path for a plain decoder: one token per forward, committed (window evicts)."""
     cache = draft.new_cache(1, tokens.shape[1] + 4)
-    rows = []
-    for t in range(tokens.shape[1]):
-        rows.append(draft.forward(tokens[:, t:t + 1], build_batch(cache, 1), cache).logits[0, 0])
-        cache.commit_all()
+    rows = [draft.extend(tokens[:, t:t + 1], cache).logits[0, 0] for t in range(tokens.shape[1])]
     return torch.stack(rows), cache
+
+
+def test_a_spire_draft_is_a_decoder_model_that_reads_target_activations(target):
+    """The typed seams (models/base.py): the draft and the target are decoders with the same
+    surface; only the draft reads the target's activations; its cache keeps its trained window."""
+    window = WindowSpec(sink=1, window=6)
+    draft = build_draft(target.model, 2, keep=[1, 2], window=window)
+    assert isinstance(draft, DecoderModel) and isinstance(target.model, DecoderModel)
+    assert isinstance(draft, ReadsTargetActivations) and not isinstance(target.model, ReadsTargetActivations)
+    assert draft.new_cache(1, 16).window == window == draft.new_cache(1, 16, window).window
+    with pytest.raises(SpecstackError, match="trained with the window"):
+        draft.new_cache(1, 16, WindowSpec(sink=1, window=3))
+
+
+def test_extend_over_a_block_equals_one_token_at_a_time(target):
+    """A plain-decoder draft's extend (a prefill block, committed) leaves the cache one-by-one decoding
+    leaves: the logits of the tokens after it agree."""
+    tokens = tokens_of(30, seed=6)
+    draft = build_draft(target.model, 2, keep=[1, 2], window=WindowSpec(sink=1, window=6), feedback=False,
+                        target_acts=False)
+    one_by_one, _ = decode_one_by_one(draft, tokens)
+    cache = draft.new_cache(1, 34)
+    prefill = draft.extend(tokens[:, :20], cache).logits[0]
+    rest = torch.cat([draft.extend(tokens[:, t:t + 1], cache).logits[0] for t in range(20, 30)])
+    torch.testing.assert_close(torch.cat([prefill, rest]), one_by_one, atol=1e-4, rtol=1e-4)
 
 
 def test_sliding_window_equals_full_attention_masked_to_the_window(target):
@@ -101,7 +124,7 @@ def test_feedback_with_one_hot_mix_reproduces_a_plain_decoder(target):
 
 def test_pruned_initialisation_copies_exactly_the_chosen_blocks(target):
     draft = build_draft(target.model, 2, keep=[2, 0], window=None)
-    for blk, k in zip(draft.layers, [2, 0]):
+    for blk, k in zip(draft.layers, [2, 0], strict=True):
         src = target.model.layers[k]
         for name in ("qkv", "o", "up", "down"):
             assert torch.equal(getattr(blk, name).weight, getattr(src, name).weight)
@@ -186,7 +209,7 @@ def test_save_and_load_round_trip(target, tmp_path):
     assert loaded.spire == draft.spire and torch.equal(loaded.vocab_ids, draft.vocab_ids)
     tokens = tokens_of(20, seed=5)
     _, hidden = target_logits_and_hidden(target, tokens, draft.target_hidden_layers)
-    for a, b in zip(loaded.train_forward(tokens, hidden, 2), draft.train_forward(tokens, hidden, 2)):
+    for a, b in zip(loaded.train_forward(tokens, hidden, 2), draft.train_forward(tokens, hidden, 2), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert path.stat().st_size < 2 * sum(p.numel() for p in draft.parameters()) + 4096  # no embeddings inside
     with pytest.raises(SpecstackError, match="unsupported draft weight format 'fp16'"):
@@ -198,8 +221,9 @@ def test_save_and_load_round_trip(target, tmp_path):
 def test_the_shipped_draft_loads_and_is_described_for_the_throughput_model():
     """The default draft file: small, loadable for the embedded model, and its shape (2 blocks, its own
     8192-row unembedding, sink + window positions, bf16) is what `specstack throughput` costs."""
+    from specstack.models.draft_file import draft_info
+    from specstack.models.registry import default_draft_path
     from specstack.throughput.shapes import draft_shape, model_shape
-    from specstack.models.draft_file import default_draft_path, draft_info
 
     path = default_draft_path("smollm2-135m")
     assert path is not None and path.stat().st_size < 25 * 2**20
@@ -325,7 +349,7 @@ def test_an_int8_draft_computes_with_its_quantised_weights(target, tmp_path):
     small = load_draft_file(path, target, "fp32").model.quantize_("int8")
     plain = load_draft_file(path, target, "fp32").model
     same = load_draft_file(path, target, "fp32").model  # will get small's dequantised weights
-    linears = [(getattr(bs, n), getattr(bp, n)) for bs, bp in zip(small.layers, same.layers)
+    linears = [(getattr(bs, n), getattr(bp, n)) for bs, bp in zip(small.layers, same.layers, strict=True)
                for n in ("qkv", "o", "up", "down")] + [(small.fuse, same.fuse)]
     assert all(q.fmt == "int8" for q, _ in linears)
     with torch.no_grad():

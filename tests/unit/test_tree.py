@@ -1,6 +1,7 @@
-"""DraftTree as data (DESIGN §4), and the model drafter's best-first tree builder checked against an
-independent oracle: the `budget` nodes of highest cumulative draft probability in the full top-`width`
-tree of depth `depth`, computed here with from-scratch forwards of every path."""
+"""DraftTree as data (DESIGN §4); the candidate tree the model drafters share (drafting/candidates.py),
+worked by hand; and the model drafter's best-first tree builder checked against an independent
+oracle: the `budget` nodes of highest cumulative draft probability in the full top-`width` tree of
+depth `depth`, computed here with from-scratch forwards of every path."""
 from __future__ import annotations
 
 import heapq
@@ -12,7 +13,9 @@ import torch
 from specstack.attention import ancestor_mask
 from specstack.config import SamplingParams
 from specstack.drafting.base import DraftContext
+from specstack.drafting.candidates import CandidateTree, ChildPicker, Columns, NextTokens, children_of
 from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.models.base import ModelOutput
 from specstack.sampling import warp
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult
@@ -87,6 +90,50 @@ def test_chain():
     assert t.tokens == [5, 6, 7] and t.parent == [-1, 0, 1] and t.depth == [1, 2, 3]
     assert t.paths() == [[0, 1, 2]] and t.origin == ["context"] * 3
     assert DraftTree.chain([]).tokens == []
+
+
+# -- the candidate tree ---------------------------------------------------------------------------
+def test_candidates_are_scored_by_their_path_and_selected_best_first():
+    cands = CandidateTree()
+    cands.add_children(-1, [(5, 0.5), (7, 0.25)], None)  # 0: 5 (0.5), 1: 7 (0.25)
+    cands.add_children(0, [(8, 0.5), (5, 0.25)], None)  # 2: 8 (0.25), 3: 5 (0.125)
+    cands.add_children(-1, [(7, 0.75), (9, 0.125)], None)  # 7 is kept as it was; 4: 9 (0.125)
+    assert [c.token for c in cands.nodes] == [5, 7, 8, 5, 9]
+    assert [c.score for c in cands.nodes] == [0.5, 0.25, 0.25, 0.125, 0.125]
+    assert [c.parent for c in cands.nodes] == [-1, -1, 0, 0, -1] and not any(c.expanded for c in cands.nodes)
+    assert cands.child(0, 5) == 3 and cands.child(-1, 7) == 1 and cands.child(-1, 8) is None
+    assert cands.path(3) == [0, 3] and cands.path(-1) == [] and cands.depth(3) == 2 and cands.depth(-1) == 0
+    assert cands.score(-1) == 1.0 and cands.score(2) == 0.25
+    assert cands.best(3) == [0, 1, 2] and cands.best(9) == [0, 1, 2, 3, 4]  # ties: older first
+    tree = cands.draft_tree([0, 2, 3])
+    assert tree.tokens == [5, 8, 5] and tree.parent == [-1, 0, 0] and tree.q == [None] * 3
+
+
+def test_sampled_candidates_rank_by_their_parent_in_draw_order():
+    """A node carrying q is kept or dropped by its parent's score and its draw order, never by its own
+    drawn token's probability (that would bias recursive rejection sampling)."""
+    q = torch.tensor([0.875, 0.125])
+    cands = CandidateTree()
+    cands.add_children(-1, [(1, 0.125), (0, 0.875)], q)  # drawn first: the unlikely token
+    cands.add_children(1, [(1, 0.125)], q)
+    assert [cands.rank(i) for i in range(3)] == [1.0, 1.0, 0.875]
+    assert cands.best(1) == [0] and cands.best(2) == [0, 1]
+    assert cands.draft_tree([0, 1, 2]).q == [q, q, q]
+
+
+def test_next_tokens_map_a_reduced_vocabulary():
+    cols = Columns.of(torch.tensor([3, 7, 9]), 10)
+    probs = torch.tensor([[0.125, 0.5, 0.375], [0.5, 0.0, 0.5]])
+    nt = NextTokens(probs, cols, children_of(probs, 2, SamplingParams(), None))
+    assert nt.children(0) == [(7, 0.5), (9, 0.375)] and nt.best(0) == 7
+    assert nt.prob(0, 9) == 0.375 and nt.prob(0, 4) == 0.0  # 4: not a draft token
+    assert torch.equal(nt.q(1), torch.tensor([0, 0, 0, 0.5, 0, 0, 0, 0, 0, 0.5]))
+    assert len(NextTokens(probs, cols, children_of(probs, 3, SamplingParams(), None)).children(1)) == 2  # no p = 0
+    picker = ChildPicker(2, 10)
+    out = ModelOutput(probs.log()[None], vocab_ids=cols.id_tensor)
+    first, second = (picker.pick(out, DraftContext([], SamplingParams())) for _ in range(2))
+    assert first.columns is second.columns and first.columns.ids == [3, 7, 9]  # mapped once
+    assert first.children(0) == [(7, 0.5), (9, 0.375)]
 
 
 # -- the model drafter's tree ---------------------------------------------------------------------

@@ -1,0 +1,114 @@
+"""`specstack bench`: speculative methods against autoregressive decoding and the peers people would
+otherwise use, on a prompt set, on this machine.
+
+    specstack bench --model M --prompts SET [--limit N] --methods "ar;chain:k=4;staged:budget=36,depth=8;hf" \\
+        [--max-new-tokens 128] [--temperature T --top-k K --top-p P --seed S] [--dtype D] \\
+        [--draft X --draft-dtype D --ngram FILE] [--repeats R] [--threads N] --out DIR [--resume]
+    specstack bench --compare DIR1 DIR2
+    specstack bench --ratios DIR "ngram/llamacpp" "ar/hf"    (per-prompt ratios within one run)
+    specstack bench --phases DIR                            (where each method's time goes, per step)
+
+Methods are separated by ';' (commas separate one method's parameters; --methods may also be
+repeated). Engine methods take their parameters (`chain:k=4`); every method also takes `dtype=F`, the
+target's weight format for that method (default --dtype). Peers: `hf` (transformers `generate`), `hf-pld`
+(prompt lookup, `tokens=10`), `hf-assisted` (our --draft as transformers' assistant model),
+`llamacpp` and `llamacpp-pld` (llama-cpp-python on the same GGUF; prompt lookup `tokens=10`).
+transformers runs bf16 or fp32 only: asked for int4/int8 it runs bf16 (noted in the summary).
+
+Protocol: every model is loaded once and every drafter built once; one warm-up generation per method;
+then for each prompt every method in turn (A B C A B C ...), --repeats times. Every method generates
+exactly --max-new-tokens tokens (EOS does not stop it: equal work, fair tokens/s); wall time includes
+the prefill; torch and llama.cpp use the same threads. Greedy runs mark each row `identical_to_ar`:
+same tokens as our `ar` at that method's weight format (run once extra, untimed, when the list has no
+such `ar`). Rows go to DIR/results.jsonl as they finish (--resume skips those already there); then
+summary.json, summary.md, speedup_per_prompt.png, tau_hist.png and origins.html.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from specstack.bench.datasets import check_prompt_set
+from specstack.bench.report import compare, phase_table, ratio_table
+from specstack.cli.common import (
+    add_draft_args,
+    add_generation_args,
+    add_model_args,
+    check_model_args,
+    command_line,
+    sampling_params,
+)
+from specstack.errors import SpecstackError
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("bench", help="benchmark methods and peers on a prompt set",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p, threads_help="threads for torch and llama.cpp")
+    g = p.add_argument_group("what runs")
+    g.add_argument("--prompts", default=None, metavar="SET",
+                   help="humaneval, sharegpt, or a JSONL file (task_id, prompt[, chat])")
+    g.add_argument("--limit", type=int, default=None, metavar="N", help="the first N prompts (default: all)")
+    g.add_argument("--methods", action="append", default=[], metavar="LIST",
+                   help="methods separated by ';', e.g. \"ar;chain:k=4;staged:budget=36,depth=8;hf;llamacpp\"")
+    g.add_argument("--repeats", type=int, default=1, metavar="R", help="runs of every (prompt, method) (default 1)")
+    add_generation_args(p, exact=True)
+    add_draft_args(p.add_argument_group("speculative decoding"))
+    g = p.add_argument_group("output")
+    g.add_argument("--out", type=Path, default=None, metavar="DIR", help="output folder")
+    g.add_argument("--resume", action="store_true", help="continue DIR/results.jsonl, skipping rows already there")
+    g = p.add_argument_group("reading finished runs")
+    g.add_argument("--compare", nargs=2, type=Path, default=None, metavar=("DIR1", "DIR2"),
+                   help="print the per-method change between two finished runs")
+    g.add_argument("--ratios", nargs="+", default=None, metavar="DIR A/B",
+                   help="print per-prompt tokens/s ratios of method A over method B in the run in DIR")
+    g.add_argument("--phases", default=None, metavar="DIR",
+                   help="print each method's milliseconds per step in each phase (draft, target, ...) of the run in DIR")
+    p.set_defaults(func=cmd_bench)
+
+
+def read_finished(args: argparse.Namespace) -> str | None:
+    """The table --compare, --ratios or --phases asks for; None when none is asked."""
+    if args.compare is not None:
+        return compare(*args.compare)
+    if args.ratios is not None:
+        if len(args.ratios) < 2:
+            raise SpecstackError("--ratios DIR A/B [C/D ...]: give the run folder and at least one pair")
+        return ratio_table(Path(args.ratios[0]), args.ratios[1:])
+    if args.phases is not None:
+        return phase_table(Path(args.phases))
+    return None
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    table = read_finished(args)
+    if table is not None:
+        print(table)
+        return 0
+    # 1. cheap checks, before any weights are read (SpecstackError: one line, exit 2)
+    if args.out is None:
+        raise SpecstackError("--out DIR is required (or --compare DIR1 DIR2, --ratios DIR A/B, --phases DIR)")
+    if args.prompts is None:
+        raise SpecstackError("--prompts is required: humaneval, sharegpt, or a JSONL file")
+    for flag, value in (("--limit", args.limit), ("--repeats", args.repeats), ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value <= 0:
+            raise SpecstackError(f"{flag} must be > 0, got {value}")
+    sampling_params(args)  # checks the numbers
+    dtype = check_model_args(args)
+    from specstack.bench.plan import BenchSettings, Plan, parse_methods  # the engine: torch
+
+    methods = parse_methods(args.methods, dtype)
+    check_prompt_set(args.prompts)
+    settings = BenchSettings(
+        model=args.model, prompts=args.prompts, limit=args.limit, methods=tuple(m.label for m in methods),
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed, dtype=dtype, device=args.device, draft=args.draft, draft_dtype=args.draft_dtype,
+        ngram=args.ngram, repeats=args.repeats, threads=args.threads)
+    plan = Plan(settings, tuple(methods), args.out, args.resume)
+    plan.check_output()
+    # 2. the run
+    from specstack.bench.run import run_bench
+
+    run_bench(plan, command_line("bench"))
+    return 0

@@ -1,0 +1,77 @@
+"""`specstack bench-forward`: specstack's forward and greedy generation against transformers (and
+llama.cpp if present).
+
+Part 1 (forward): for each weight format, prefill a context (default 256 tokens of HumanEval text),
+then time forwards of T query tokens at that context, as a causal chain (`build_batch`) and as a
+draft tree (`tree_batch`, a fixed binary tree of T nodes). Forwards never commit, so the cache's
+committed length stays at the context and every repeat runs at the same context (cache.py: a
+forward writes scratch slots only). The time includes building the attention metadata, as a decoding
+step pays it (transformers builds its mask inside its forward too). Beside it, transformers' forward
+of the same GGUF (bf16 and fp32) with a DynamicCache cropped back to the context after each forward.
+All methods are measured interleaved (method order rotated per repeat) so machine drift cancels.
+
+Part 2 (generation): greedy, exactly --new-tokens tokens (EOS ignored) on the first --prompts
+HumanEval prompts, specstack's `generate` in every format beside transformers' `generate` (bf16),
+interleaved per prompt; tokens/s, mean per-prompt speed-up vs transformers bf16, and how many outputs
+are token-identical to transformers'.
+
+    specstack bench-forward --formats int4 --tokens 1,4 --repeats 2 --prompts 1 --new-tokens 8
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from specstack.cli.common import MODEL_HELP, choice_list, command_line, int_list
+from specstack.config import WEIGHT_FORMATS
+from specstack.errors import SpecstackError
+from specstack.models.registry import DEFAULT_MODEL, resolve
+
+# bench_out/ is ignored by git: a re-run does not add megabytes to the history
+DEFAULT_OUT = Path("bench_out/forward/forward.json")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("bench-forward", help="time forwards and greedy generation vs transformers",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--formats", type=choice_list(WEIGHT_FORMATS, "formats"), default=list(WEIGHT_FORMATS),
+                   help="specstack weight formats")
+    p.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64], help="query tokens T per forward")
+    p.add_argument("--context", type=int, default=256, help="committed context before the timed forwards")
+    p.add_argument("--repeats", type=int, default=10, help="timed forwards per method and T (median reported)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed forwards per method and T")
+    p.add_argument("--prompts", type=int, default=20, help="HumanEval prompts for generation (0: skip part 2)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (EOS ignored)")
+    p.add_argument("--threads", type=int, default=2, help="torch (and llama.cpp) threads")
+    p.add_argument("--hf-dtypes", type=lambda text: [x.strip() for x in text.split(",") if x.strip()],
+                   default=["bf16", "fp32"], metavar="LIST",
+                   help="transformers dtypes for the forward timings (default bf16,fp32)")
+    p.add_argument("--skip-hf", action="store_true", help="do not run transformers")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
+    p.set_defaults(func=cmd_bench_forward)
+
+
+def cmd_bench_forward(args: argparse.Namespace) -> int:
+    for name in ("context", "repeats", "threads", "new_tokens"):
+        if getattr(args, name) <= 0:
+            raise SpecstackError(f"--{name.replace('_', '-')} must be > 0")
+    if args.warmup < 0 or args.prompts < 0:
+        raise SpecstackError("--warmup and --prompts must be >= 0")
+    if args.out.is_dir():
+        raise SpecstackError(f"--out {args.out} is a folder: give the JSON file to write")
+    resolve(args.model)
+    from specstack.bench.forward import ForwardSettings, run_forward_bench  # torch
+    from specstack.bench.peers import HF_DTYPES
+
+    if any(d not in HF_DTYPES for d in args.hf_dtypes):
+        raise SpecstackError(f"--hf-dtypes: transformers dtypes must be among {', '.join(HF_DTYPES)}, "
+                             f"got {','.join(args.hf_dtypes)!r}")
+
+    settings = ForwardSettings(
+        model=args.model, formats=args.formats, tokens=args.tokens, context=args.context, repeats=args.repeats,
+        warmup=args.warmup, prompts=args.prompts, new_tokens=args.new_tokens, threads=args.threads,
+        hf_dtypes=args.hf_dtypes, skip_hf=args.skip_hf, out=args.out)
+    run_forward_bench(settings, command_line("bench-forward"))
+    return 0

@@ -1,0 +1,96 @@
+"""read_rows: a run's rows from results.jsonl, or from results.jsonl.gz beside it (how a run committed
+under docs/bench keeps them), so `--ratios`, `--phases`, `throughput-check` read either folder;
+benchmarks/publish_run.py, which writes such a folder; and the scripts of benchmarks/ still import."""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from specstack.bench.report import phase_table, ratio_table, read_rows
+from specstack.errors import SpecstackError
+
+REPO = Path(__file__).resolve().parents[2]
+
+ROWS = [
+    {"task_id": "a", "method": "ar", "repeat": 0, "new_tokens": 4, "seconds": 2.0, "tokens_per_s": 2.0,
+     "target_forwards": 4, "phases": {"prefill": 0.5, "decode": 1.5}},
+    {"task_id": "a", "method": "ngram", "repeat": 0, "new_tokens": 4, "seconds": 1.0, "tokens_per_s": 4.0,
+     "target_forwards": 2, "phases": {"prefill": 0.25, "draft": 0.25, "decode": 0.75}},
+    {"task_id": "b", "method": "ar", "repeat": 0, "new_tokens": 4, "seconds": 4.0, "tokens_per_s": 1.0,
+     "target_forwards": 4, "phases": {"prefill": 1.0, "decode": 3.0}},
+    {"task_id": "b", "method": "ngram", "repeat": 0, "new_tokens": 4, "seconds": 1.0, "tokens_per_s": 4.0,
+     "target_forwards": 2, "phases": {"prefill": 0.25, "draft": 0.25, "decode": 0.75}},
+]
+
+
+def _text(rows: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_plain_and_gzip_give_the_same_rows(tmp_path: Path):
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir(), packed.mkdir()
+    (plain / "results.jsonl").write_text(_text(ROWS), encoding="utf-8")
+    (packed / "results.jsonl.gz").write_bytes(gzip.compress(_text(ROWS).encode()))
+    assert read_rows(plain / "results.jsonl") == ROWS
+    assert read_rows(packed / "results.jsonl") == ROWS  # the plain name finds the .gz beside it
+    assert read_rows(tmp_path / "results.jsonl") == []  # neither file: no rows
+    # the readers of a committed run see the same numbers from either file
+    assert ratio_table(packed, ["ngram/ar"]) == ratio_table(plain, ["ngram/ar"])
+    assert "| ngram / ar | 3.000 | 2.828 | 3.000 | 2.00 – 4.00 | 2 |" in ratio_table(packed, ["ngram/ar"])
+    assert phase_table(packed) == phase_table(plain)
+
+
+def test_plain_file_wins_and_a_cut_off_gzip_is_dropped_like_a_plain_one(tmp_path: Path):
+    (tmp_path / "results.jsonl").write_text(_text(ROWS[:1]), encoding="utf-8")
+    (tmp_path / "results.jsonl.gz").write_bytes(gzip.compress(_text(ROWS).encode()))
+    assert read_rows(tmp_path / "results.jsonl") == ROWS[:1]  # a run being written beside an old copy
+    (tmp_path / "results.jsonl").unlink()
+    (tmp_path / "results.jsonl.gz").write_bytes(gzip.compress((_text(ROWS[:2]) + '{"task_id": "b", "me').encode()))
+    assert read_rows(tmp_path / "results.jsonl") == ROWS[:2]
+
+
+def test_a_damaged_gzip_is_a_one_line_error(tmp_path: Path):
+    (tmp_path / "results.jsonl.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(SpecstackError, match="not a readable gzip file"):
+        read_rows(tmp_path / "results.jsonl")
+
+
+def _script(relative: str) -> ModuleType:
+    """A module of benchmarks/ (scripts, not a package), imported by path without running it."""
+    path = REPO / "benchmarks" / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_publish_run_keeps_the_tables_and_drops_the_per_token_arrays(tmp_path: Path):
+    publish_run = _script("publish_run.py")
+    src, dst = tmp_path / "bench_out" / "run", tmp_path / "docs" / "run"
+    src.mkdir(parents=True)
+    full = [{**r, "tokens": [1, 2, 3, 4], "token_origins": [0, 1, 1, 0], "accepted_per_step": [1, 2]} for r in ROWS]
+    (src / "results.jsonl").write_text(_text(full), encoding="utf-8")
+    for name in ("summary.json", "summary.md", "speedup_per_prompt.png", "tau_hist.png"):
+        (src / name).write_text(name, encoding="utf-8")
+    written = publish_run.publish(src, dst, rows=True, figures=["speedup_per_prompt.png"])
+    assert sorted(p.name for p in written) == ["results.jsonl.gz", "speedup_per_prompt.png", "summary.json",
+                                               "summary.md"]
+    assert not (dst / "tau_hist.png").exists() and not (dst / "results.jsonl").exists()
+    assert read_rows(dst / "results.jsonl") == ROWS  # every field but the per-token arrays
+    assert ratio_table(dst, ["ngram/ar"]) == ratio_table(src, ["ngram/ar"])
+    # the same rows give the same bytes: publishing again adds nothing to the history
+    assert publish_run.packed_rows(src) == (dst / "results.jsonl.gz").read_bytes()
+
+
+@pytest.mark.parametrize("relative", sorted(str(p.relative_to(REPO / "benchmarks"))
+                                            for p in (REPO / "benchmarks").rglob("*.py")))
+def test_benchmark_scripts_import_what_the_package_has(relative: str):
+    """The scripts import specstack's modules by name: a rename there must show here, not when a
+    measurement is repeated months later."""
+    assert callable(_script(relative).main)

@@ -1,0 +1,228 @@
+"""The method registry (engine/methods.py), draft specs (models/drafts.py), the per-model registry entry
+(models/registry.py) and the self-draft constructor (Transformer.first_layers)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import specstack.engine.methods as methods
+from specstack.config import GenerationConfig
+from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.engine.autoregressive import generate
+from specstack.engine.methods import (
+    METHODS,
+    DraftSources,
+    Method,
+    MethodSpec,
+    Param,
+    build_drafter,
+    parse_method,
+    register,
+    resolve_draft,
+    run_method,
+)
+from specstack.errors import SpecstackError
+from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, fallback_draft, shipped_draft
+from specstack.models.registry import DATA_DIR, MODELS, default_draft_path, default_ngram_path, resolve
+
+
+# ---------------------------------------------------------------------------------------------------
+# parse_method: every entry is checked by the same generic code
+# ---------------------------------------------------------------------------------------------------
+def test_defaults_are_filled_in_and_given_values_kept():
+    assert parse_method("ar") == MethodSpec("ar", {})
+    assert parse_method(" chain ") == MethodSpec("chain", {"k": 4})
+    assert parse_method("tree:budget=12, depth=4") == MethodSpec(
+        "tree", {"width": 4, "budget": 12, "depth": 4, "expand": 4, "cost": 0})
+    assert str(parse_method("staged:d2=3")) == "staged:width=4,budget=36,depth=8,cost=0,d2=3"
+    assert list(METHODS) == ["ar", "chain", "tree", "ngram", "staged"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nope", "unknown method 'nope'; choose from ar, chain, tree, ngram, staged"),
+    ("ar:k=1", "method 'ar': bad parameter 'k=1' (parameters: none)"),
+    ("chain:q=1", "method 'chain': bad parameter 'q=1' (parameters: k)"),
+    ("chain:k", "method 'chain': bad parameter 'k' (parameters: k)"),
+    ("chain:k=two", "method 'chain': k must be an integer, got 'two'"),
+    ("chain:k=0", "method 'chain': k must be >= 1, got 0"),
+    ("ngram:depth=0", "method 'ngram': depth must be >= 1, got 0"),
+    ("ngram:max=-1", "method 'ngram': max must be >= 0, got -1"),
+    ("tree:cost=2", "method 'tree': cost is 0 or 1, got 2"),
+    ("ngram:max=8,cost=2", "method 'ngram': cost is 0 or 1, got 2"),
+    ("staged:cost=2", "method 'staged': cost is 0 or 1, got 2"),
+    ("ngram:width=4,max=8", "method 'ngram': a dynamic chain (max=8) needs width=1 and depth <= max"),
+    ("ngram:depth=9,max=8", "depth <= max, got width=1, depth=9"),
+    ("ngram:cost=1", "method 'ngram': cost=1 chooses each chain's length up to max=M: give max=M"),
+])
+def test_bad_methods_are_rejected_with_their_message(text, message):
+    with pytest.raises(SpecstackError) as e:
+        parse_method(text)
+    assert message in str(e.value)
+
+
+def test_a_parameter_must_say_what_zero_means_and_fit_its_bounds():
+    with pytest.raises(ValueError, match="what 0 means"):
+        Param("off", 0, "zero allowed, meaning undeclared", low=0)
+    with pytest.raises(ValueError, match="within the bounds"):
+        Param("k", 0, "default below the bound")
+    with pytest.raises(ValueError, match="registered twice"):
+        register(Method("chain", "again", build_drafter))
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A copy of the registry for one test: whatever it registers is gone afterwards."""
+    monkeypatch.setattr(methods, "METHODS", dict(METHODS))
+    return methods.METHODS
+
+
+def test_a_new_method_is_one_registered_entry(registry, tiny_llama):
+    """A toy method (the target drafting for itself in chains of even length) needs only a builder
+    and its entry: parse_method checks it, build_drafter builds it, and it decodes losslessly."""
+    built = []
+
+    def build(target, p, sources, device):
+        built.append((p["k"], sources, device))
+        return ModelDrafter(target, TreeParams.chain(p["k"]))
+
+    register(Method("mirror", "the target drafts for itself", build, (Param("k", 2, "draft tokens", high=6),),
+                    check=lambda p: f"k must be even, got {p['k']}" if p["k"] % 2 else None))
+    assert "mirror" not in METHODS  # registered in the test's copy only
+    spec = parse_method("mirror:k=4")
+    assert spec == MethodSpec("mirror", {"k": 4})
+    for text, message in (("mirror:k=3", "method 'mirror': k must be even, got 3"),
+                          ("mirror:k=8", "method 'mirror': k must be <= 6, got 8"),
+                          ("mirror:j=2", "(parameters: k)")):
+        with pytest.raises(SpecstackError) as e:
+            parse_method(text)
+        assert message in str(e.value)
+    drafter = build_drafter(spec, tiny_llama.lm, DraftSources(), "cpu")
+    assert built == [(4, DraftSources(), "cpu")]
+    gen = GenerationConfig(max_new_tokens=12, stop_on_eos=False)
+    ids = [5, 9, 3, 7]
+    out = run_method(tiny_llama.lm, drafter, ids, gen)
+    assert out.tokens == generate(tiny_llama.lm, ids, gen).tokens
+    assert [st.accepted for st in out.stats.steps][:2] == [4, 4]  # a perfect draft: whole chains accepted
+
+
+def test_an_unregistered_spec_cannot_be_built(tiny_llama):
+    with pytest.raises(SpecstackError, match="unknown method 'mirror'"):
+        build_drafter(MethodSpec("mirror", {}), tiny_llama.lm, DraftSources())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Draft specs
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, spec", [
+    ("default", DraftSpec(DraftKind.DEFAULT)),
+    ("self:3", DraftSpec(DraftKind.SELF, size=3)),
+    ("magicdec:64", DraftSpec(DraftKind.MAGICDEC, size=64)),
+    ("out/draft.safetensors", DraftSpec(DraftKind.FILE, source="out/draft.safetensors")),
+    ("HuggingFaceTB/SmolLM2-135M", DraftSpec(DraftKind.MODEL, source="HuggingFaceTB/SmolLM2-135M")),
+    ("self", DraftSpec(DraftKind.MODEL, source="self")),  # no colon: a model named so
+])
+def test_draft_specs_parse_and_print_back(text, spec):
+    assert DraftSpec.parse(text) == spec
+    assert str(spec) == text
+
+
+@pytest.mark.parametrize("text, message", [
+    ("self:x", "--draft 'self:x': expected self:N with N >= 1 layers"),
+    ("self:0", "--draft 'self:0': expected self:N with N >= 1 layers"),
+    ("magicdec:", "--draft 'magicdec:': expected magicdec:W with a window of W >= 1 tokens"),
+    ("magicdec:-4", "expected magicdec:W"),
+    (" ", "--draft is empty"),
+])
+def test_bad_draft_specs_are_rejected(text, message):
+    with pytest.raises(SpecstackError) as e:
+        DraftSpec.parse(text)
+    assert message in str(e.value)
+
+
+def test_default_resolves_to_the_shipped_file_only():
+    spec = DraftSpec.parse("default").resolved("smollm2-135m")
+    assert spec == DraftSpec(DraftKind.FILE, source=str(DATA_DIR / MODELS["smollm2-135m"].draft))
+    assert DraftSpec.parse("self:2").resolved("smollm2-135m") == DraftSpec(DraftKind.SELF, size=2)
+    with pytest.raises(SpecstackError, match="no trained draft ships for tiny"):
+        DraftSpec.parse("default").resolved("tiny")
+
+
+def test_the_fallback_is_the_first_eighth_of_the_blocks():
+    assert [fallback_draft(n).size for n in (1, 7, 8, 16, 30)] == [1, 1, 1, 2, 3]
+    assert choose_draft("magicdec:8", 30, "smollm2-135m") == DraftSpec(DraftKind.MAGICDEC, size=8)
+    assert choose_draft(None, 30, "smollm2-135m") == DraftSpec(DraftKind.DEFAULT)  # it ships one
+    assert choose_draft(None, 30, "some/other-model") == DraftSpec(DraftKind.SELF, size=3)
+    assert choose_draft(None, 30) == DraftSpec(DraftKind.SELF, size=3)  # no model: no registry look-up
+    assert shipped_draft("some/other-model") is None
+
+
+def test_sources_merge_what_was_given_with_the_registry():
+    assert DraftSources.for_model("smollm2-135m") == DraftSources(draft="default")
+    assert DraftSources.for_model("smollm2-135m", "self:2", "bf16", "t.npz") == DraftSources("self:2", "bf16", "t.npz")
+    assert DraftSources.for_model("some/other-model") == DraftSources()
+
+
+def test_sources_load_the_spec_they_name(tiny_llama, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))  # self-drafts load through the on-disk cache
+    target = tiny_llama.lm  # 3 blocks
+    fallback = resolve_draft(target, DraftSources(draft_dtype="fp32"), "cpu")
+    assert fallback.window is None and fallback.lm.config.n_layers == 1 and fallback.lm.name.endswith("[:1]")
+    two = resolve_draft(target, DraftSources(draft="self:2", draft_dtype="fp32"), "cpu")
+    assert two.lm.config.n_layers == 2 and two.lm.fmt == "fp32"
+    assert resolve_draft(target, DraftSources(draft="self:1"), "cpu").lm.fmt == "int4"  # a self-draft's default
+    with pytest.raises(SpecstackError, match="self-draft: 4 layers requested, the model has 3"):
+        resolve_draft(target, DraftSources(draft="self:4", draft_dtype="fp32"), "cpu")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The per-model registry
+# ---------------------------------------------------------------------------------------------------
+def test_the_default_model_entry_points_at_files_that_exist():
+    entry = MODELS["smollm2-135m"]
+    assert default_draft_path("smollm2-135m") == DATA_DIR / entry.draft and (DATA_DIR / entry.draft).is_file()
+    assert default_ngram_path("smollm2-135m") == DATA_DIR / entry.trigram and (DATA_DIR / entry.trigram).is_file()
+    assert resolve("smollm2-135m").path == entry.weights() and entry.weights().is_file()
+    assert default_draft_path("no-such-model") is None and default_ngram_path("no-such-model") is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Transformer.first_layers
+# ---------------------------------------------------------------------------------------------------
+def _truncated_hf(hf: torch.nn.Module, n: int) -> torch.nn.Module:
+    """The transformers model built with n layers, holding the first n of `hf`'s weights."""
+    cfg = copy.deepcopy(hf.config)
+    cfg.num_hidden_layers = n  # (GPT2Config maps it to n_layer)
+    small = type(hf)(cfg).float().eval()
+    missing, unexpected = small.load_state_dict(hf.state_dict(), strict=False)
+    assert not missing and unexpected and all(".1." in k or ".2." in k for k in unexpected)
+    return small
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_first_layers_is_the_model_cut_after_n_blocks(tiny_models, arch):
+    tiny = tiny_models[arch]
+    full = tiny.lm.model
+    n_full = full.config.n_layers
+    draft = full.first_layers(1)
+    assert draft.config.n_layers == 1 and len(draft.layers) == 1 and full.config.n_layers == n_full
+    assert draft.layers[0] is full.layers[0] and draft.norm is full.norm and draft.head is full.head
+    assert draft.embed is full.embed and draft.device == full.device
+    ids = torch.tensor([[3, 17, 99, 5, 250, 42, 8]])
+    # the full model's own hidden state after block 1, through its final norm and head: exact
+    hidden = full.extend(ids, full.new_cache(1, 16), hidden_layers=(1,)).hidden[1]
+    cut = full.head.forward(full.norm.forward(hidden.reshape(-1, hidden.shape[-1]))).float().view(1, 7, -1)
+    logits = draft.extend(ids, draft.new_cache(1, 16)).logits
+    assert torch.equal(logits, cut)
+    # and transformers' own model of one layer with the same weights (another implementation)
+    with torch.no_grad():
+        ref = _truncated_hf(tiny.hf, 1)(ids).logits.float()
+    torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(logits, full.extend(ids, full.new_cache(1, 16)).logits, atol=1e-2)  # n matters
+
+
+def test_first_layers_bounds(tiny_llama):
+    for n in (0, 4):
+        with pytest.raises(SpecstackError, match=f"self-draft: {n} layers requested, the model has 3"):
+            tiny_llama.lm.model.first_layers(n)
