@@ -38,7 +38,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     """Walk the tree along the target's argmax; emit the argmax where no child matches."""
     argmax = logits.argmax(-1).tolist()
     children: dict[int, dict[int, int]] = {}
-    for i, (tok, par) in enumerate(zip(tree.tokens, tree.parent)):
+    for i, (tok, par) in enumerate(zip(tree.tokens, tree.parent, strict=True)):
         children.setdefault(par, {}).setdefault(tok, i)  # first child wins on duplicate tokens
     node, accepted = -1, []
     while True:

@@ -45,6 +45,7 @@ from specstack.engine.methods import run_method as engine_run_method
 from specstack.errors import SpecstackError
 from specstack.machine import cpu_model, now, versions
 from specstack.models.base import LoadedModel
+from specstack.models.drafts import DraftKind, DraftSpec
 from specstack.models.loading import load_model
 from specstack.models.registry import resolve
 from specstack.prompts import encode_prompt
@@ -104,10 +105,10 @@ class Peers:
     def unavailable(self, m: BenchMethod) -> str | None:
         if m.name.startswith("llamacpp"):
             return llama_cpp_unavailable(self.src)
-        if m.name == "hf-assisted" and (self.sources.draft is None or self.sources.draft.startswith("self:")):
-            return (f"unavailable: the draft {self.sources.draft or 'self:N'} (the target's first layers) is not a "
-                    "model transformers can load as an assistant; pass --draft MODEL (a small model with the same "
-                    "tokenizer)")
+        if m.name == "hf-assisted" and (self.sources.draft is None
+                                         or DraftSpec.parse(self.sources.draft).kind is not DraftKind.MODEL):
+            return (f"unavailable: the draft {self.sources.draft or 'self:N'} is not a model transformers can load "
+                    "as an assistant; pass --draft MODEL (a small model with the same tokenizer)")
         return None
 
     def _hf(self, dtype: str) -> tuple[Any, ForwardCounter]:

@@ -91,9 +91,9 @@ def load_tokenizer_for(name: str) -> tuple[ModelSource, Any]:
 
 def _cache_dir(src: ModelSource, root: Path) -> Path | None:
     try:
-        from specstack.models.loading import _source_key  # the key load_model caches under
+        from specstack.models.loading import model_cache_dir  # where load_model keeps the tokenizer
 
-        d = root / f"{src.name.replace('/', '--')}-{_source_key(src)}"
+        d = model_cache_dir(src, root)
     except Exception:
         return None
     return d if d.is_dir() else None

@@ -25,43 +25,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specstack.bench.datasets import check_prompt_set, iter_prompts, select_prompts
+from tqdm import tqdm
+
+from specstack.bench.datasets import check_prompt_set
 from specstack.cli.common import choice_list, int_list
 from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
-from specstack.models.drafts import choose_draft
+from specstack.models.drafts import DraftKind, DraftSpec
 from specstack.models.registry import DEFAULT_MODEL, resolve
-from specstack.throughput.check import check, table
-from specstack.throughput.model import (
-    CONVENTIONS,
-    DESIGNS,
-    PRESETS,
-    Cell,
-    Conventions,
-    Draft,
-    Hardware,
-    b_crit,
-    check_tau,
-    grid,
-    l_crit,
-    magicdec_draft,
-    spire_draft,
-    vanilla_draft,
-)
-from specstack.throughput.shapes import (
-    FORMATS,
-    NAMED,
-    ModelShape,
-    draft_shape,
-    looks_like_description,
-    model_shape,
-)
+from specstack.throughput.hardware import load_hardware
+from specstack.throughput.model import CONVENTIONS, DESIGNS, PRESETS, Conventions, grid
+from specstack.throughput.plot import heatmap
+from specstack.throughput.report import GridSpec, build_drafts, grid_json, plot_title, report
+from specstack.throughput.shapes import FORMATS, default_draft_spec, draft_shape, is_loadable, model_shape
+from specstack.throughput.tau import missing_tau_note, parse_tau
 
 HARDWARE_HELP = f"{', '.join(PRESETS)}, local (this machine's calibration) or a calibration file"
 
@@ -131,164 +112,25 @@ def add_parser(subparsers: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# τ
+# throughput
 # ---------------------------------------------------------------------------------------------------
-def parse_tau(text: str, designs: list[str], k: int) -> tuple[dict[str, float], list[str]]:
-    """(given τ per design, designs to measure). `auto` alone measures every design it can."""
-    from specstack.throughput.measure_tau import MEASURABLE
-
-    given: dict[str, float] = {}
-    auto: list[str] = []
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    if not items:
-        raise SpecstackError("--tau is empty: give a number, design=value pairs, or auto")
-
-    def value(design: str, raw: str) -> None:
-        if raw == "auto":
-            if design not in MEASURABLE:
-                raise SpecstackError(f"--tau {design}=auto: the engine cannot run a {design} draft yet; give its τ")
-            auto.append(design)
-            return
-        try:
-            tau = float(raw)
-        except ValueError:
-            raise SpecstackError(f"--tau: {raw!r} is not a number") from None
-        check_tau(tau, k)
-        given[design] = tau
-
-    for item in items:
-        name, eq, raw = item.partition("=")
-        name = name.strip()
-        if not eq:
-            if name == "auto":
-                auto += [d for d in designs if d in MEASURABLE]
-            else:
-                for d in designs:
-                    value(d, name)
-            continue
-        if name not in DESIGNS:
-            raise SpecstackError(f"--tau: unknown design {name!r}; choose from {', '.join(DESIGNS)}")
-        value(name, raw.strip())
-    auto = [d for d in dict.fromkeys(auto) if d not in given and d in designs]
-    return given, auto
-
-
 def measure_taus(args: argparse.Namespace, designs: list[str], conv: Conventions) -> dict[str, float]:
-    import torch
-    from tqdm import tqdm
-
-    from specstack.engine.methods import DraftSources, load_draft
-    from specstack.models.loading import load_model
-    from specstack.prompts import encode_prompt
-    from specstack.throughput.measure_tau import magicdec_drafters, measure_tau
+    """τ of `designs` measured with the engine on --prompts, each reported on stderr once measured."""
+    from specstack.throughput.measure_tau import TauRun  # the engine: torch
 
     if args.k == 0:
         return dict.fromkeys(designs, 1.0)  # no drafts: every round is one target step
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    target = load_model(args.target, dtype=args.engine_dtype)
-    if target.tokenizer is None:
-        raise SpecstackError(f"--tau auto: {args.target} has no tokenizer to encode the prompts with")
-    prompts = select_prompts(iter_prompts(args.prompts), lambda p: encode_prompt(target.tokenizer, p.text, chat=p.chat),
-                             args.limit, target.config.max_seq_len, args.max_new_tokens,
-                             skip_long=args.prompts == "sharegpt")
-    ids = [p.ids for p in prompts]
+    run = TauRun.load(args.target, args.draft_spec, args.engine_dtype, args.prompts, args.limit, args.max_new_tokens,
+                      args.k, conv, args.threads)
     taus: dict[str, float] = {}
     for design in designs:
-        bar = tqdm(total=len(ids), desc=f"tau {design}", unit="prompt", leave=False, file=sys.stderr)
-        if design == "vanilla":
-            from specstack.drafting.model import ModelDrafter, TreeParams
-
-            sources = DraftSources(draft=args.draft_spec, draft_dtype=args.engine_dtype)
-            chain = ModelDrafter(load_draft(target, sources, "cpu"), TreeParams.chain(args.k))
-            m = measure_tau(design, target, lambda _ids, d=chain: d, ids, args.max_new_tokens, bar.update)
-        else:
-            m = measure_tau(design, target, magicdec_drafters(target, args.k, conv), ids, args.max_new_tokens,
-                            bar.update)
+        bar = tqdm(total=len(run.prompts), desc=f"tau {design}", unit="prompt", leave=False, file=sys.stderr)
+        m = run.measure(design, bar.update)
         bar.close()
         print(f"tau {design}: {m.tau:.3f} ({m.new_tokens} tokens in {m.rounds} rounds over {m.prompts} "
               f"{args.prompts} prompts, {args.engine_dtype})", file=sys.stderr)
         taus[design] = m.tau
     return taus
-
-
-# ---------------------------------------------------------------------------------------------------
-# throughput
-# ---------------------------------------------------------------------------------------------------
-def _loadable(spec: str) -> bool:
-    return spec not in NAMED and not looks_like_description(spec)
-
-
-def default_draft(target_spec: str, target: ModelShape) -> str:
-    """The engine's draft for a loadable target (models/drafts.py), the fallback for a named shape or a
-    description."""
-    return str(choose_draft(None, target.n_layers, target_spec if _loadable(target_spec) else None))
-
-
-def build_drafts(args: argparse.Namespace, target: ModelShape, draft: ModelShape) -> list[Draft]:
-    made = {"vanilla": lambda: vanilla_draft(draft),
-            "spire": lambda: spire_draft(target.in_format(args.draft_dtype), args.spire_layers, args.sparse_window),
-            "magicdec": lambda: magicdec_draft(target, args.sparse_window)}
-    return [made[d]() for d in args.designs]
-
-
-def _count(n: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f}"
-
-
-def _rate(value: float, unit: str) -> str:
-    return "∞ (fitted to 0: the other terms cover it)" if value > 1e20 else f"{value / 1e9:,.1f} {unit}"
-
-
-def _rates(hw: Hardware) -> str:
-    if hw.overlap == "max":
-        return f"HOI = {hw.hoi:.3g} FLOP/byte"
-    return (f"F = {_rate(hw.flops_per_s, 'GFLOP/s')}, BW = {_rate(hw.bytes_per_s, 'GB/s')}, "
-            f"BW_kv = {_rate(hw.kv_rate, 'GB/s')}")
-
-
-def report(args: argparse.Namespace, target: ModelShape, drafts: list[Draft], cells: list[Cell], hw: Hardware,
-           conv: Conventions) -> str:
-    kind = "roofline (max)" if hw.overlap == "max" else "additive (FLOP and byte times add)"
-    per_pass = f", {hw.seconds_per_pass * 1e3:.2f} ms per pass" if hw.seconds_per_pass else ""
-    per_pass += f", {hw.seconds_per_layer * 1e3:.3f} ms per layer" if hw.seconds_per_layer else ""
-    note = f" ({hw.note})" if hw.note else ""
-    window = "1 + L // 8" if args.sparse_window is None else args.sparse_window
-    lines = [
-        (f"target {target.name}: N = {_count(target.params)} matrix parameters, {target.n_layers} layers, "
-         f"x = {target.kv_values_per_token:,} KV values/token, {target.fmt}"),
-        f"hardware {hw.name}: {_rates(hw)}, {kind}{per_pass}{note}",
-        (f"k = {args.k}; conventions {args.conventions}: {conv.verify_tokens(args.k)} tokens verified, "
-         f"sparse KV {window} positions"),
-    ]
-    if hw.overlap == "max":
-        lc = l_crit(target, hw, args.k, conv)
-        crit = ("∞ (verification never stays memory-bound at every batch)" if math.isinf(lc)
-                else f"{lc:,.0f} tokens: from this context on, verification stays memory-bound at any batch")
-        b_crits = ", ".join(f"L = {n:,}: " + (f"{b:,.1f}" if (b := b_crit(target, hw, n, args.k, conv)) is not None
-                                              else "none") for n in args.context)
-        lines += [f"L_crit = {crit}", f"B_crit (verification compute-bound from this batch on): {b_crits}"]
-    else:
-        lines.append("B_crit, L_crit: none on an additive machine (no roof: every verified token adds time)")
-    for d in drafts:
-        mine = [c for c in cells if c.design == d.design]
-        if not mine:
-            continue
-        kv = "sparse KV" if d.sparse else "full KV"
-        title = (f"## {d.design}: {d.shape.name} (N = {_count(d.shape.params)}, {d.shape.n_layers} layers, {kv}, "
-                 f"{d.shape.fmt}), τ = {mine[0].tau:.3f}")
-        lines += ["", title, "",
-                  "multiplier τ/Δt (Δt) by batch B (rows) and context L (columns)", "",
-                  "| B \\ L | " + " | ".join(f"{n:,}" for n in args.context) + " |",
-                  "|---:|" + "---:|" * len(args.context)]
-        value = {(c.batch, c.context): c for c in mine}
-        for b in args.batch:
-            lines.append(f"| {b} | " + " | ".join(f"{value[b, n].multiplier:.2f} ({value[b, n].round.delta_t:.2f})"
-                                                 for n in args.context) + " |")
-    return "\n".join(lines)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -307,50 +149,41 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specstack.throughput.calibrate import load_hardware
-
     # 1. cheap checks: numbers, hardware, shapes (configs only), τ
     _check_args(args)
     hw = load_hardware(args.hardware)
-    conv = CONVENTIONS[args.conventions]
+    spec = GridSpec(args.designs, args.k, args.batch, args.context, args.conventions, args.spire_layers,
+                    args.sparse_window)
     args.dtype = args.dtype or hw.fmt
     args.draft_dtype = args.draft_dtype or args.dtype
     target = model_shape(args.target, args.dtype)
-    args.draft_spec = args.draft or default_draft(args.target, target)
+    args.draft_spec = args.draft or default_draft_spec(args.target, target)
     draft = draft_shape(args.draft_spec, target, args.draft_dtype)
     if args.spire_layers > target.n_layers:
         raise SpecstackError(f"--spire-layers {args.spire_layers}: the target has {target.n_layers} layers")
     taus, auto = parse_tau(args.tau, args.designs, args.k)
     if auto:
-        if not _loadable(args.target):
+        if not is_loadable(args.target):
             raise SpecstackError("--tau auto runs the engine: --target must be a model it can load")
-        if "vanilla" in auto and not (args.draft_spec.startswith("self:") or _loadable(args.draft_spec)):
+        runnable = DraftSpec.parse(args.draft_spec).kind == DraftKind.SELF or is_loadable(args.draft_spec)
+        if "vanilla" in auto and not runnable:
             raise SpecstackError("--tau auto: the vanilla --draft must be self:N or a model the engine can load")
         check_prompt_set(args.prompts)
         # 2. measure τ with the engine
-        taus |= measure_taus(args, auto, conv)
+        taus |= measure_taus(args, auto, spec.conv)
     for d in args.designs:
         if d not in taus:
-            hint = "the engine has no SPIRe drafter yet: " if d == "spire" else ""
-            print(f"{d}: left out, no τ ({hint}give it as --tau ...,{d}=T)", file=sys.stderr)
-    drafts = build_drafts(args, target, draft)
-    cells = grid(target, drafts, taus, args.batch, args.context, args.k, hw, conv)
+            print(missing_tau_note(d), file=sys.stderr)
+    drafts = build_drafts(spec, target, draft, args.draft_dtype)
+    cells = grid(target, drafts, taus, args.batch, args.context, args.k, hw, spec.conv)
     if not cells:
         raise SpecstackError("no design has a τ: nothing to model")
     # 3. report
-    print(report(args, target, drafts, cells, hw, conv))
-    from specstack.throughput.plot import heatmap
-
-    title = (f"{target.name} on {hw.name}, k = {args.k}, conventions {args.conventions}\n"
-             "modelled throughput multiplier of speculative decoding")
-    heatmap(cells, args.batch, args.context, title, args.plot)
+    print(report(spec, target, drafts, cells, hw))
+    heatmap(cells, args.batch, args.context, plot_title(spec, target, hw), args.plot)
     print(f"\nheat-map written to {args.plot}", file=sys.stderr)
     if args.json is not None:
-        data = {"target": asdict(target), "hardware": hw.to_json(), "conventions": asdict(conv), "k": args.k,
-                "drafts": [asdict(d) for d in drafts],
-                "cells": [{"design": c.design, "batch": c.batch, "context": c.context, "tau": c.tau,
-                           "multiplier": c.multiplier, "delta_t": c.round.delta_t, **asdict(c.round)} for c in cells]}
-        args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps(grid_json(spec, target, drafts, cells, hw), indent=1) + "\n", encoding="utf-8")
     return 0
 
 
@@ -358,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
 # throughput-calibrate, throughput-check
 # ---------------------------------------------------------------------------------------------------
 def run_calibrate(args: argparse.Namespace) -> int:
-    from specstack.throughput.calibrate import calibrate, local_path, save
+    from specstack.throughput.calibrate import calibrate, save, summary  # the engine: torch
+    from specstack.throughput.hardware import local_path
 
     for flag, v in (("--repeats", args.repeats), ("--threads", args.threads)):
         if v is not None and v < 1:
@@ -369,16 +203,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     out = args.out or local_path()
     cal = calibrate(args.model, args.dtype, args.draft, args.draft_dtype, args.contexts, args.tokens, args.repeats,
                     args.warmup, args.threads)
-    hw = cal.hardware
-    print(f"fitted on {cal.machine['cpu']}, {cal.machine['threads']} threads: seconds = "
-          f"{hw.seconds_per_pass * 1e3:.2f} ms + {hw.seconds_per_layer * 1e3:.3f} ms x layers "
-          f"+ FLOPs / F + weight bytes / BW + KV bytes / BW_kv; {_rates(hw)}")
-    print("\n| model | layers | T | context | measured ms | model ms | error |\n|---|---:|---:|---:|---:|---:|---:|")
-    for s in cal.samples:
-        pred = cal.predicted(s)
-        print(f"| {s.model} | {s.layers} | {s.tokens} | {s.context} | {s.seconds * 1e3:.2f} | {pred * 1e3:.2f} "
-              f"| {pred / s.seconds - 1:+.1%} |")
-    print(f"\nrelative error: mean {cal.mean_rel_error:.1%}, max {cal.max_rel_error:.1%}")
+    print(summary(cal))
     save(cal, out)
     print(f"calibration written to {out} (use it with --hardware {'local' if args.out is None else out})",
           file=sys.stderr)
@@ -386,11 +211,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from specstack.throughput.calibrate import load_hardware
-
     if args.context is not None and args.context < 1:
         raise SpecstackError(f"--context must be >= 1, got {args.context}")
     hw = load_hardware(args.hardware)
+    from specstack.throughput.check import check, table  # reads the run's methods with the engine: torch
+
     rows, draft = check(args.run_dir, hw, CONVENTIONS[args.conventions], args.context)
     print(f"{args.run_dir}: draft {draft}, batch 1, context {rows[0].context:.0f}, hardware {hw.name}, "
           f"conventions {args.conventions}\n")

@@ -147,6 +147,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     from specstack.models.draft_file import save_draft
     from specstack.models.loading import load_model
     from specstack.training import data as data_mod
+    from specstack.training.acceptance import choose_device
     from specstack.training.distill import TrainParams, train
     from specstack.training.prune import build_draft, last_blocks
     from specstack.training.teacher import (
@@ -162,10 +163,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     sources = data_mod.parse_data_spec(args.data)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif args.device == "cuda" and not torch.cuda.is_available():
-        raise SpecstackError("--device cuda requested but no CUDA device is available")
+    args.device = choose_device(args.device)
     if args.online_teacher is None:
         args.online_teacher = args.device == "cuda"
     spire = args.recipe == "spire"

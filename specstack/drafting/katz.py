@@ -154,8 +154,8 @@ class KatzTrigram:
         self.bigram, self.trigram = bigram, trigram
         self.meta: dict = dict(meta or {})
         # context key -> row, built once (fast: a few hundred thousand ints at most)
-        self._bi_row = dict(zip(bigram.ctx.tolist(), range(len(bigram.ctx))))
-        self._tri_row = dict(zip(trigram.ctx.tolist(), range(len(trigram.ctx))))
+        self._bi_row = dict(zip(bigram.ctx.tolist(), range(len(bigram.ctx)), strict=True))
+        self._tri_row = dict(zip(trigram.ctx.tolist(), range(len(trigram.ctx)), strict=True))
         self._uni_list: list[float] = self.unigram.tolist()
         # tokens by unigram probability (descending, ties by id): the last stream of top()
         self._uni_order: list[int] = np.lexsort((np.arange(self.vocab_size), -self.unigram)).tolist()
@@ -316,7 +316,7 @@ class KatzTrigram:
         probs = level.prob[a:b].astype(np.float64).tolist()
         if len(cache) >= self._CACHE_LIMIT:
             cache.clear()  # rare; the warm contexts come back on first use
-        e = cache[key] = _Entry(toks, probs, dict(zip(toks, probs)), float(level.alpha[row]))
+        e = cache[key] = _Entry(toks, probs, dict(zip(toks, probs, strict=True)), float(level.alpha[row]))
         return e
 
     def _entries(self, context: Sequence[int]) -> tuple[_Entry | None, _Entry | None]:
@@ -391,11 +391,11 @@ class KatzTrigram:
 
         def stream_tri():
             if tri is not None:
-                yield from zip(tri.toks, tri.probs)
+                yield from zip(tri.toks, tri.probs, strict=True)
 
         def stream_bi():
             if bi is not None and a3 > 0:
-                for t, p in zip(bi.toks, bi.probs):
+                for t, p in zip(bi.toks, bi.probs, strict=True):
                     if t not in skip3:
                         yield t, a3 * p
 

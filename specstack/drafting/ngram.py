@@ -120,7 +120,7 @@ class NgramDrafter:
                 if not cand:
                     break
                 first = len(tree)
-                for t, ev in zip(cand[:width], found[:width]):
+                for t, ev in zip(cand[:width], found[:width], strict=True):
                     tree.add(t, parent, ev[0])
                     evidence.append(ev)
                 parent = first

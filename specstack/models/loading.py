@@ -244,6 +244,12 @@ def load_tokenizer(src: ModelSource, cache_dir: Path | None) -> Any:
 # ---------------------------------------------------------------------------------------------------
 # The whole load, with the on-disk cache
 # ---------------------------------------------------------------------------------------------------
+def model_cache_dir(src: ModelSource, root: Path | None = None) -> Path:
+    """The folder where `load_model` keeps `src`'s converted weights and tokenizer: named by the
+    source and keyed by its files' identity (path, size, mtime) and the cache layout's version."""
+    return (root or cache_root()) / f"{src.name.replace('/', '--')}-{_source_key(src)}"
+
+
 def _source_key(src: ModelSource) -> str:
     files = [src.path] if src.path.is_file() else sorted(p for p in src.path.iterdir() if p.is_file())
     h = hashlib.sha256(CACHE_VERSION.encode())
@@ -267,7 +273,7 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecstackError("device 'cuda' requested but no CUDA device is available")
     src = resolve(name)
-    cdir = cache_root() / f"{src.name.replace('/', '--')}-{_source_key(src)}" if use_cache else None
+    cdir = model_cache_dir(src) if use_cache else None
     built = cdir / f"{dtype}-{device}.safetensors" if cdir else None
     if built is not None and built.is_file():
         from safetensors.torch import load_file

@@ -32,13 +32,13 @@ def token_pieces(tokenizer: Any, tokens: Sequence[int]) -> list[str]:
 
 def ansi(pieces: Sequence[str], origins: Sequence[str]) -> str:
     legend = " ".join(f"{ANSI[o]}{o}\033[0m" for o in ORIGINS)
-    body = "".join(f"{ANSI[o]}{p}" for p, o in zip(pieces, origins)) + "\033[0m"
+    body = "".join(f"{ANSI[o]}{p}" for p, o in zip(pieces, origins, strict=True)) + "\033[0m"
     return f"{body}\n[origins: {legend}]"
 
 
 def html_page(pieces: Sequence[str], origins: Sequence[str], title: str, summary: str = "") -> str:
     spans = "".join(
-        f'<span class="{o}" title="{o}">{html.escape(p)}</span>' for p, o in zip(pieces, origins)
+        f'<span class="{o}" title="{o}">{html.escape(p)}</span>' for p, o in zip(pieces, origins, strict=True)
     )
     style = "".join(f".{o}{{color:{CSS[o]};background:{BG[o]}}}" for o in ORIGINS)
     counts = {o: sum(1 for x in origins if x == o) for o in ORIGINS}

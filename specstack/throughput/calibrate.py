@@ -31,20 +31,27 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from specstack.bench.forward import context_ids, time_forwards
+from specstack.engine.methods import DraftSources, load_draft
+from specstack.engine.timing import forward_steps
 from specstack.errors import SpecstackError
+from specstack.machine import cpu_model, now, versions
+from specstack.models.base import LoadedModel
 from specstack.models.drafts import choose_draft
+from specstack.models.loading import load_model
+from specstack.throughput.hardware import LOCAL
 from specstack.throughput.model import (
     ENGINE,
-    PRESETS,
     Conventions,
     Hardware,
     PassCost,
     pass_cost,
 )
-from specstack.throughput.shapes import ModelShape
+from specstack.throughput.report import rates
+from specstack.throughput.shapes import ModelShape, from_config
 
-LOCAL = "local"  # --hardware local: the preset written by throughput-calibrate
 _TINY = 1e-30  # a coefficient fitted to 0: that resource costs nothing measurable here
 
 
@@ -123,13 +130,10 @@ def errors(hw: Hardware, samples: Sequence[Sample]) -> list[float]:
 # ---------------------------------------------------------------------------------------------------
 # Measuring (torch)
 # ---------------------------------------------------------------------------------------------------
-def measure(models: Sequence[tuple[Any, ModelShape]], tokenizer: Any, contexts: Sequence[int],
+def measure(models: Sequence[tuple[LoadedModel, ModelShape]], tokenizer: Any, contexts: Sequence[int],
             tokens: Sequence[int], repeats: int, warmup: int, conv: Conventions = ENGINE) -> list[Sample]:
     """Median of `repeats` chain forwards of T tokens at each context, for every (model, shape),
     the models interleaved in one run of bench/forward.py's protocol per context."""
-    from specstack.bench.forward import context_ids, time_forwards
-    from specstack.engine.timing import forward_steps
-
     out: list[Sample] = []
     for ctx in contexts:
         steps, shapes = {}, {}
@@ -153,13 +157,6 @@ def measure(models: Sequence[tuple[Any, ModelShape]], tokenizer: Any, contexts: 
 def calibrate(model: str, dtype: str, draft: str | None, draft_dtype: str, contexts: Sequence[int],
               tokens: Sequence[int], repeats: int, warmup: int, threads: int | None) -> Calibration:
     """Time the target and the draft (default: the engine's default draft for the model) and fit."""
-    import torch
-
-    from specstack.engine.methods import DraftSources, load_draft
-    from specstack.machine import cpu_model, now, versions
-    from specstack.models.loading import load_model
-    from specstack.throughput.shapes import from_config
-
     if threads is not None:
         torch.set_num_threads(threads)
     target = load_model(model, dtype=dtype)
@@ -177,34 +174,26 @@ def calibrate(model: str, dtype: str, draft: str | None, draft_dtype: str, conte
     return Calibration(hw, samples, max(errs), sum(errs) / len(errs), machine)
 
 
+def summary(cal: Calibration) -> str:
+    """What throughput-calibrate prints: the fitted formula and rates, every timed pass against the
+    fit's prediction, and the relative errors."""
+    hw = cal.hardware
+    lines = [f"fitted on {cal.machine['cpu']}, {cal.machine['threads']} threads: seconds = "
+             f"{hw.seconds_per_pass * 1e3:.2f} ms + {hw.seconds_per_layer * 1e3:.3f} ms x layers "
+             f"+ FLOPs / F + weight bytes / BW + KV bytes / BW_kv; {rates(hw)}",
+             "", "| model | layers | T | context | measured ms | model ms | error |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for s in cal.samples:
+        pred = cal.predicted(s)
+        lines.append(f"| {s.model} | {s.layers} | {s.tokens} | {s.context} | {s.seconds * 1e3:.2f} | {pred * 1e3:.2f} "
+                     f"| {pred / s.seconds - 1:+.1%} |")
+    lines += ["", f"relative error: mean {cal.mean_rel_error:.1%}, max {cal.max_rel_error:.1%}"]
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------
-# Presets on disk
+# The preset on disk (hardware.load_hardware reads it back)
 # ---------------------------------------------------------------------------------------------------
-def local_path() -> Path:
-    from specstack.models.loading import cache_root
-
-    return cache_root() / "hardware" / f"{LOCAL}.json"
-
-
 def save(cal: Calibration, path: Path) -> None:
+    """The calibration as JSON: the fitted hardware, its samples and the machine they were timed on."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cal.to_json(), indent=1) + "\n", encoding="utf-8")
-
-
-def load_hardware(spec: str) -> Hardware:
-    """A preset name, `local` (this machine's calibration) or a calibration JSON file."""
-    if spec in PRESETS:
-        return PRESETS[spec]
-    path = local_path() if spec == LOCAL else Path(spec).expanduser()
-    if not path.is_file():
-        if spec == LOCAL:
-            raise SpecstackError(f"no calibration of this machine at {path}: run `specstack throughput-calibrate`")
-        raise SpecstackError(f"unknown hardware {spec!r}: use one of {', '.join([*PRESETS, LOCAL])} "
-                             "or a calibration JSON file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecstackError(f"cannot read the hardware file {path}: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("hardware"), dict):
-        raise SpecstackError(f"{path} is not a calibration file (no 'hardware' object)")
-    return Hardware.from_json(data["hardware"])

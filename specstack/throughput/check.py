@@ -22,8 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specstack.bench.datasets import iter_prompts
+from specstack.bench.plan import parse_methods
+from specstack.bench.report import read_rows
 from specstack.errors import SpecstackError
 from specstack.models.drafts import choose_draft
+from specstack.models.loading import load_tokenizer
+from specstack.models.registry import resolve
+from specstack.prompts import encode_prompt
 from specstack.throughput.model import (
     Conventions,
     Hardware,
@@ -93,11 +99,6 @@ class CheckRow:
 
 def mean_context(settings: dict[str, Any], task_ids: set[str], new_tokens: int) -> float:
     """Each benchmarked prompt's token count plus half the new tokens, averaged."""
-    from specstack.bench.datasets import iter_prompts
-    from specstack.models.loading import load_tokenizer
-    from specstack.models.registry import resolve
-    from specstack.prompts import encode_prompt
-
     tok = load_tokenizer(resolve(settings["model"]), None)
     lengths = [len(encode_prompt(tok, p.text, chat=p.chat)) for p in iter_prompts(settings["prompts"])
                if p.task_id in task_ids]
@@ -108,9 +109,6 @@ def mean_context(settings: dict[str, Any], task_ids: set[str], new_tokens: int) 
 
 def check(run_dir: Path, hw: Hardware, conv: Conventions, context: float | None = None) -> tuple[list[CheckRow], str]:
     """Rows for every chain method of the run; also the draft spec the run used."""
-    from specstack.bench.plan import parse_methods
-    from specstack.bench.report import read_rows
-
     settings_file = run_dir / "run.json"
     if not settings_file.is_file():
         raise SpecstackError(f"{run_dir} is not a finished `specstack bench` run (no run.json)")
@@ -142,22 +140,24 @@ def check(run_dir: Path, hw: Hardware, conv: Conventions, context: float | None 
             raise SpecstackError(f"{m.label} and {ar.label} share no prompt")
         tau = sum(spec[t].new_tokens for t in tasks) / max(1, sum(spec[t].rounds for t in tasks))
         predicted = round_times(target, vanilla_draft(draft), hw, 1, round(context), k, conv)
-        out.append(_row(m.label, k, tau, context, predicted, [base[t] for t in tasks], [spec[t] for t in tasks]))
+        out.append(check_row(m.label, k, tau, context, predicted, [base[t] for t in tasks], [spec[t] for t in tasks]))
     return out, draft_spec
 
 
-def _row(method: str, k: int, tau: float, context: float, predicted: Round, base: list[Run], spec: list[Run]
-         ) -> CheckRow:
+def check_row(method: str, k: int, tau: float, context: float, predicted: Round, base: list[Run], spec: list[Run]
+              ) -> CheckRow:
+    """One method's row: the prediction beside the measured medians over prompts, `base` (ar) and
+    `spec` (the chain) holding the same prompts in the same order."""
     def med(values: Sequence[float]) -> float:
         return statistics.median(values)
 
     t_target = [a.phases["decode"] / max(1, a.rounds) for a in base]
     n = [max(1, c.rounds) for c in spec]
-    draft = [c.phases.get("draft", 0.0) / r for c, r in zip(spec, n)]
-    verify = [c.phases.get("target", 0.0) / r for c, r in zip(spec, n)]
-    other = [(c.phases.get("verify", 0.0) + c.phases.get("overhead", 0.0)) / r for c, r in zip(spec, n)]
-    measured = [t / (c.phases["decode"] / c.new_tokens) for t, c in zip(t_target, spec)]
-    passes = [(c.new_tokens / r) * t / (d + v) for c, r, t, d, v in zip(spec, n, t_target, draft, verify)]
+    draft = [c.phases.get("draft", 0.0) / r for c, r in zip(spec, n, strict=True)]
+    verify = [c.phases.get("target", 0.0) / r for c, r in zip(spec, n, strict=True)]
+    other = [(c.phases.get("verify", 0.0) + c.phases.get("overhead", 0.0)) / r for c, r in zip(spec, n, strict=True)]
+    measured = [t / (c.phases["decode"] / c.new_tokens) for t, c in zip(t_target, spec, strict=True)]
+    passes = [(c.new_tokens / r) * t / (d + v) for c, r, t, d, v in zip(spec, n, t_target, draft, verify, strict=True)]
     wall = (sum(a.seconds for a in base) / sum(a.new_tokens for a in base)) / \
         (sum(c.seconds for c in spec) / sum(c.new_tokens for c in spec))
     return CheckRow(method, k, tau, context, predicted, len(spec), med(t_target), med(draft), med(verify), med(other),

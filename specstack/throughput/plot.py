@@ -23,7 +23,7 @@ def heatmap(cells: Sequence[Cell], batches: Sequence[int], contexts: Sequence[in
     fig, axes = plt.subplots(1, len(designs), figsize=(1.2 + 0.9 * len(contexts) * len(designs), 1.6 + 0.55 * len(batches)),
                              squeeze=False, constrained_layout=True)
     image = None
-    for ax, design in zip(axes[0], designs):
+    for ax, design in zip(axes[0], designs, strict=True):
         grid = [[value[design, b, n] for n in contexts] for b in batches]
         image = ax.imshow(grid, cmap="RdYlGn", norm=norm, origin="lower", aspect="auto")
         tau = next(c.tau for c in cells if c.design == design)

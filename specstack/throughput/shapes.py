@@ -14,11 +14,16 @@ from a named shape of the SPIRe paper, or from a plain description such as
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, replace
 
+from safetensors import safe_open
+
+from specstack.config import ModelConfig
 from specstack.errors import SpecstackError
-from specstack.models.drafts import DraftKind, DraftSpec
+from specstack.models.drafts import DraftKind, DraftSpec, choose_draft
+from specstack.models.registry import resolve
 
 # Bytes per weight of each format. int4: a 4-bit code plus a bf16 scale and zero per group of 32
 # inputs (0.5 + 4/32). fp8 is the published convention (every value one byte).
@@ -150,23 +155,22 @@ def describe(text: str, name: str | None = None) -> ModelShape:
     return shape(name or text, gated=gated, **values)
 
 
-def from_config(config, name: str, fmt: str = "fp8") -> ModelShape:  # config: specstack.config.ModelConfig
+def from_config(config: ModelConfig, name: str, fmt: str = "fp8") -> ModelShape:
     """A loaded (or configured) model, head included."""
     return shape(name, layers=config.n_layers, d_model=config.d_model, heads=config.n_heads,
                  kv_heads=config.n_kv_heads, head_dim=config.head_dim, d_ff=config.d_ff,
                  vocab=config.vocab_size, gated=config.arch != "gpt2", fmt=fmt)
 
 
-def read_config(model: str):  # -> specstack.config.ModelConfig
+def read_config(model: str) -> ModelConfig:
     """The config of a loadable model (registry name, .gguf file, checkpoint directory), without its weights."""
-    import json
-
+    # deferred: models.loading imports torch, and this module stays torch-free for the command's cheap
+    # checks (a named shape or a description reads no config)
     from specstack.models.loading import config_from_gguf, config_from_hf
-    from specstack.models.registry import resolve
 
     src = resolve(model)
     if src.kind == "gguf":
-        import gguf
+        import gguf  # deferred: an optional dependency, needed only for a .gguf file
 
         try:
             reader = gguf.GGUFReader(str(src.path))
@@ -184,6 +188,18 @@ def read_config(model: str):  # -> specstack.config.ModelConfig
 
 def looks_like_description(text: str) -> bool:
     return "=" in text
+
+
+def is_loadable(spec: str) -> bool:
+    """A model the engine can load (as opposed to a named shape or a description): only its config
+    gives its shape, and only it can run (`--tau auto`)."""
+    return spec not in NAMED and not looks_like_description(spec)
+
+
+def default_draft_spec(target_spec: str, target: ModelShape) -> str:
+    """The engine's draft for a loadable target (models/drafts.py), the fallback for a named shape or a
+    description."""
+    return str(choose_draft(None, target.n_layers, target_spec if is_loadable(target_spec) else None))
 
 
 def model_shape(spec: str, fmt: str = "fp8") -> ModelShape:
@@ -214,8 +230,7 @@ def draft_shape(spec: str, target: ModelShape, fmt: str) -> ModelShape:
 def trained_draft_shape(path: str, target: ModelShape) -> ModelShape:
     """A draft from `specstack train-draft`: its blocks have the target's widths; its head is its own
     vocabulary's rows; it computes in bf16 and keeps sink + window positions."""
-    from safetensors import safe_open
-
+    # deferred: models.spire_draft imports torch (see read_config)
     from specstack.models.spire_draft import SpireConfig
 
     try:

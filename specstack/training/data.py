@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
+from specstack.bench.datasets import json_array_items, sharegpt_path
 from specstack.errors import SpecstackError
 
 SOURCES = ("code", "sharegpt")
@@ -68,8 +71,6 @@ def code_documents(root: Path | None) -> Iterator[tuple[str, str]]:
 
 def sharegpt_documents(path: Path | None, render: Callable[[list[dict[str, str]]], str]) -> Iterator[tuple[str, str]]:
     """Whole conversations (user and assistant turns) rendered with the target's chat template."""
-    from specstack.bench.datasets import json_array_items, sharegpt_path
-
     roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
     with open(path or sharegpt_path(), encoding="utf-8") as f:
         for i, conv in enumerate(json_array_items(f)):
@@ -130,8 +131,6 @@ def build_sequences(sources: list[DataSource], tokenizer, eos: int, seq_len: int
 def save_sequences(path: Path, train: torch.Tensor, heldout: torch.Tensor, info: dict[str, str]) -> None:
     """Prepared sequences in one safetensors file (uint16 ids where the vocabulary fits: half the size
     to store or move to a GPU machine), written atomically."""
-    from safetensors.torch import save_file
-
     small = max((int(t.max()) for t in (train, heldout) if t.numel()), default=0) < 2**16
     dtype = torch.uint16 if small else torch.int32
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,8 +142,6 @@ def save_sequences(path: Path, train: torch.Tensor, heldout: torch.Tensor, info:
 
 def read_sequences(path: Path, parts: tuple[str, ...] = ("train", "heldout")) -> tuple[torch.Tensor, ...]:
     """The `parts` of a file from save_sequences, as stored; a clear error for anything else."""
-    from safetensors import SafetensorError, safe_open
-
     if not Path(path).is_file():
         raise SpecstackError(f"sequences file not found: {path}")
     try:

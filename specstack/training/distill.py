@@ -157,8 +157,8 @@ class ChainCounts:
 
     def result(self) -> Acceptance:
         rates = (self.accepted / self.eligible.clamp(min=1)).cpu().tolist()
-        walks = [tok / rounds if rounds else None for tok, rounds in zip(self.walk_tokens, self.walk_rounds)]
-        return Acceptance(rates[0], {c: Acceptance(r, walk_tau=w) for c, r, w in zip(self.contexts, rates[1:], walks[1:])},
+        walks = [tok / rounds if rounds else None for tok, rounds in zip(self.walk_tokens, self.walk_rounds, strict=True)]
+        return Acceptance(rates[0], {c: Acceptance(r, walk_tau=w) for c, r, w in zip(self.contexts, rates[1:], walks[1:], strict=True)},
                           walk_tau=walks[0])
 
 

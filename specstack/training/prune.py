@@ -13,8 +13,8 @@ import torch
 from specstack.config import WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.draft_file import shared_weights
-from specstack.models.transformer import Transformer
 from specstack.models.spire_draft import SpireConfig, SpireDraft
+from specstack.models.transformer import Transformer
 
 DEFAULT_WINDOW = WindowSpec(1, 256)  # sink 1 + window 256, in training and inference
 
@@ -58,7 +58,7 @@ def build_draft(target: Transformer, n_layers: int = 2, keep: Sequence[int] | No
 @torch.no_grad()
 def copy_blocks(draft: SpireDraft, target: Transformer, keep: Sequence[int]) -> None:
     """Draft block i <- target block keep[i] (fused QKV and gate/up, as the target stores them)."""
-    for blk, k in zip(draft.layers, keep):
+    for blk, k in zip(draft.layers, keep, strict=True):
         src = target.layers[k]
         blk.attn_norm.copy_(src.attn_norm.weight.float())
         blk.mlp_norm.copy_(src.mlp_norm.weight.float())

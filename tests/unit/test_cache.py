@@ -253,7 +253,7 @@ def test_window_attention_equals_masked_full_attention(tiny, sink, window):
     for t in blocks:
         out = model.extend(seq[:, done : done + t], cache).logits[0]
         torch.testing.assert_close(out, ref[done : done + t], atol=1e-4, rtol=1e-4,
-                                   msg=lambda m: f"block at {done}: {m}")
+                                   msg=lambda m, done=done: f"block at {done}: {m}")
         done += t
         assert cache.lengths[0] <= sink + 2 * window + max(blocks)
     assert cache.lengths[0] < n

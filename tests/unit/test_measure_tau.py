@@ -43,7 +43,7 @@ def test_sparse_self_draft_is_lossless_and_evicts(tiny_llama):
 
     m = measure_tau("magicdec", lm, keep, prompts, new)
     assert 1 <= m.tau <= k + 1
-    for ids, drafter in zip(prompts, made):
+    for ids, drafter in zip(prompts, made, strict=True):
         window = drafter.cache.window
         assert window == WindowSpec(1, len(ids) // 8)  # sink 1 + L // 8 positions
         assert drafter.cache.lengths[0] < len(ids)  # it evicted: far fewer slots than the prompt alone

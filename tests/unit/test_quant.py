@@ -300,7 +300,7 @@ def test_tiny_gguf_int4_packs_the_q4_1_blocks(tiny_gguf):
     path = tiny_gguf[0]
     f32 = load_model(str(path), dtype="fp32", use_cache=False, tokenizer=False).model
     i4 = load_model(str(path), dtype="int4", use_cache=False, tokenizer=False).model
-    for a, b in zip(f32.layers, i4.layers):
+    for a, b in zip(f32.layers, i4.layers, strict=True):
         for name in ("qkv", "o", "up", "down"):  # every one built from Q4_1 blocks (q, k un-permuted)
             w32, w4 = getattr(a, name).weight, getattr(b, name).dequantized()
             assert rel(w4, w32) < 4e-3, name

@@ -287,7 +287,7 @@ def test_chain_counts_by_hand():
 def test_magicdec_acceptance_is_one_with_a_window_wider_than_the_text(target):
     """MagicDec teacher-forced: with a window covering every position the windowed target is the target
     (every guess accepted); a window of 2 loses context and is rejected somewhere."""
-    from specstack.cli.draft_acceptance import _magicdec
+    from specstack.training.acceptance import magicdec_acceptance
     from specstack.training.teacher import OnlineTeacher
 
     seqs = []
@@ -303,11 +303,11 @@ def test_magicdec_acceptance_is_one_with_a_window_wider_than_the_text(target):
         seqs.append(out)
     seqs = torch.tensor(seqs, dtype=torch.int32)
     teacher = OnlineTeacher(target.model, seqs[:0], seqs, TeacherSpec(layers=()))
-    wide = _magicdec(target.model, teacher, 3, (20, 40), fixed=64)
+    wide = magicdec_acceptance(target.model, teacher, 3, (20, 40), fixed=64)
     assert wide.alpha == [1.0, 1.0, 1.0] and wide.by_context[40].alpha == [1.0, 1.0, 1.0]
-    narrow = _magicdec(target.model, teacher, 3, (20, 40), fixed=2)
+    narrow = magicdec_acceptance(target.model, teacher, 3, (20, 40), fixed=2)
     assert narrow.alpha[0] < 0.9
-    per_context = _magicdec(target.model, teacher, 3, (16, 40), fixed=None)  # windows 2 and 5
+    per_context = magicdec_acceptance(target.model, teacher, 3, (16, 40), fixed=None)  # windows 2 and 5
     assert per_context.alpha == [] and set(per_context.by_context) == {16, 40}
 
 

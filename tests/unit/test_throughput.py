@@ -9,15 +9,7 @@ from dataclasses import replace
 import pytest
 
 from specstack.errors import SpecstackError
-from specstack.throughput import calibrate
-from specstack.throughput.shapes import (
-    NAMED,
-    describe,
-    draft_shape,
-    from_config,
-    model_shape,
-    shape,
-)
+from specstack.throughput import calibrate, hardware
 from specstack.throughput.model import (
     ENGINE,
     PRESETS,
@@ -32,6 +24,14 @@ from specstack.throughput.model import (
     round_times,
     spire_draft,
     vanilla_draft,
+)
+from specstack.throughput.shapes import (
+    NAMED,
+    describe,
+    draft_shape,
+    from_config,
+    model_shape,
+    shape,
 )
 
 H100 = PRESETS["h100-fp8"]
@@ -325,24 +325,24 @@ def test_calibration_files_round_trip(tmp_path):
     cal = calibrate.Calibration(hw, _samples(hw), 0.0, 0.0, {"cpu": "test"})
     path = tmp_path / "cal.json"
     calibrate.save(cal, path)
-    assert calibrate.load_hardware(str(path)) == hw
-    assert calibrate.load_hardware("a100-bf16") is PRESETS["a100-bf16"]
+    assert hardware.load_hardware(str(path)) == hw
+    assert hardware.load_hardware("a100-bf16") is PRESETS["a100-bf16"]
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(SpecstackError, match="not a calibration file"):
-        calibrate.load_hardware(str(tmp_path / "bad.json"))
+        hardware.load_hardware(str(tmp_path / "bad.json"))
     with pytest.raises(SpecstackError, match="unknown hardware"):
-        calibrate.load_hardware("tpu-v9")
+        hardware.load_hardware("tpu-v9")
 
 
 def test_check_row_takes_per_prompt_ratios():
-    from specstack.throughput.check import Run, _row
+    from specstack.throughput.check import Run, check_row
 
     rnd = round_times(TARGET, spire_draft(TARGET), H100, 1, 512, 2)
     # ar: 10 ms per step on prompt a, 20 ms on b (the machine got busier); chain: 2 tokens per round
     base = [Run(64, 63, 1.0, {"decode": 0.63}), Run(64, 63, 2.0, {"decode": 1.26})]
     spec = [Run(64, 32, 1.0, {"decode": 0.96, "draft": 0.32, "target": 0.64}),
             Run(64, 32, 3.0, {"decode": 1.92, "draft": 0.64, "target": 1.28})]
-    row = _row("chain:k=2", 2, 2.0, 512, rnd, base, spec)
+    row = check_row("chain:k=2", 2, 2.0, 512, rnd, base, spec)
     assert row.measured == pytest.approx(10 / 15)  # 10 ms vs 0.96 s / 64 = 15 ms per token, on both prompts
     assert row.passes_multiplier == pytest.approx(2 * 10 / 30)  # τ t_target / (draft + verify per round)
     assert row.wall == pytest.approx((3.0 / 128) / (4.0 / 128))

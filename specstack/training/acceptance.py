@@ -1,0 +1,124 @@
+"""Held-out greedy acceptance of drafts, by context, teacher-forced (`specstack draft-acceptance`).
+
+Every design is measured on the same held-out sequences (of a `train-draft --sequences` file) with the
+same counting (distill.ChainCounts): α_j, the acceptance of chain position j given the positions before
+it were accepted; τ of a k-chain over every position; τ of rounds walked along the text as decoding
+does; each overall and for chains whose first query sees (C/2, C] tokens, for each context C.
+A design is
+- a draft file from `specstack train-draft`, fed the target's activations as in the engine;
+- `magicdec`: the target drafting for itself through a sliding-window KV of sink 1 + C // 8 positions
+  at context C (the published convention; one window per context, so there is no overall figure);
+- `magicdec:W`: the same with a fixed window of W positions.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specstack.attention import build_batch
+from specstack.config import WindowSpec
+from specstack.errors import SpecstackError
+from specstack.models.draft_file import is_draft_file, load_draft_file
+from specstack.models.loading import load_model
+from specstack.models.transformer import Transformer
+from specstack.training.data import read_sequences
+from specstack.training.distill import Acceptance, ChainCounts, acceptance
+from specstack.training.teacher import OnlineTeacher, TeacherSpec
+
+MAGICDEC = "magicdec"
+
+
+def is_magicdec(design: str) -> bool:
+    """`magicdec` or `magicdec:W` (anything else names a draft file)."""
+    return design.split(":")[0] == MAGICDEC
+
+
+def magicdec_window(design: str) -> int | None:
+    """None for `magicdec` (window C // 8 per context), W for `magicdec:W`."""
+    _, _, w = design.partition(":")
+    if not w:
+        return None
+    if not w.isdigit() or int(w) < 1:
+        raise SpecstackError(f"{design}: the window must be a positive integer")
+    return int(w)
+
+
+def check_designs(designs: Sequence[str]) -> None:
+    """Each design is magicdec[:W] with a valid window, or a draft file (read only for its header)."""
+    for d in designs:
+        if is_magicdec(d):
+            magicdec_window(d)
+        elif not is_draft_file(d):
+            raise SpecstackError(f"{d}: neither a draft file from `specstack train-draft` nor magicdec[:W]")
+
+
+def heldout_tokens(path: Path, n: int) -> torch.Tensor:
+    """The first `n` held-out sequences of a `train-draft --sequences` file, int32 [n, seq_len]."""
+    (held,) = read_sequences(path, ("heldout",))
+    return held[:n].to(torch.int32)
+
+
+def choose_device(requested: str | None) -> str:
+    """The device asked for (an error if it is cuda and there is none), else cuda when present."""
+    device = requested or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecstackError("--device cuda requested but no CUDA device is available")
+    return device
+
+
+def magicdec_acceptance(target: Transformer, teacher: OnlineTeacher, k: int, contexts: tuple[int, ...],
+                        fixed: int | None) -> Acceptance:
+    """The target's greedy guesses through a sliding-window KV, teacher-forced: with the accepted chain
+    equal to the text, the draft's step-j guess at a position is its windowed prediction there. `fixed`:
+    a window of that many positions; None: 1 + C // 8 at each context C (then no overall figure)."""
+    windows = {c: fixed or max(1, c // 8) for c in contexts}
+    per_window = {w: ChainCounts(k, contexts, target.device) for w in ({fixed} if fixed else set(windows.values()))}
+    with torch.inference_mode():
+        for batch in teacher.heldout_batches():
+            tokens = batch["tokens"].long()  # [1, seq_len]
+            greedy = batch["topk_ids"][0, :, 0].long()  # [seq_len]: the target's greedy choice at each position
+            for w, counts in per_window.items():
+                cache = target.new_cache(1, tokens.shape[1] + 8, window=WindowSpec(1, w))
+                guess = target.forward(tokens, build_batch(cache, tokens.shape[1]), cache).logits[0].argmax(-1)
+                counts.add(tokens[0], greedy, [guess] * k)
+    if fixed is not None:
+        return per_window[fixed].result()
+    by_context = {c: per_window[windows[c]].result().by_context[c] for c in contexts}
+    return Acceptance([], by_context)
+
+
+def measure_acceptance(target_name: str, held: torch.Tensor, designs: Sequence[str], k: int,
+                       contexts: tuple[int, ...], device: str) -> dict[str, Acceptance]:
+    """Acceptance of each design on `held` ([sequences, seq_len]): the target (bf16) is the teacher, with
+    the activations every draft file reads; draft files run in fp32. Progress on stderr."""
+    target = load_model(target_name, dtype="bf16", device=device, tokenizer=False)
+    drafts = {d: load_draft_file(d, target, "fp32").model for d in designs if not is_magicdec(d)}
+    layers = sorted({i for m in drafts.values() for i in m.spire.target_layers})
+    teacher = OnlineTeacher(target.model, held[:0], held, TeacherSpec(layers=tuple(layers)))
+    results: dict[str, Acceptance] = {}
+    for d in tqdm(designs, desc="draft-acceptance", unit="design", file=sys.stderr):
+        if d in drafts:
+            results[d] = acceptance(drafts[d], teacher.heldout_batches(), k, len(held), contexts)
+        else:
+            results[d] = magicdec_acceptance(target.model, teacher, k, contexts, magicdec_window(d))
+    return results
+
+
+def table(results: dict[str, Acceptance], k: int, contexts: Sequence[int]) -> str:
+    """τ per design, overall and by context (walked τ in brackets; – where no chain counted), and α."""
+    def cell(a: Acceptance) -> str:
+        walk = "" if a.walk_tau is None else f" ({a.walk_tau:.3f})"
+        return (f"{a.tau:.3f}" if a.alpha else "–") + walk
+
+    head = " | ".join(f"({c // 2}, {c}]" for c in contexts)
+    lines = [f"τ of a {k}-chain over every position, (in brackets) walked as decoding does; by context:",
+             f"| design | overall | {head} | α overall |",
+             "|---|---:|" + "---:|" * len(contexts) + "---|"]
+    for d, acc in results.items():
+        per = " | ".join(cell(acc.by_context[c]) for c in contexts)
+        lines.append(f"| {d} | {cell(acc)} | {per} | {', '.join(f'{a:.3f}' for a in acc.alpha)} |")
+    return "\n".join(lines)
