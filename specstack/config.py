@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specstack import validate
 from specstack.errors import SpecstackError
 
 Arch = Literal["llama", "gpt2"]
@@ -59,7 +60,8 @@ class WindowSpec:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy (argmax); top_k 0 and top_p 1 disable those filters."""
+    """temperature 0 means greedy (argmax); top_k 0 and top_p 1 disable those filters. The rules are
+    validate's, as the command line checks its flags."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -67,12 +69,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise SpecstackError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise SpecstackError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise SpecstackError(f"top_p must be in (0, 1], got {self.top_p}")
+        validate.temperature("temperature", self.temperature)
+        validate.top_k("top_k", self.top_k)
+        validate.top_p("top_p", self.top_p)
+        if self.seed is not None:
+            validate.seed("seed", self.seed)
 
     @property
     def greedy(self) -> bool:
@@ -87,5 +88,6 @@ class GenerationConfig:
     stop_on_eos: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens <= 0:
-            raise SpecstackError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+        validate.new_tokens("max_new_tokens", self.max_new_tokens)
+        for stop in self.stop_strings:
+            validate.stop_string("stop_strings", stop)

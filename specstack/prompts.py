@@ -11,6 +11,7 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool = False) -> list[int]:
         raise SpecstackError("this model has no tokenizer: pass token ids instead of text")
     if not text or not text.strip():
         raise SpecstackError("the prompt is empty")
+    check_text(text)
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise SpecstackError("--chat: this model's tokenizer has no chat template")
@@ -18,6 +19,16 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool = False) -> list[int]:
                                             tokenize=True, return_dict=False)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
     return list(tokenizer(text, add_special_tokens=True).input_ids)
+
+
+def check_text(text: str) -> None:
+    """`text` can be encoded: a command line that is not valid UTF-8 reaches Python as lone surrogates
+    (`\udcff`), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise SpecstackError(f"the prompt is not valid text: {text[e.start:e.end]!r} at character {e.start} "
+                             "(not UTF-8)") from None
 
 
 def check_context(prompt_len: int, max_seq_len: int) -> None:

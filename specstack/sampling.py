@@ -23,8 +23,11 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
         sorted_p, idx = torch.sort(probs, dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the token crossing it is kept)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it is kept), and always
+        # the most likely token: a top_p below float32's smallest value rounds to 0 in the comparison,
+        # which would drop every token (as transformers' min_tokens_to_keep=1 does)
         drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)

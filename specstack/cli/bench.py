@@ -32,14 +32,15 @@ from typing import Any
 from specstack.bench.datasets import check_prompt_set
 from specstack.bench.report import compare, phase_table, ratio_table
 from specstack.cli.common import (
+    add_checked,
     add_draft_args,
     add_generation_args,
     add_model_args,
     check_model_args,
     command_line,
-    sampling_params,
 )
 from specstack.errors import SpecstackError
+from specstack.validate import MAX_COUNT, MAX_REPEATS, ints
 
 
 def add_parser(subparsers: Any) -> None:
@@ -49,10 +50,11 @@ def add_parser(subparsers: Any) -> None:
     g = p.add_argument_group("what runs")
     g.add_argument("--prompts", default=None, metavar="SET",
                    help="humaneval, sharegpt, or a JSONL file (task_id, prompt[, chat])")
-    g.add_argument("--limit", type=int, default=None, metavar="N", help="the first N prompts (default: all)")
+    add_checked(g, "--limit", ints(1, MAX_COUNT), default=None, metavar="N", help="the first N prompts (default: all)")
     g.add_argument("--methods", action="append", default=[], metavar="LIST",
                    help="methods separated by ';', e.g. \"ar;chain:k=4;staged:budget=36,depth=8;hf;llamacpp\"")
-    g.add_argument("--repeats", type=int, default=1, metavar="R", help="runs of every (prompt, method) (default 1)")
+    add_checked(g, "--repeats", ints(1, MAX_REPEATS), default=1, metavar="R",
+                help="runs of every (prompt, method) (default 1)")
     add_generation_args(p, exact=True)
     add_draft_args(p.add_argument_group("speculative decoding"))
     g = p.add_argument_group("output")
@@ -91,10 +93,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpecstackError("--out DIR is required (or --compare DIR1 DIR2, --ratios DIR A/B, --phases DIR)")
     if args.prompts is None:
         raise SpecstackError("--prompts is required: humaneval, sharegpt, or a JSONL file")
-    for flag, value in (("--limit", args.limit), ("--repeats", args.repeats), ("--max-new-tokens", args.max_new_tokens)):
-        if value is not None and value <= 0:
-            raise SpecstackError(f"{flag} must be > 0, got {value}")
-    sampling_params(args)  # checks the numbers
     dtype = check_model_args(args)
     from specstack.bench.plan import BenchSettings, Plan, parse_methods  # the engine: torch
 

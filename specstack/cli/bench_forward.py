@@ -23,10 +23,20 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from specstack.cli.common import MODEL_HELP, choice_list, command_line, int_list
+from specstack.cli.common import (
+    MODEL_HELP,
+    add_checked,
+    add_threads_arg,
+    check_threads,
+    choice_list,
+    command_line,
+    int_list,
+)
 from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
+from specstack.files import check_writable_file
 from specstack.models.registry import DEFAULT_MODEL, resolve
+from specstack.validate import MAX_CONTEXT, MAX_COUNT, MAX_REPEATS, ints, new_tokens
 
 # bench_out/ is ignored by git: a re-run does not add megabytes to the history
 DEFAULT_OUT = Path("bench_out/forward/forward.json")
@@ -39,12 +49,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--formats", type=choice_list(WEIGHT_FORMATS, "formats"), default=list(WEIGHT_FORMATS),
                    help="specstack weight formats")
     p.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64], help="query tokens T per forward")
-    p.add_argument("--context", type=int, default=256, help="committed context before the timed forwards")
-    p.add_argument("--repeats", type=int, default=10, help="timed forwards per method and T (median reported)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed forwards per method and T")
-    p.add_argument("--prompts", type=int, default=20, help="HumanEval prompts for generation (0: skip part 2)")
-    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt (EOS ignored)")
-    p.add_argument("--threads", type=int, default=2, help="torch (and llama.cpp) threads")
+    add_checked(p, "--context", ints(1, MAX_CONTEXT), default=256,
+                help="committed context before the timed forwards (with the widest T, within the model's context)")
+    add_checked(p, "--repeats", ints(1, MAX_REPEATS), default=10,
+                help="timed forwards per method and T (median reported)")
+    add_checked(p, "--warmup", ints(0, MAX_REPEATS), default=3, help="untimed forwards per method and T")
+    add_checked(p, "--prompts", ints(0, MAX_COUNT), default=20, help="HumanEval prompts for generation (0: skip part 2)")
+    add_checked(p, "--new-tokens", new_tokens, default=128, help="tokens generated per prompt (EOS ignored)")
+    add_threads_arg(p, "torch (and llama.cpp) threads", default=2)
     p.add_argument("--hf-dtypes", type=lambda text: [x.strip() for x in text.split(",") if x.strip()],
                    default=["bf16", "fp32"], metavar="LIST",
                    help="transformers dtypes for the forward timings (default bf16,fp32)")
@@ -54,13 +66,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_bench_forward(args: argparse.Namespace) -> int:
-    for name in ("context", "repeats", "threads", "new_tokens"):
-        if getattr(args, name) <= 0:
-            raise SpecstackError(f"--{name.replace('_', '-')} must be > 0")
-    if args.warmup < 0 or args.prompts < 0:
-        raise SpecstackError("--warmup and --prompts must be >= 0")
-    if args.out.is_dir():
-        raise SpecstackError(f"--out {args.out} is a folder: give the JSON file to write")
+    check_threads(args.threads)
+    check_writable_file(args.out, "--out", parents=True)  # before the work: its result must not be lost
     resolve(args.model)
     from specstack.bench.forward import ForwardSettings, run_forward_bench  # torch
     from specstack.bench.peers import HF_DTYPES

@@ -15,20 +15,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from specstack.errors import SpecstackError
+from specstack.cli.common import add_threads_arg
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("bench-ties", help="check that every divergence from ar in a greedy bench run is a near-tie",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=Path, metavar="DIR", help="a finished `specstack bench` output folder")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads")
+    add_threads_arg(p, "torch threads")
     p.set_defaults(func=cmd_bench_ties)
 
 
 def cmd_bench_ties(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:
-        raise SpecstackError(f"--threads must be >= 1, got {args.threads}")
     from specstack.bench.ties import check_folder, report  # torch
 
     divergences = check_folder(args.dir, args.threads)

@@ -7,20 +7,29 @@ logic (engine, models, benchmarks: torch) inside the function that runs it, so `
 the cheap argument errors never import torch (tests/cli/test_cli_light.py).
 
 Cheap checks (numbers, files, the model name, the device) run before anything heavy is loaded; bad
-input raises SpecstackError, which `main` (app.py) prints as one line.
+input raises SpecstackError, which `main` (app.py) prints as one line. Numbers are checked as they are
+parsed, by the rules in specstack/validate.py (the ones the server will apply to requests): an option
+added with `add_checked` passes its text to its rule, whose error names the flag. A flag that is
+allowed but does not do what its user may think (more threads than cores, a draft for a method that
+reads none) gets one `specstack: warning: ...` line on stderr (`warn`).
 """
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from specstack import validate
 from specstack.config import DEVICES, WEIGHT_FORMATS, SamplingParams
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL, resolve
+
+if TYPE_CHECKING:
+    from specstack.engine.methods import MethodSpec
+
+T = TypeVar("T")
 
 PROG = "specstack"
 # The default weight format per device: int4 has the fastest one-token step on CPU (DESIGN §3 table);
@@ -36,27 +45,31 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SpecstackError(f"{message} (see '{self.prog} --help')")
 
 
+def warn(message: str | None) -> None:
+    """One line `specstack: warning: MESSAGE` on stderr (nothing for None): the run goes on."""
+    if message is not None:
+        print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
+
+
 # ---------------------------------------------------------------------------------------------------
-# Argument types (argparse turns their ArgumentTypeError into a one-line error)
+# Argument types
 # ---------------------------------------------------------------------------------------------------
-def finite_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
+def add_checked(g: argparse._ActionsContainer, flag: str, rule: validate.Rule[T], **kwargs: Any) -> None:
+    """Add option `flag`, its text checked by `rule(flag, text)` (specstack/validate.py) as it is
+    parsed. The rule's SpecstackError names the flag and leaves argparse untouched (argparse rewords
+    only ValueError and ArgumentTypeError), so `main` prints it as the one error line."""
+    g.add_argument(flag, type=lambda text: rule(flag, text), **kwargs)
 
 
 def int_list(text: str) -> list[int]:
-    """Comma-separated positive integers, each once, in order."""
+    """Comma-separated positive integers (sizes: each at most validate.MAX_CONTEXT), each once, in order."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {validate.shown(text)}") from None
+    if not values or any(not 0 < v <= validate.MAX_CONTEXT for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers up to {validate.MAX_CONTEXT}, "
+                                         f"got {validate.shown(text)}")
     return list(dict.fromkeys(values))
 
 
@@ -95,22 +108,32 @@ def add_model_args(p: argparse.ArgumentParser,
     g.add_argument("--dtype", choices=WEIGHT_FORMATS, default=None,
                    help="weight format (default: int4 on cpu, the fastest one-token step there; bf16 on cuda)")
     g.add_argument("--device", choices=DEVICES, default="cpu", help="default: cpu")
-    g.add_argument("--threads", type=int, default=None, metavar="N", help=threads_help)
+    add_threads_arg(g, threads_help)
+
+
+def add_threads_arg(g: argparse._ActionsContainer, help_text: str, default: int | None = None) -> None:
+    """--threads N: 1 .. validate.MAX_THREADS; more than the cores is allowed with a warning (check_threads)."""
+    add_checked(g, "--threads", validate.threads, default=default, metavar="N", help=help_text)
+
+
+def check_threads(threads: int | None) -> None:
+    """Warn (once: a command calls this once) when --threads is more than the cores."""
+    warn(validate.threads_warning("--threads", threads))
 
 
 def add_generation_args(p: argparse.ArgumentParser, exact: bool = False) -> None:
     """--max-new-tokens and the sampling flags (sampling_params). exact: every generation makes exactly
     N tokens, EOS included (a benchmark's equal work), so there is no --stop."""
     g = p.add_argument_group("generation")
-    g.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
-                   help="tokens per generation, exactly (default: 128)" if exact else "default: 128")
-    g.add_argument("--temperature", type=finite_float, default=0.0, help="0 (default) = greedy decoding")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
-    g.add_argument("--top-p", type=finite_float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1: off)")
-    g.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    add_checked(g, "--max-new-tokens", validate.new_tokens, default=128, metavar="N",
+                help="tokens per generation, exactly (default: 128)" if exact else "default: 128")
+    add_checked(g, "--temperature", validate.temperature, default=0.0, help="0 (default) = greedy decoding")
+    add_checked(g, "--top-k", validate.top_k, default=0, help="keep the k most likely tokens (default 0: off)")
+    add_checked(g, "--top-p", validate.top_p, default=1.0, help="nucleus sampling mass in (0, 1] (default 1: off)")
+    add_checked(g, "--seed", validate.seed, default=None, help="random seed for sampling (0 .. 2**64 - 1)")
     if not exact:
-        g.add_argument("--stop", action="append", default=[], metavar="STR",
-                       help="stop when the output contains STR (repeatable)")
+        add_checked(g, "--stop", validate.stop_string, action="append", default=[], metavar="STR",
+                    help="stop when the output contains STR (repeatable)")
 
 
 def add_draft_args(g: argparse._ActionsContainer) -> None:
@@ -131,10 +154,10 @@ def add_draft_args(g: argparse._ActionsContainer) -> None:
 # Checks and conversions of those groups
 # ---------------------------------------------------------------------------------------------------
 def check_model_args(args: argparse.Namespace) -> str:
-    """Checks the model name, threads and device without loading anything; returns the weight format."""
+    """Checks the model name and device without loading anything (warns of more threads than cores);
+    returns the weight format."""
     resolve(args.model)  # unknown names and missing paths fail here, before any weights are read
-    if args.threads is not None and args.threads < 1:
-        raise SpecstackError(f"--threads must be >= 1, got {args.threads}")
+    check_threads(args.threads)
     if args.device == "cuda":
         import torch  # only asked for cuda: the cpu path stays torch-free until the model loads
 
@@ -143,8 +166,17 @@ def check_model_args(args: argparse.Namespace) -> str:
     return args.dtype or DEFAULT_DTYPE[args.device]
 
 
+def warn_ignored_draft_args(args: argparse.Namespace, method: MethodSpec) -> None:
+    """--draft, --draft-dtype or --ngram given to a method that reads none of them: a warning, not an
+    error (a script may pass the same flags to every method it runs)."""
+    from specstack.engine.methods import DraftSources, ignored_sources  # parse_method imported it already
+
+    for name in ignored_sources(method, DraftSources(args.draft, args.draft_dtype, args.ngram)):
+        warn(f"--{name.replace('_', '-')} is ignored: method {method.name!r} does not use it")
+
+
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    """The sampling flags of add_generation_args; SamplingParams validates the numbers."""
+    """The sampling flags of add_generation_args (checked as they were parsed)."""
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 

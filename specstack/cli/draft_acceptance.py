@@ -17,6 +17,7 @@ from typing import Any
 
 from specstack.cli.common import parse_contexts
 from specstack.errors import SpecstackError
+from specstack.files import atomic_write_text, check_writable_file
 from specstack.models.registry import DEFAULT_MODEL
 
 DEFAULT_CONTEXTS = (256, 1024, 2048)
@@ -45,21 +46,34 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_draft_acceptance(args: argparse.Namespace) -> int:
     if args.k < 1 or args.heldout_sequences < 1:
         raise SpecstackError("--k and --heldout-sequences must be >= 1")
+    if args.json is not None:
+        check_writable_file(args.json, "--json")
     from specstack.training.acceptance import (  # the engine: torch
         check_designs,
+        check_length,
         choose_device,
         heldout_tokens,
+        is_magicdec,
+        magicdec_window,
         measure_acceptance,
         table,
     )
 
+    check_designs(args.designs)
     held = heldout_tokens(args.sequences, args.heldout_sequences)
     seq_len = held.shape[1]
+    check_length(args.sequences, seq_len, args.k)
     contexts = parse_contexts(args.contexts or ",".join(str(c) for c in DEFAULT_CONTEXTS if c <= seq_len), seq_len)
-    check_designs(args.designs)
+    if not contexts and any(is_magicdec(d) and magicdec_window(d) is None for d in args.designs):
+        # its window is set per context: without one there is nothing to measure
+        why = (f"--contexts {args.contexts!r} names none" if args.contexts else
+               f"the held-out sequences of {args.sequences} hold {seq_len} tokens, fewer than the smallest default "
+               f"context {min(DEFAULT_CONTEXTS)}")
+        raise SpecstackError(f"magicdec needs a context: {why}; pass --contexts C1,C2,... with each C in "
+                             f"[2, {seq_len}], or use magicdec:W")
     device = choose_device(args.device)
     results = measure_acceptance(args.target, held, args.designs, args.k, contexts, device)
     print(table(results, args.k, contexts))
-    if args.json:
-        args.json.write_text(json.dumps({d: a.to_json() for d, a in results.items()}, indent=1))
+    if args.json is not None:
+        atomic_write_text(args.json, json.dumps({d: a.to_json() for d, a in results.items()}, indent=1))
     return 0

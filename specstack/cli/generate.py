@@ -19,9 +19,11 @@ from specstack.cli.common import (
     add_model_args,
     check_model_args,
     sampling_params,
+    warn_ignored_draft_args,
 )
 from specstack.config import GenerationConfig
 from specstack.errors import SpecstackError
+from specstack.files import atomic_write_text, check_writable_file, read_text
 from specstack.prompts import check_context, encode_prompt
 
 if TYPE_CHECKING:
@@ -68,21 +70,7 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt_file is None:
         text, what = args.prompt, "the prompt"
     else:
-        path: Path = args.prompt_file
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise SpecstackError(f"prompt file not found: {path}") from None
-        except IsADirectoryError:
-            raise SpecstackError(f"prompt file is a directory: {path}") from None
-        except OSError as e:
-            raise SpecstackError(f"cannot read prompt file {path}: {e.strerror or e}") from None
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise SpecstackError(f"prompt file {path} is not valid UTF-8 (byte 0x{data[e.start]:02x} "
-                                 f"at offset {e.start})") from None
-        what = f"the prompt file {path}"
+        text, what = read_text(args.prompt_file, "prompt file"), f"the prompt file {args.prompt_file}"
     if not text.strip():
         raise SpecstackError(f"{what} is empty")
     return text
@@ -141,7 +129,7 @@ def show_origins(args: argparse.Namespace, lm: LoadedModel, result: GenerationRe
         print(ansi(pieces, origins), file=sys.stderr, flush=True)
     if args.html is not None:
         title = f"specstack {args.method} on {lm.name}"
-        args.html.write_text(html_page(pieces, origins, title, result.stats.line()), encoding="utf-8")
+        atomic_write_text(args.html, html_page(pieces, origins, title, result.stats.line()))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -149,11 +137,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     gen = generation_config(args)
     text = read_prompt(args)
     dtype = check_model_args(args)
-    if args.html is not None and not args.html.parent.is_dir():
-        raise SpecstackError(f"--html: folder {args.html.parent} does not exist")
+    if args.html is not None:
+        check_writable_file(args.html, "--html")
     from specstack.engine.methods import parse_method
 
     method = parse_method(args.method)
+    warn_ignored_draft_args(args, method)
     # 2. load and encode (the context check needs the tokenizer and the model's limit)
     lm = load(args, dtype)
     prompt_ids = encode(lm, text, args.chat)

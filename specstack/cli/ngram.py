@@ -17,9 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specstack.cli.common import add_checked
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL, ModelSource, resolve
+from specstack.validate import ints
 
+# Good-Turing discounts only the rarest counts (Katz used k = 5): past ~100 the count-of-counts is
+# too sparse to estimate anything, and katz.py sizes an array by k
+MAX_GOOD_TURING_K = 100
 DEFAULT_EXTS = (".py",)
 DEFAULT_EXCLUDE_DIRS = ("__pycache__", ".git", "site-packages", "node_modules")
 
@@ -36,7 +41,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--corpus", nargs="+", required=True, type=Path, metavar="PATH",
                    help="text files and/or directories (walked for --ext files)")
     t.add_argument("--out", required=True, type=Path, metavar="FILE", help="where to write the .npz")
-    t.add_argument("--k", type=int, default=5, help="Good-Turing discounts for counts <= k (default: 5)")
+    add_checked(t, "--k", ints(1, MAX_GOOD_TURING_K, "Good-Turing discounts only rare counts"), default=5,
+                help=f"Good-Turing discounts for counts <= k, at most {MAX_GOOD_TURING_K} (default: 5)")
     t.add_argument("--min-count", type=int, default=1, metavar="N",
                    help="keep trigrams seen at least N times (default: 1, keep all)")
     t.add_argument("--min-count-bigram", type=int, default=None, metavar="N",
@@ -116,11 +122,9 @@ def target_vocab_size(src: ModelSource, tokenizer: Any) -> int:
         except (OSError, ValueError, KeyError, TypeError):
             pass
     elif src.kind == "gguf":
-        from gguf import GGUFReader
+        from specstack.models.configs import read_gguf_config
 
-        from specstack.models.loading import config_from_gguf
-
-        vocab = max(vocab, config_from_gguf(GGUFReader(src.path)).vocab_size)
+        vocab = max(vocab, read_gguf_config(src.path).vocab_size)
     return vocab
 
 
@@ -149,8 +153,6 @@ def tokenize_files(tokenizer: Any, files: Sequence[Path], batch: int = 16) -> tu
 
 def cmd_train(args: argparse.Namespace) -> int:
     # 1. cheap checks
-    if args.k < 1:
-        raise SpecstackError(f"--k must be >= 1, got {args.k}")
     if args.min_count < 1 or (args.min_count_bigram is not None and args.min_count_bigram < 1):
         raise SpecstackError("--min-count and --min-count-bigram must be >= 1")
     if args.max_files is not None and args.max_files < 1:

@@ -32,9 +32,10 @@ from typing import Any
 from tqdm import tqdm
 
 from specstack.bench.datasets import check_prompt_set
-from specstack.cli.common import choice_list, int_list
+from specstack.cli.common import add_checked, add_threads_arg, choice_list, int_list
 from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
+from specstack.files import atomic_write_text, check_writable_file
 from specstack.models.drafts import DraftKind, DraftSpec
 from specstack.models.registry import DEFAULT_MODEL, resolve
 from specstack.throughput.hardware import load_hardware
@@ -43,6 +44,7 @@ from specstack.throughput.plot import heatmap
 from specstack.throughput.report import GridSpec, build_drafts, grid_json, plot_title, report
 from specstack.throughput.shapes import FORMATS, default_draft_spec, draft_shape, is_loadable, model_shape
 from specstack.throughput.tau import missing_tau_note, parse_tau
+from specstack.validate import MAX_CONTEXT, MAX_REPEATS, ints
 
 HARDWARE_HELP = f"{', '.join(PRESETS)}, local (this machine's calibration) or a calibration file"
 
@@ -79,7 +81,7 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens per prompt (default 64)")
     g.add_argument("--engine-dtype", choices=WEIGHT_FORMATS, default="int4",
                    help="weight format the engine runs target and drafts in (default int4)")
-    g.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads")
+    add_threads_arg(g, "torch threads")
     p.set_defaults(func=run)
 
     c = subparsers.add_parser("throughput-calibrate", help="fit this machine's hardware preset from its forwards",
@@ -92,9 +94,9 @@ def add_parser(subparsers: Any) -> None:
     c.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default="int4", help="default int4")
     c.add_argument("--contexts", type=int_list, default=[128, 1024], metavar="LIST", help="default 128,1024")
     c.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16], metavar="LIST", help="default 1,2,4,8,16")
-    c.add_argument("--repeats", type=int, default=7, help="timed forwards per point (median; default 7)")
-    c.add_argument("--warmup", type=int, default=2, help="untimed forwards per point (default 2)")
-    c.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads")
+    add_checked(c, "--repeats", ints(1, MAX_REPEATS), default=7, help="timed forwards per point (median; default 7)")
+    add_checked(c, "--warmup", ints(0, MAX_REPEATS), default=2, help="untimed forwards per point (default 2)")
+    add_threads_arg(c, "torch threads")
     c.add_argument("--out", type=Path, default=None, metavar="FILE",
                    help="calibration file (default: the `local` preset in the specstack cache)")
     c.set_defaults(func=run_calibrate)
@@ -106,7 +108,7 @@ def add_parser(subparsers: Any) -> None:
     k.add_argument("run_dir", type=Path, metavar="DIR", help="a `specstack bench --out` folder")
     k.add_argument("--hardware", default="local", metavar="NAME", help=f"{HARDWARE_HELP} (default local)")
     k.add_argument("--conventions", choices=tuple(CONVENTIONS), default="engine")
-    k.add_argument("--context", type=int, default=None, metavar="L",
+    add_checked(k, "--context", ints(1, MAX_CONTEXT), default=None, metavar="L",
                    help="context length (default: the prompts' mean length plus half the new tokens)")
     k.set_defaults(func=run_check)
 
@@ -124,9 +126,9 @@ def measure_taus(args: argparse.Namespace, designs: list[str], conv: Conventions
                       args.k, conv, args.threads)
     taus: dict[str, float] = {}
     for design in designs:
-        bar = tqdm(total=len(run.prompts), desc=f"tau {design}", unit="prompt", leave=False, file=sys.stderr)
-        m = run.measure(design, bar.update)
-        bar.close()
+        # closed even when the run fails, so that the error starts a line of its own
+        with tqdm(total=len(run.prompts), desc=f"tau {design}", unit="prompt", leave=False, file=sys.stderr) as bar:
+            m = run.measure(design, bar.update)
         print(f"tau {design}: {m.tau:.3f} ({m.new_tokens} tokens in {m.rounds} rounds over {m.prompts} "
               f"{args.prompts} prompts, {args.engine_dtype})", file=sys.stderr)
         taus[design] = m.tau
@@ -144,8 +146,8 @@ def _check_args(args: argparse.Namespace) -> None:
         if v is not None and v < 1:
             raise SpecstackError(f"{flag} must be >= 1, got {v}")
     for flag, path in (("--plot", args.plot), ("--json", args.json)):
-        if path is not None and not path.parent.is_dir():
-            raise SpecstackError(f"{flag}: folder {path.parent} does not exist")
+        if path is not None:
+            check_writable_file(path, flag)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     heatmap(cells, args.batch, args.context, plot_title(spec, target, hw), args.plot)
     print(f"\nheat-map written to {args.plot}", file=sys.stderr)
     if args.json is not None:
-        args.json.write_text(json.dumps(grid_json(spec, target, drafts, cells, hw), indent=1) + "\n", encoding="utf-8")
+        atomic_write_text(args.json, json.dumps(grid_json(spec, target, drafts, cells, hw), indent=1) + "\n")
     return 0
 
 
@@ -194,13 +196,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from specstack.throughput.calibrate import calibrate, save, summary  # the engine: torch
     from specstack.throughput.hardware import local_path
 
-    for flag, v in (("--repeats", args.repeats), ("--threads", args.threads)):
-        if v is not None and v < 1:
-            raise SpecstackError(f"{flag} must be >= 1, got {v}")
-    if args.warmup < 0:
-        raise SpecstackError(f"--warmup must be >= 0, got {args.warmup}")
     resolve(args.model)
     out = args.out or local_path()
+    check_writable_file(out, "--out", parents=True)
     cal = calibrate(args.model, args.dtype, args.draft, args.draft_dtype, args.contexts, args.tokens, args.repeats,
                     args.warmup, args.threads)
     print(summary(cal))
@@ -211,8 +209,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    if args.context is not None and args.context < 1:
-        raise SpecstackError(f"--context must be >= 1, got {args.context}")
     hw = load_hardware(args.hardware)
     from specstack.throughput.check import check, table  # reads the run's methods with the engine: torch
 

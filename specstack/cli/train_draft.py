@@ -21,19 +21,23 @@ import json
 import shlex
 import sys
 import time
+from contextlib import suppress
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specstack.cli.common import parse_contexts
-from specstack.config import WindowSpec
+from specstack.cli.common import add_checked, add_threads_arg, check_threads, parse_contexts
+from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
+from specstack.files import atomic_write_text, check_writable_dir, check_writable_file, new_paths, remove_paths
 from specstack.models.registry import DEFAULT_MODEL
+from specstack.validate import MAX_CONTEXT, MAX_COUNT, MAX_TREE, VERIFIED, bounded_int, fits_context, floats, ints
 
 if TYPE_CHECKING:
     import torch
 
 RECIPES = ("spire", "vanilla")
+COUNT = ints(1, MAX_COUNT)  # steps, sequences, batch sizes, blocks
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -46,11 +50,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "activations; vanilla: the same shape from random weights, none of those")
     p.add_argument("--data", default="code:0.6,sharegpt:0.4",
                    help="sources and weights: code[=DIR]:W,sharegpt[=FILE]:W (default: code:0.6,sharegpt:0.4)")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
-    p.add_argument("--teacher", type=Path, default=None, metavar="DIR",
+    add_checked(p, "--steps", COUNT, default=1000, help="optimizer steps (default: 1000)")
+    add_checked(p, "--out", path_arg, required=True, metavar="DIR", help="output folder")
+    add_checked(p, "--teacher", path_arg, default=None, metavar="DIR",
                    help="teacher cache folder (default: OUT/teacher); share it between runs")
-    p.add_argument("--sequences", type=Path, default=None, metavar="FILE",
+    add_checked(p, "--sequences", path_arg, default=None, metavar="FILE",
                    help="prepared token sequences: read when FILE exists (then --data is not read), else built "
                         "from --data and written there")
     p.add_argument("--prepare-only", action="store_true", help="stop after writing --sequences")
@@ -58,25 +62,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="run the target on each batch instead of caching it to disk (default: on for cuda)")
     p.add_argument("--contexts", default="", metavar="C1,C2,...",
                    help="also report held-out acceptance by context: chains starting after (C/2, C] tokens")
-    p.add_argument("--train-sequences", type=int, default=2048, metavar="N", help="training sequences (default: 2048)")
-    p.add_argument("--heldout-sequences", type=int, default=32, metavar="N", help="held-out sequences (default: 32)")
-    p.add_argument("--seq-len", type=int, default=512, help="tokens per sequence (default: 512)")
-    p.add_argument("--layers", type=int, default=2, help="draft blocks (default: 2)")
-    p.add_argument("--vocab", type=int, default=8192, help="draft vocabulary: most frequent tokens, 0 = all (default: 8192)")
-    p.add_argument("--window", type=int, default=None, help="sliding window (spire default 256; 0 = full attention)")
+    add_checked(p, "--train-sequences", COUNT, default=2048, metavar="N", help="training sequences (default: 2048)")
+    add_checked(p, "--heldout-sequences", COUNT, default=32, metavar="N", help="held-out sequences (default: 32)")
+    add_checked(p, "--seq-len", ints(1, MAX_CONTEXT), default=512,
+                help="tokens per sequence, within the target's context (default: 512)")
+    add_checked(p, "--layers", COUNT, default=2, help="draft blocks, at most the target's (default: 2)")
+    add_checked(p, "--vocab", ints(0, MAX_COUNT), default=8192,
+                help="draft vocabulary: most frequent tokens, at most the target's; 0 = all (default: 8192)")
+    add_checked(p, "--window", ints(0, MAX_CONTEXT), default=None,
+                help="sliding window (spire default 256; 0 = full attention)")
     for flag, what in (("pruned-init", "start from the target's last blocks"), ("feedback", "feedback memory"),
                        ("target-acts", "target activations as memories of verified tokens"),
                        ("feature-input", "EAGLE-style input: the previous token's top-level feature")):
         p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None,
                        help=f"{what} (default: on for spire, off for vanilla)")
     p.add_argument("--loss", choices=("kl", "ce", "mixed"), default="mixed", help="default: mixed (omega 0.5)")
-    p.add_argument("--omega", type=float, default=0.5)
-    p.add_argument("--lr", type=float, default=None, help="default: 3e-4 (pruned), 1e-3 (random init)")
-    p.add_argument("--batch-size", type=int, default=4, help="sequences per micro-batch (default: 4)")
-    p.add_argument("--accumulate", type=int, default=1, help="micro-batches per step (default: 1)")
-    p.add_argument("--draft-steps", type=int, default=3, help="unrolled chain positions trained (default: 3)")
-    p.add_argument("--eval-every", type=int, default=200)
-    p.add_argument("--threads", type=int, default=None)
+    add_checked(p, "--omega", floats(0.0, 1.0), default=0.5, help="mixed loss weight in [0, 1] (default: 0.5)")
+    add_checked(p, "--lr", floats(0.0, 1.0, low_open=True), default=None,
+                help="learning rate in (0, 1] (default: 3e-4 pruned, 1e-3 random init)")
+    add_checked(p, "--batch-size", COUNT, default=4,
+                help="sequences per micro-batch, at most --train-sequences (default: 4)")
+    add_checked(p, "--accumulate", COUNT, default=1, help="micro-batches per step (default: 1)")
+    add_checked(p, "--draft-steps", ints(1, MAX_TREE, VERIFIED), default=3,
+                help="unrolled chain positions trained (default: 3)")
+    add_checked(p, "--eval-every", COUNT, default=200, help="steps between held-out evaluations (default: 200)")
+    add_threads_arg(p, "torch threads (default: torch's own choice)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="where the teacher and the training run (default: cuda when present, else cpu)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -84,22 +94,37 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def path_arg(flag: str, text: str) -> Path:
+    """A path flag's text as a Path; an empty one is refused: Path('') is the current folder, which
+    the user did not name."""
+    if not text:
+        raise SpecstackError(f"{flag}: the path is empty")
+    return Path(text)
+
+
 def _check(args: argparse.Namespace) -> None:
-    for name in ("steps", "train_sequences", "heldout_sequences", "seq_len", "layers", "batch_size",
-                 "accumulate", "draft_steps", "eval_every"):
-        if getattr(args, name) < 1:
-            raise SpecstackError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.vocab < 0 or (args.window is not None and args.window < 0):
-        raise SpecstackError("--vocab and --window must be >= 0")
-    if not 0 <= args.omega <= 1:
-        raise SpecstackError(f"--omega must be in [0, 1], got {args.omega}")
-    if args.out.exists() and not args.out.is_dir():
-        raise SpecstackError(f"--out {args.out} is a file")
+    """What the flags' own rules (checked as they were parsed) cannot see: flags together, files."""
+    bounded_int("--batch-size", args.batch_size, 1, args.train_sequences, "a batch is drawn from --train-sequences")
+    check_threads(args.threads)
+    check_writable_dir(args.out, "--out")
+    if args.teacher is not None and not args.teacher.is_dir():  # an existing cache may be read-only: only read
+        check_writable_dir(args.teacher, "--teacher")
     if args.prepare_only and args.sequences is None:
         raise SpecstackError("--prepare-only needs --sequences FILE (where the sequences are written)")
-    if args.sequences is not None and args.sequences.is_dir():
-        raise SpecstackError(f"--sequences {args.sequences} is a folder")
+    if args.sequences is not None and not args.sequences.is_file():  # to be written once prepared
+        check_writable_file(args.sequences, "--sequences", parents=True)
     args.contexts = parse_contexts(args.contexts, args.seq_len)
+
+
+def _check_target(args: argparse.Namespace, tcfg: ModelConfig, shard_size: int | None) -> None:
+    """The sizes the target bounds, checked once it is loaded, before any text is read or the teacher
+    runs. shard_size: a cached teacher's sequences per shard, within which its batches are drawn (a
+    larger batch would never be drawn: training would wait for ever); None for an online teacher."""
+    fits_context("--seq-len", args.seq_len, tcfg.max_seq_len)
+    bounded_int("--layers", args.layers, 1, tcfg.n_layers, "the target's blocks")
+    if shard_size is not None:
+        bounded_int("--batch-size", args.batch_size, 1, shard_size,
+                    "a cached teacher draws each batch within one shard; --online-teacher has no such limit")
 
 
 def token_counts(sequences: torch.Tensor | None, data: Any, vocab_size: int) -> torch.Tensor:
@@ -142,6 +167,23 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
+    """train_draft; when it fails (an error, Ctrl-C) before it saved a checkpoint to --resume from, what
+    it created goes: the log, the teacher cache, OUT if nothing else is in it (a prepared --sequences
+    file stays: it is complete and reusable)."""
+    created = new_paths([args.out / "train.log", args.teacher or args.out / "teacher"])
+    out_created = not args.out.exists()
+    try:
+        return train_draft(args)
+    except BaseException:
+        if not (args.out / "checkpoint.pt").is_file():
+            remove_paths(created)
+            if out_created:
+                with suppress(OSError):
+                    args.out.rmdir()  # only if empty
+        raise
+
+
+def train_draft(args: argparse.Namespace) -> int:
     import torch
 
     from specstack.models.draft_file import save_draft
@@ -187,6 +229,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     keep = last_blocks(tcfg.n_layers, args.layers)
     spec = TeacherSpec(layers=tuple(k + 1 for k in keep))
     online = args.online_teacher
+    _check_target(args, tcfg, None if online else spec.shard_size)
     # 1. sequences
     tdir = args.teacher or args.out / "teacher"
     cached = (tdir / "train" / "meta.json").is_file() and (tdir / "heldout" / "meta.json").is_file() and \
@@ -195,6 +238,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     if args.sequences is not None and args.sequences.is_file():
         train_seqs, held_seqs = data_mod.load_sequences(args.sequences, args.seq_len, args.train_sequences,
                                                         args.heldout_sequences)
+        data_mod.check_token_ids(args.sequences, tcfg.vocab_size, train_seqs, held_seqs)
         log(f"{len(train_seqs)} training and {len(held_seqs)} held-out sequences of {args.seq_len} tokens "
             f"from {args.sequences}")
     elif online or not cached or args.sequences is not None:
@@ -244,7 +288,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     # 5. outputs
     save_draft(draft, args.out / "draft.safetensors", {"target": args.target, "command": command,
                                                         "data": args.data, "steps": str(args.steps)})
-    (args.out / "acceptance.json").write_text(json.dumps(
+    atomic_write_text(args.out / "acceptance.json", json.dumps(
         acc.to_json() | {"train": asdict(params), "device": args.device, "online_teacher": online,
                          "seconds": round(seconds, 1), "tokens_per_s": round(_trained_tokens(params, args) / seconds)},
         indent=1))

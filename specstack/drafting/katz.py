@@ -23,6 +23,7 @@ import heapq
 import json
 import os
 import zipfile
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,24 +278,58 @@ class KatzTrigram:
         tmp.replace(path)
         return path
 
+    # what np.load raises on a file that is not a whole .npz of plain arrays: not a zip, truncated, a
+    # damaged member (bad CRC, bad deflate data, an unknown compression method), a pickled object, a
+    # member missing
+    _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, NotImplementedError, zipfile.BadZipFile, zlib.error)
+
     @classmethod
     def load(cls, path: str | os.PathLike) -> KatzTrigram:
-        """Load a file written by `save` (a bad or missing file is a SpecstackError)."""
+        """Load a file written by `save` (a missing, unreadable or inconsistent file is a SpecstackError
+        naming it)."""
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
-                if meta.get("format") != FORMAT_VERSION:
-                    raise ValueError(f"unsupported format {meta.get('format')!r} (expected {FORMAT_VERSION})")
                 levels = {name: _Level(z[f"{name}_ctx"], z[f"{name}_off"], z[f"{name}_tok"], z[f"{name}_prob"],
                                        z[f"{name}_alpha"]) for name in ("bi", "tri")}
-                unigram = z["unigram"].astype(np.float64)
+                unigram = z["unigram"]
         except FileNotFoundError:
             raise SpecstackError(f"n-gram file not found: {path}") from None
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        except cls._READ_ERRORS as e:
             raise SpecstackError(f"cannot read n-gram file {path}: {e}") from None
+        problem = cls._problem(meta, unigram, levels)
+        if problem:
+            raise SpecstackError(f"cannot read n-gram file {path}: {problem}")
+        unigram = unigram.astype(np.float64)
         unigram /= unigram.sum()
         return cls(meta["vocab_size"], meta["k"], unigram, levels["bi"], levels["tri"], meta)
+
+    @staticmethod
+    def _problem(meta: object, unigram: np.ndarray, levels: Mapping[str, _Level]) -> str | None:
+        """What makes a loaded file unusable (queries index the arrays by each other), or None."""
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+            found = meta.get("format") if isinstance(meta, dict) else meta
+            return f"unsupported format {found!r} (expected {FORMAT_VERSION})"
+        V, k = meta.get("vocab_size"), meta.get("k")
+        if not (type(V) is int and 1 <= V < 2 ** 21 and type(k) is int and k >= 1):
+            return f"its vocab_size and k must be positive integers, got {V!r} and {k!r}"
+        if unigram.shape != (V,) or unigram.dtype.kind != "f" or not (np.isfinite(unigram).all()
+                                                                     and (unigram >= 0).all() and unigram.sum() > 0):
+            return f"the unigram must be {V} finite probabilities, not all 0"
+        for name, lv in levels.items():
+            arrays = {"ctx": lv.ctx, "off": lv.off, "tok": lv.tok, "prob": lv.prob, "alpha": lv.alpha}
+            kinds = {"ctx": "iu", "off": "iu", "tok": "iu", "prob": "f", "alpha": "f"}
+            if any(a.ndim != 1 or a.dtype.kind not in kinds[part] for part, a in arrays.items()):
+                return f"{name}: every table must be a 1-D array of the right type"
+            C, E = len(lv.ctx), len(lv.tok)
+            if len(lv.off) != C + 1 or len(lv.alpha) != C or len(lv.prob) != E:
+                return f"{name}: table lengths disagree ({C} contexts, {len(lv.off)} offsets, {E} tokens)"
+            if lv.off[0] != 0 or lv.off[-1] != E or (np.diff(lv.off) < 0).any():
+                return f"{name}: offsets must rise from 0 to the {E} entries"
+            if E and (int(lv.tok.min()) < 0 or int(lv.tok.max()) >= V):
+                return f"{name}: token ids must be in [0, {V})"
+        return None
 
     def check_vocab(self, vocab_size: int) -> None:
         """A trigram for another tokenizer would propose foreign (or out-of-range) token ids."""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specstack import interrupt
 from specstack.config import GenerationConfig
 from specstack.engine.session import GenerationResult, open_session
 from specstack.models.base import LoadedModel
@@ -31,6 +32,7 @@ def generate(lm: LoadedModel, prompt_ids: Sequence[int], gen: GenerationConfig,
     stats.prefill_seconds = t1 - t0
     # 2. one forward per further token
     while not stream.done:
+        interrupt.check()  # Ctrl-C stops the run here, between steps
         logits = model.extend(tok.view(1, 1), cache).logits[:, -1]
         stats.target_forwards += 1
         tok = next_token(logits, gen.sampling, rng)

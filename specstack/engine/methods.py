@@ -2,8 +2,11 @@
 `ngram`, `staged:budget=36,depth=8`.
 
 A method is one entry of the registry METHODS: a `Method` declaring its name, its integer parameters
-(`Param`: default, bounds, what 0 means, a one-line doc), its own check across parameters, and its
-builder `(target, params, sources, device) -> Drafter | None` (None: autoregressive decoding).
+(`Param`: default, bounds, what 0 means, a one-line doc), its own check across parameters, the draft
+sources it reads, the widest target forward it measures before it runs, and its builder
+`(target, params, sources, device) -> Drafter | None` (None: autoregressive decoding). Every parameter
+has an upper bound, checked with the others before any model is loaded: a draft size is bounded by
+MAX_TREE (validate.py), the most draft tokens the engine verifies per step.
 `parse_method` and `build_drafter` only look entries up: nothing here or in the engine branches on a
 method's or a drafter's name. To add a method, write its builder and `register` a Method for it.
 
@@ -33,6 +36,7 @@ from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, shipped_
 from specstack.models.loading import load_model
 from specstack.models.registry import default_ngram_path
 from specstack.models.transformer import Transformer
+from specstack.validate import MAX_TREE, VERIFIED, bounded_int, fits_context
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -138,33 +142,33 @@ Builder = Callable[[LoadedModel, Params, DraftSources, str], Drafter | None]  # 
 
 @dataclass(frozen=True)
 class Param:
-    """An integer parameter of a method."""
+    """An integer parameter of a method, in [low, high]: every parameter is bounded (a size without a
+    bound once ran a drafter for minutes on proposals the engine could never verify)."""
 
     name: str
     default: int
     doc: str
     low: int = 1  # the smallest value accepted
-    high: int | None = None  # the largest, if bounded
+    high: int = field(kw_only=True)  # the largest
+    why: str = ""  # what makes `high` the limit (the error says it)
     zero: str = ""  # what 0 means, where 0 is accepted
 
     def __post_init__(self) -> None:
-        high = self.default if self.high is None else self.high
-        if (self.low <= 0) != bool(self.zero) or not self.low <= self.default <= high:
+        if (self.low <= 0) != bool(self.zero) or not self.low <= self.default <= self.high:
             raise ValueError(f"parameter {self.name}: say what 0 means iff 0 is accepted, and keep the "
                              "default within the bounds")
 
-    def problem(self, value: int) -> str | None:
-        """Why `value` is out of bounds, or None."""
-        if value < self.low:
-            return f"{self.name} must be >= {self.low}, got {value}"
-        if self.high is not None and value > self.high:
-            allowed = f"is {self.low} or {self.high}" if self.high == self.low + 1 else f"must be <= {self.high}"
-            return f"{self.name} {allowed}, got {value}"
-        return None
+    def check(self, method: str, text: str) -> int:
+        """The value `text` gives this parameter of `method`, checked against the bounds."""
+        return bounded_int(f"method {method!r}: {self.name}", text, self.low, self.high, self.why)
 
 
 def _no_check(_params: Params) -> str | None:
     return None
+
+
+def _no_measure(_params: Params) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,11 @@ class Method:
     params: tuple[Param, ...] = ()
     # what is wrong with a combination of (each valid) parameters, or None
     check: Callable[[Params], str | None] = _no_check
+    # the DraftSources fields the method reads (a source given to a method that reads none is ignored)
+    sources: frozenset[str] = frozenset()
+    # n > 0: before it runs, the method measures target forwards of widths 1 .. n (its cost curve,
+    # engine/width_cost.py), which must fit the target's context after one token of it
+    measures: Callable[[Params], int] = _no_measure
 
     def defaults(self) -> dict[str, int]:
         return {p.name: p.default for p in self.params}
@@ -215,21 +224,32 @@ def parse_method(text: str) -> MethodSpec:
         key, eq, value = item.partition("=")
         if not eq or key not in declared:
             raise SpecstackError(f"method {name!r}: bad parameter {item!r} (parameters: {', '.join(declared) or 'none'})")
-        try:
-            params[key] = int(value)
-        except ValueError:
-            raise SpecstackError(f"method {name!r}: {key} must be an integer, got {value!r}") from None
-        problem = declared[key].problem(params[key])
-        if problem:
-            raise SpecstackError(f"method {name!r}: {problem}")
+        params[key] = declared[key].check(name, value)
     problem = entry.check(params)
     if problem:
         raise SpecstackError(f"method {name!r}: {problem}")
     return MethodSpec(name, params)
 
 
+def ignored_sources(method: MethodSpec, sources: DraftSources) -> list[str]:
+    """The DraftSources fields given (not None) that `method` does not read: a caller warns of them
+    (a script may pass --draft to every method it runs)."""
+    reads = lookup(method.name).sources
+    return [name for name in ("draft", "draft_dtype", "ngram") if getattr(sources, name) is not None and name not in reads]
+
+
+def check_fits(method: MethodSpec, max_seq_len: int) -> None:
+    """The widths `method` measures before it runs fit a model of context max_seq_len (one token of
+    context, then the widest forward): checked before any draft is loaded or forward timed."""
+    widest = lookup(method.name).measures(method.params)
+    if widest:
+        fits_context(f"method {str(method)!r}: cost=1 measures target forwards of up to {widest} tokens after one "
+                     "token of context", widest + 1, max_seq_len)
+
+
 def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources,
                   device: str = "cpu") -> Drafter | None:
+    check_fits(method, target.config.max_seq_len)
     return lookup(method.name).build(target, method.params, sources, device)
 
 
@@ -243,10 +263,15 @@ def run_method(target: LoadedModel, drafter: Drafter | None, prompt_ids: Sequenc
 # ---------------------------------------------------------------------------------------------------
 # The methods
 # ---------------------------------------------------------------------------------------------------
+def tree_measures(p: Params) -> int:
+    """cost=1: the forward costs of widths 1 .. budget + 1 (the root and up to `budget` nodes)."""
+    return p["budget"] + 1 if p["cost"] else 0
+
+
 def tree_budget(target: LoadedModel, p: Params) -> CostAwareBudget | None:
     """cost=1: a CostAwareBudget over the target's forward costs of widths 1 .. budget + 1
     (measured once per machine and target format: engine/width_cost.py)."""
-    return CostAwareBudget(width_costs(target, p["budget"] + 1)) if p["cost"] else None
+    return CostAwareBudget(width_costs(target, tree_measures(p))) if p["cost"] else None
 
 
 def build_chain(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> Drafter:
@@ -260,10 +285,15 @@ def build_tree(target: LoadedModel, p: Params, sources: DraftSources, device: st
                         budget=tree_budget(target, p))
 
 
+def ngram_measures(p: Params) -> int:
+    """cost=1: the forward costs of widths 1 .. max + 1 (the root and a chain of up to `max`)."""
+    return p["max"] + 1 if p["cost"] else 0
+
+
 def build_ngram(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> Drafter:
     length: ChainLength | None = None
     if p["cost"]:  # the target's forward costs of widths 1 .. max + 1 (measured once, then stored)
-        length = CostAwareLength(width_costs(target, p["max"] + 1))
+        length = CostAwareLength(width_costs(target, ngram_measures(p)))
     elif p["max"]:
         length = DynamicDraftLength(start=p["depth"], cap=p["max"])
     return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1),
@@ -286,32 +316,45 @@ def build_staged(target: LoadedModel, p: Params, sources: DraftSources, device: 
                          widths=(1,) * p["d2"] if p["d2"] else STAGED_WIDTHS, budget=tree_budget(target, p))
 
 
-WIDTH = Param("width", 4, "c: children per expanded node")
-BUDGET = Param("budget", 36, "n: nodes the target verifies per step")
-DEPTH = Param("depth", 8, "D: the tree's maximum depth")
+# a draft size: no more than MAX_TREE draft tokens are ever verified in one step
+def size(name: str, default: int, doc: str, low: int = 1, zero: str = "") -> Param:
+    return Param(name, default, doc, low, high=MAX_TREE, why=VERIFIED, zero=zero)
+
+
+# Index time and memory grow with match² per context token (match=64 takes seconds to index an 8k
+# prompt), and a suffix longer than this seldom recurs exactly.
+MAX_MATCH = 16
+WIDTH = size("width", 4, "c: children per expanded node")
+BUDGET = size("budget", 36, "n: nodes the target verifies per step")
+DEPTH = size("depth", 8, "D: the tree's maximum depth")
 COST = Param("cost", 0, "1: verify each step only the best nodes that pay for their width, by the draft's path "
              "probabilities and the target's measured forward cost per width", low=0, high=1, zero="all n nodes")
+DRAFT = frozenset({"draft", "draft_dtype"})  # the DraftSources fields of a draft model
+TRIGRAM = frozenset({"ngram"})
 
 register(Method("ar", "autoregressive decoding: the target alone", lambda target, p, sources, device: None))
 register(Method("chain", "a chain of k draft tokens, verified in one target forward", build_chain,
-                (Param("k", 4, "draft tokens per step"),)))
+                (size("k", 4, "draft tokens per step"),), sources=DRAFT))
 register(Method("tree", "a best-first tree from the draft model (Spector & Ré 2023)", build_tree,
-                (WIDTH, BUDGET, DEPTH, Param("expand", 4, "nodes the draft expands in one forward"), COST)))
+                (WIDTH, BUDGET, DEPTH, size("expand", 4, "nodes the draft expands in one forward"), COST),
+                sources=DRAFT, measures=tree_measures))
 # a 3-token chain suits the default int4 target, whose forward cost grows with every token; on a bf16
 # target (wide forwards nearly free) width=12,depth=6 accepts more (docs/BENCHMARKS.md)
 register(Method("ngram", "proposals from the trigram and the context (prompt lookup), no draft model", build_ngram, (
-    Param("width", 1, "candidates at the first level (a chain below it)"),
-    Param("depth", 3, "the proposal's length"),
-    Param("max", 0, "M: a chain whose length follows BASS's dynamic rule, from depth up to M", low=0,
-          zero="a fixed length"),
+    size("width", 1, "candidates at the first level (a chain below it)"),
+    size("depth", 3, "the proposal's length"),
+    size("max", 0, "M: a chain whose length follows BASS's dynamic rule, from depth up to M", low=0,
+         zero="a fixed length"),
     Param("cost", 0, "1: the length (up to max) that maximises expected tokens per second, from the target's "
           "measured forward cost per width and acceptance learned per evidence class", low=0, high=1,
           zero="no cost model"),
     # a longer match is both a surer proposal and, for cost=1, sharper evidence
-    Param("match", 3, "the longest suffix the context lookup matches"),
-), check_ngram))
+    Param("match", 3, "the longest suffix the context lookup matches", high=MAX_MATCH,
+          why="longer suffixes cost match² per token to index"),
+), check_ngram, sources=TRIGRAM, measures=ngram_measures))
 register(Method("staged", "the draft's tree with draft2 (the trigram) speculating the draft (Spector & Ré 2023)",
-                build_staged, (WIDTH, BUDGET, DEPTH, COST, Param(
+                build_staged, (WIDTH, BUDGET, DEPTH, COST, size(
                     "d2", 0, "N: draft2's proposal under each spine token is a chain of N tokens (a narrower "
                     "draft forward: on the 2-core CPU it pays, docs/BENCHMARKS.md)", low=0,
-                    zero="the paper's tree (widths 12, 7, 4, 1, 1, 1)"))))
+                    zero="the paper's tree (widths 12, 7, 4, 1, 1, 1)")),
+                sources=DRAFT | TRIGRAM, measures=tree_measures))

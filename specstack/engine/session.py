@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specstack import interrupt
 from specstack.cache import KVCache
 from specstack.config import GenerationConfig
 from specstack.engine.stats import RunStats
@@ -43,6 +44,7 @@ def open_session(lm: LoadedModel, prompt_ids: Sequence[int], gen: GenerationConf
                  on_text: Callable[[str], None] | None, scratch: int = 0) -> Session:
     """Check the prompt against the context, cap the new tokens at what the context leaves, and
     size the cache for prompt + output + `scratch` slots of speculative blocks."""
+    interrupt.check()  # a Ctrl-C while the model was loading stops the run before its prefill
     cfg = lm.config
     check_context(len(prompt_ids), cfg.max_seq_len)
     max_new = min(gen.max_new_tokens, cfg.max_seq_len - len(prompt_ids))

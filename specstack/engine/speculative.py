@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specstack import interrupt
 from specstack.attention import tree_batch
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import DraftContext, Drafter
@@ -24,6 +25,7 @@ from specstack.engine.stats import StepStats
 from specstack.models.base import LoadedModel
 from specstack.sampling import warp
 from specstack.tree import DraftTree
+from specstack.validate import MAX_TREE
 from specstack.verify import VerifyResult, verify_greedy, verify_rrs, verify_sample_walk
 
 
@@ -44,7 +46,7 @@ def stack_hidden(hidden: dict[int, torch.Tensor], layers: tuple[int, ...]) -> to
 
 def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequence[int],
                          gen: GenerationConfig, on_text: Callable[[str], None] | None = None,
-                         max_tree: int = 64) -> GenerationResult:
+                         max_tree: int = MAX_TREE) -> GenerationResult:
     model, cfg = target.model, target.config
     run = open_session(target, prompt_ids, gen, on_text, scratch=max_tree + 1)
     stream, stats, cache, rng = run.stream, run.stats, run.cache, run.generator
@@ -63,6 +65,7 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequ
     stats.prefill_seconds = time.perf_counter() - t0
     t_start = time.perf_counter()
     while not stream.done:
+        interrupt.check()  # Ctrl-C stops the run here, between steps
         step = StepStats()
         # 1. propose (the tree may not outgrow the room left in the context)
         t = time.perf_counter()

@@ -3,19 +3,23 @@ vocabulary ids) and its SpireConfig in the metadata. The embedding and unembeddi
 shared at load time, so the file stays small (DESIGN §7, the shipped default ≤ 25 MB)."""
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
-from specstack.models.drafts import FILE_SUFFIX
+from specstack.models.configs import file_error, library_error, model_config
 from specstack.models.quant import activation_dtype
 from specstack.models.spire_draft import SpireConfig, SpireDraft
 from specstack.models.transformer import Transformer, rope_tables
+
+DRAFT_FORMAT = "specstack-spire-draft"  # the metadata's `format` of a draft file
 
 
 def shared_weights(target: Transformer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,18 +38,65 @@ def shared_weights(target: Transformer) -> tuple[torch.Tensor, torch.Tensor]:
 def save_draft(model: SpireDraft, path: Path, info: dict[str, str] | None = None) -> None:
     state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
              for k, v in model.state_dict().items()}
-    meta = {"format": "specstack-spire-draft", "config": model.spire.to_json(), **(info or {})}
+    meta = {"format": DRAFT_FORMAT, "config": model.spire.to_json(), **(info or {})}
     tmp = path.with_suffix(".tmp")
     save_file(state, str(tmp), metadata=meta)
     tmp.replace(path)
 
 
-def is_draft_file(path: str | Path) -> bool:
+@dataclass(frozen=True)
+class DraftHeader:
+    """What a draft file says about itself, read without its weights."""
+
+    config: SpireConfig
+    vocab: int  # rows of the draft's own unembedding (its vocab_ids)
+    info: dict[str, str]  # the whole metadata
+
+
+def read_draft_header(path: str | Path) -> DraftHeader:
+    """The header of a draft file from `specstack train-draft`; a SpecstackError naming the file when it
+    is missing, not a safetensors file, or one without a draft's metadata."""
     p = Path(path)
-    if p.suffix != FILE_SUFFIX or not p.is_file():
-        return False
-    with safe_open(str(p), "pt") as f:
-        return (f.metadata() or {}).get("format") == "specstack-spire-draft"
+    if not p.is_file():
+        raise SpecstackError(f"draft file not found: {p}")
+    where = f"draft file {p}"
+    try:
+        with safe_open(str(p), "pt") as f:
+            meta = dict(f.metadata() or {})
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise file_error(where, f"not a readable safetensors file ({library_error(e)})") from None
+    if meta.get("format") != DRAFT_FORMAT:
+        raise file_error(where, "a safetensors file without specstack's draft metadata (drafts are made by "
+                                "`specstack train-draft`)")
+    config = _spire_config(meta.get("config"), where)
+    vocab = shapes.get("vocab_ids")
+    if vocab is None or len(vocab) != 1 or not 1 <= vocab[0] <= config.model.vocab_size:
+        raise file_error(where, f"vocab_ids must hold 1 to {config.model.vocab_size} token ids, found shape "
+                                f"{None if vocab is None else list(vocab)}")
+    blocks = {k.split(".")[1] for k in shapes if k.startswith("layers.")}
+    if len(blocks) != config.model.n_layers:
+        raise file_error(where, f"its config describes {config.model.n_layers} blocks, it holds {len(blocks)}")
+    return DraftHeader(config, vocab[0], meta)
+
+
+def _spire_config(text: str | None, where: str) -> SpireConfig:
+    """The SpireConfig in a draft's metadata, its model shape checked like any model's (configs.model_config,
+    first: SpireConfig.from_json builds it unchecked, dividing by its head counts)."""
+    try:
+        raw = json.loads(text) if text is not None else None
+    except json.JSONDecodeError as e:
+        raise file_error(where, f"its config is not JSON ({library_error(e)})") from None
+    model = raw.get("model") if isinstance(raw, dict) else None
+    if not isinstance(model, dict):
+        raise file_error(where, "its metadata has no config with a model shape")
+    checked = model_config(model, f"{where} (its config)")
+    try:
+        return replace(SpireConfig.from_json(text), model=checked)
+    except (KeyError, TypeError, ValueError) as e:  # a field missing, unknown or of the wrong type
+        raise file_error(where, f"malformed config ({library_error(e)})") from None
+    except SpecstackError as e:  # SpireConfig's or WindowSpec's own checks
+        raise file_error(where, str(e)) from None
 
 
 def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") -> LoadedModel:
@@ -54,20 +105,25 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
     if fmt not in WEIGHT_FORMATS:  # before any reading
         raise SpecstackError(f"unsupported draft weight format {fmt!r}; choose from {', '.join(WEIGHT_FORMATS)}")
     p = Path(path)
-    if not p.is_file():
-        raise SpecstackError(f"draft file not found: {p}")
-    with safe_open(str(p), "pt") as f:
-        meta = f.metadata() or {}
-    if meta.get("format") != "specstack-spire-draft":
-        raise SpecstackError(f"{p} is not a specstack draft file")
-    config = SpireConfig.from_json(meta["config"])
+    config = read_draft_header(p).config
+    where = f"draft file {p}"
     tc, dc = target.config, config.model
     if (tc.vocab_size, tc.d_model) != (dc.vocab_size, dc.d_model):
         raise SpecstackError(f"draft {p.name} was trained for a target with vocabulary {dc.vocab_size} and width "
                              f"{dc.d_model}; {target.name} has {tc.vocab_size} and {tc.d_model}")
+    if not all(isinstance(i, int) and 0 <= i <= tc.n_layers for i in config.target_layers):
+        raise SpecstackError(f"draft {p.name} reads the target's layers {list(config.target_layers)}; "
+                             f"{target.name} has layers 0..{tc.n_layers}")
     state = load_file(str(p))
-    model = SpireDraft(config, state["vocab_ids"])
-    model.load_state_dict(state, strict=True)
+    ids = state["vocab_ids"]
+    if ids.is_floating_point() or int(ids.min()) < 0 or int(ids.max()) >= dc.vocab_size:
+        raise file_error(where, f"vocab_ids must be token ids in [0, {dc.vocab_size})")
+    model = SpireDraft(config, ids)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:  # what load_state_dict raises for missing, unexpected or misshapen tensors
+        detail = " ".join(str(e).split("\n", 1)[-1].split())[:300]  # after "Error(s) in loading state_dict ...:"
+        raise file_error(where, f"its weights do not fit its config ({detail})") from None
     dtype = activation_dtype(fmt)
     model = model.to(dtype=dtype, device=target.model.device).eval()
     model.rope_cos, model.rope_sin = (t.to(target.model.device) for t in rope_tables(config.model))  # fp32
@@ -80,8 +136,5 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
 
 
 def draft_info(path: str | Path) -> dict[str, str]:
-    with safe_open(str(path), "pt") as f:
-        return dict(f.metadata() or {})
-
-
-
+    """A draft file's metadata: its config, and how it was made (`specstack train-draft`)."""
+    return read_draft_header(path).info

@@ -13,16 +13,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
+import shutil
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from specstack.config import DEVICES, WEIGHT_FORMATS, ModelConfig
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
+from specstack.models.configs import (
+    config_from_gguf,
+    file_error,
+    library_error,
+    model_config,
+    open_gguf,
+    read_hf_config,
+    read_json_object,
+)
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Q4Weight, Transformer, Weight
 
@@ -34,43 +48,64 @@ def cache_root() -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------
+# What a source must hold
+# ---------------------------------------------------------------------------------------------------
+def canonical_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every canonical weight a model of `cfg` is built from, with its shape ([out, in] for a matrix);
+    `head` only when the embeddings are not tied."""
+    d, gpt2 = cfg.d_model, cfg.arch == "gpt2"
+    shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, d), "norm.weight": (d,)}
+    if not cfg.tie_embeddings:
+        shapes["head"] = (cfg.vocab_size, d)
+    if gpt2:
+        shapes.update({"pos_embed": (cfg.max_seq_len, d), "norm.bias": (d,)})
+    matrices = {"q": (cfg.q_dim, d), "k": (cfg.kv_dim, d), "v": (cfg.kv_dim, d), "o": (d, cfg.q_dim),
+                "up": (cfg.d_ff, d), "down": (d, cfg.d_ff)}
+    if not gpt2:
+        matrices["gate"] = (cfg.d_ff, d)
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        for name, shape in matrices.items():
+            shapes[p + name] = shape
+            if gpt2:
+                shapes[p + name + ".bias"] = shape[:1]
+        for name in ("attn_norm", "mlp_norm"):
+            shapes[p + name + ".weight"] = (d,)
+            if gpt2:
+                shapes[p + name + ".bias"] = (d,)
+    return shapes
+
+
+def _shape(w: Weight) -> tuple[int, ...]:
+    return tuple((w.q if isinstance(w, Q4Weight) else w).shape)
+
+
+def check_weights(cfg: ModelConfig, weights: dict[str, Weight], where: str) -> None:
+    """The weights a source holds against the shapes its config gives them, before a model of that
+    config is allocated (a damaged size would otherwise allocate it first, or fail inside torch)."""
+    layers = {k.split(".")[1] for k in weights if k.startswith("layers.")}
+    if len(layers) != cfg.n_layers:  # first: a damaged count would list that many layers' weights below
+        raise file_error(where, f"its config describes {cfg.n_layers} layers, its weights hold {len(layers)}")
+    expected = canonical_shapes(cfg)
+    for name, shape in expected.items():
+        if name not in weights:
+            if name == "head":  # an untied config without its own head: the embedding serves (load_weights)
+                continue
+            raise file_error(where, f"weight {name} is missing (the config describes a {cfg.arch} of "
+                                    f"{cfg.n_layers} layers)")
+        if _shape(weights[name]) != shape:
+            raise file_error(where, f"weight {name} has shape {list(_shape(weights[name]))}, its config "
+                                    f"gives {list(shape)}")
+    unused = sorted(set(weights) - set(expected))
+    if unused:
+        raise file_error(where, f"weights the config has no place for: {', '.join(unused[:5])}")
+
+
+# ---------------------------------------------------------------------------------------------------
 # Hugging Face checkpoints
 # ---------------------------------------------------------------------------------------------------
-def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    mt = cfg.get("model_type")
-    eos = cfg.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    if mt in ("llama", "mistral"):
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise SpecstackError(f"{mt} checkpoints with biases are not supported")
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        if rope.get("rope_type", "default") not in ("default", None):
-            raise SpecstackError(f"rope scaling {rope.get('rope_type')!r} is not supported")
-        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        n_heads = cfg["num_attention_heads"]
-        return ModelConfig(
-            arch="llama", vocab_size=cfg["vocab_size"], d_model=cfg["hidden_size"],
-            n_layers=cfg["num_hidden_layers"], n_heads=n_heads,
-            n_kv_heads=cfg.get("num_key_value_heads") or n_heads, d_ff=cfg["intermediate_size"],
-            max_seq_len=cfg.get("max_position_embeddings", 2048),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
-            norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids,
-        )
-    if mt == "gpt2":
-        d = cfg["n_embd"]
-        return ModelConfig(
-            arch="gpt2", vocab_size=cfg["vocab_size"], d_model=d, n_layers=cfg["n_layer"],
-            n_heads=cfg["n_head"], n_kv_heads=cfg["n_head"], d_ff=cfg.get("n_inner") or 4 * d,
-            max_seq_len=cfg["n_positions"], norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
-            tie_embeddings=True, bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids,
-        )
-    raise SpecstackError(f"unsupported model type {mt!r}: specstack runs llama/mistral and gpt2 models")
-
-
 def canonical_from_hf(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, Weight]:
-    """Map a transformers state dict to canonical names (explicit, with shape checks at build time)."""
+    """Map a transformers state dict to canonical names (a missing tensor is a KeyError naming it)."""
     out: dict[str, Weight] = {}
     if cfg.arch == "llama":
         sd = {k.removeprefix("model."): v for k, v in sd.items()}
@@ -90,69 +125,71 @@ def canonical_from_hf(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
     out["embed"], out["pos_embed"] = sd["wte.weight"], sd["wpe.weight"]
     d = cfg.d_model
+
+    def conv1d(name: str) -> torch.Tensor:
+        # GPT-2's Conv1D stores [in, out]: transpose to the [out, in] of a linear layer.
+        w = sd[name]
+        if w.dim() != 2:
+            raise ValueError(f"{name} has shape {list(w.shape)}: a Conv1D weight is a matrix")
+        return w.t()
+
     for i in range(cfg.n_layers):
         p, q = f"h.{i}.", f"layers.{i}."
         for src, dst in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
             out[q + dst + ".weight"], out[q + dst + ".bias"] = sd[p + src + ".weight"], sd[p + src + ".bias"]
-        # GPT-2's Conv1D stores [in, out]: transpose to the [out, in] of a linear layer.
-        qkv_w, qkv_b = sd[p + "attn.c_attn.weight"].t(), sd[p + "attn.c_attn.bias"]
+        qkv_w, qkv_b = conv1d(p + "attn.c_attn.weight"), sd[p + "attn.c_attn.bias"]
         for j, n in enumerate(("q", "k", "v")):
             out[q + n], out[q + n + ".bias"] = qkv_w[j * d : (j + 1) * d], qkv_b[j * d : (j + 1) * d]
-        out[q + "o"], out[q + "o.bias"] = sd[p + "attn.c_proj.weight"].t(), sd[p + "attn.c_proj.bias"]
-        out[q + "up"], out[q + "up.bias"] = sd[p + "mlp.c_fc.weight"].t(), sd[p + "mlp.c_fc.bias"]
-        out[q + "down"], out[q + "down.bias"] = sd[p + "mlp.c_proj.weight"].t(), sd[p + "mlp.c_proj.bias"]
+        out[q + "o"], out[q + "o.bias"] = conv1d(p + "attn.c_proj.weight"), sd[p + "attn.c_proj.bias"]
+        out[q + "up"], out[q + "up.bias"] = conv1d(p + "mlp.c_fc.weight"), sd[p + "mlp.c_fc.bias"]
+        out[q + "down"], out[q + "down.bias"] = conv1d(p + "mlp.c_proj.weight"), sd[p + "mlp.c_proj.bias"]
     out["norm.weight"], out["norm.bias"] = sd["ln_f.weight"], sd["ln_f.bias"]
     return out
 
 
-def read_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, Weight]]:
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise SpecstackError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
-    cfg = config_from_hf(json.loads(cfg_file.read_text()))
+# what torch.load raises on a pytorch_model.bin that is not one (not a zip or a pickle, truncated)
+TORCH_LOAD_ERRORS = (pickle.UnpicklingError, EOFError, RuntimeError, OSError)
+
+
+def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint directory `path` (its *.safetensors, else its pytorch_model.bin)."""
     sd: dict[str, torch.Tensor] = {}
     st_files = sorted(path.glob("*.safetensors"))
-    if st_files:
-        from safetensors.torch import load_file
-
-        for f in st_files:
+    for f in st_files:
+        try:
             sd.update(load_file(str(f)))
-    elif (path / "pytorch_model.bin").is_file():
-        sd = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
+        except (SafetensorError, OSError) as e:
+            raise file_error(f"{f.name} in {path}", f"not a readable safetensors file ({library_error(e)})") from None
+    if st_files:
+        return sd
+    if not (path / "pytorch_model.bin").is_file():
         raise SpecstackError(f"{path} has no *.safetensors or pytorch_model.bin weights")
-    sd = {k: v.float() for k, v in sd.items()}
-    return cfg, canonical_from_hf(sd, cfg)
+    where = f"pytorch_model.bin in {path}"
+    try:
+        sd = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    except TORCH_LOAD_ERRORS as e:
+        raise file_error(where, f"not a readable PyTorch checkpoint ({library_error(e)})") from None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise file_error(where, "not a state dict (names -> tensors)")
+    return sd
+
+
+def read_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, Weight]]:
+    cfg = read_hf_config(path)
+    sd = {k: v.float() for k, v in read_hf_weights(path).items()}
+    where = f"the weights in {path}"
+    try:
+        return cfg, canonical_from_hf(sd, cfg)
+    except KeyError as e:
+        raise file_error(where, f"tensor {e.args[0]} is missing (its config.json describes a {cfg.arch} of "
+                                f"{cfg.n_layers} layers)") from None
+    except ValueError as e:
+        raise file_error(where, str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------------
 # GGUF files
 # ---------------------------------------------------------------------------------------------------
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def config_from_gguf(reader: Any) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise SpecstackError(f"unsupported GGUF architecture {arch!r}: only llama GGUF files are supported")
-    a = lambda k, d=None: _field(reader, f"llama.{k}", d)  # noqa: E731
-    n_heads = a("attention.head_count")
-    d_model = a("embedding_length")
-    names = {t.name for t in reader.tensors}
-    vocab = a("vocab_size") or len(_field(reader, "tokenizer.ggml.tokens"))
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    return ModelConfig(
-        arch="llama", vocab_size=vocab, d_model=d_model, n_layers=a("block_count"), n_heads=n_heads,
-        n_kv_heads=a("attention.head_count_kv", n_heads), d_ff=a("feed_forward_length"),
-        max_seq_len=a("context_length", 2048), head_dim=a("rope.dimension_count", d_model // n_heads),
-        norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)), rope_theta=float(a("rope.freq_base", 10000.0)),
-        tie_embeddings="output.weight" not in names, bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=(eos,) if eos is not None else (),
-    )
-
-
 def _gguf_tensor(t: Any) -> Weight:
     """One GGUF tensor as [rows, cols]: Q4_1 stays 4-bit (Q4Weight), everything else is dequantised."""
     import gguf
@@ -175,6 +212,9 @@ def _gguf_tensor(t: Any) -> Weight:
 def _unpermute_rope(w: Weight, n_heads: int) -> Weight:
     """llama.cpp's converter interleaves the rotary halves of q/k rows; undo it (rows only, so
     4-bit blocks, which run along the input dimension, move intact)."""
+    if _shape(w)[0] % (2 * n_heads):
+        raise ValueError(f"{_shape(w)[0]} rows do not split into {n_heads} heads of rotary pairs")
+
     def rows(x: torch.Tensor) -> torch.Tensor:
         r = x.shape[0]
         return x.reshape(n_heads, r // n_heads // 2, 2, *x.shape[1:]).transpose(1, 2).reshape(x.shape)
@@ -184,34 +224,40 @@ def _unpermute_rope(w: Weight, n_heads: int) -> Weight:
     return rows(w)
 
 
-def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Weight]]:
-    import gguf
+GGUF_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm.weight", "output.weight": "head"}
+GGUF_LAYER_NAMES = {"attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "mlp_norm.weight",
+                    "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",
+                    "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down"}
 
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # the gguf package raises assorted errors for non-GGUF files
-        raise SpecstackError(f"{path} is not a readable GGUF file ({e})") from None
-    cfg = config_from_gguf(reader)
-    names = {"token_embd.weight": "embed", "output_norm.weight": "norm.weight", "output.weight": "head"}
-    per_layer = {"attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "mlp_norm.weight",
-                 "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",
-                 "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down"}
+
+def _gguf_name(name: str) -> str | None:
+    """The canonical name of a GGUF tensor; None for one derived from the config here (rope_freqs)."""
+    if name in GGUF_NAMES:
+        return GGUF_NAMES[name]
+    if not name.startswith("blk."):
+        return None
+    _, i, rest = (name.split(".", 2) + ["", ""])[:3]
+    if not i.isdigit() or rest not in GGUF_LAYER_NAMES:
+        raise ValueError("not a tensor of a llama block")
+    return f"layers.{i}.{GGUF_LAYER_NAMES[rest]}"
+
+
+def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Weight]]:
+    reader = open_gguf(path)
+    cfg = config_from_gguf(reader, str(path))
     out: dict[str, Weight] = {}
     for t in reader.tensors:
-        if t.name in names:
-            key = names[t.name]
-        elif t.name.startswith("blk."):
-            _, i, rest = t.name.split(".", 2)
-            if rest not in per_layer:
-                raise SpecstackError(f"unexpected GGUF tensor {t.name}")
-            key = f"layers.{i}.{per_layer[rest]}"
-        else:
-            continue  # e.g. rope_freqs: derived from the config here
-        w = _gguf_tensor(t)
-        if key.endswith(".q"):
-            w = _unpermute_rope(w, cfg.n_heads)
-        elif key.endswith(".k"):
-            w = _unpermute_rope(w, cfg.n_kv_heads)
+        try:
+            key = _gguf_name(t.name)
+            if key is None:
+                continue
+            w = _gguf_tensor(t)
+            if key.endswith(".q"):
+                w = _unpermute_rope(w, cfg.n_heads)
+            elif key.endswith(".k"):
+                w = _unpermute_rope(w, cfg.n_kv_heads)
+        except (ValueError, NotImplementedError) as e:  # a shape its data does not fill, an unknown type
+            raise file_error(str(path), f"tensor {t.name}: {library_error(e)}") from None
         out[key] = w
     return cfg, out
 
@@ -220,25 +266,49 @@ def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Weight]]:
 # Tokenizers
 # ---------------------------------------------------------------------------------------------------
 def load_tokenizer(src: ModelSource, cache_dir: Path | None) -> Any:
+    """`src`'s tokenizer, from `cache_dir` when it is there (a damaged copy is replaced), saved there
+    otherwise."""
+    from transformers import AutoTokenizer
+
+    cached = cache_dir / "tokenizer" if cache_dir is not None else None
+    if cached is not None and cached.is_dir():
+        try:
+            return AutoTokenizer.from_pretrained(str(cached))
+        except (OSError, ValueError):  # a file missing or damaged (its JSON or text errors are ValueErrors)
+            shutil.rmtree(cached, ignore_errors=True)
+    tok = _source_tokenizer(src)
+    if cached is not None:
+        _cache_tokenizer(tok, cached)
+    return tok
+
+
+def _source_tokenizer(src: ModelSource) -> Any:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    if cache_dir is not None and (cache_dir / "tokenizer").is_dir():
-        return AutoTokenizer.from_pretrained(str(cache_dir / "tokenizer"))
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
         if src.kind == "gguf":
-            tok = AutoTokenizer.from_pretrained(str(src.path.parent), gguf_file=src.path.name)
-        else:
-            tok = AutoTokenizer.from_pretrained(str(src.path))
+            return AutoTokenizer.from_pretrained(str(src.path.parent), gguf_file=src.path.name)
+        return AutoTokenizer.from_pretrained(str(src.path))
     except Exception as e:
         raise SpecstackError(f"cannot load a tokenizer for {src.name}: {e}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    if cache_dir is not None:
-        tok.save_pretrained(str(cache_dir / "tokenizer"))
-    return tok
+
+
+def _cache_tokenizer(tok: Any, cached: Path) -> None:
+    """Save whole or not at all: into a new folder, then renamed; an interrupted save leaves nothing."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix="tokenizer-"))
+    try:
+        tok.save_pretrained(str(tmp))
+        tmp.replace(cached)
+    except OSError:  # another process renamed its copy first (that one stays), or the disk is full: no cache
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once renamed
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -260,12 +330,60 @@ def _source_key(src: ModelSource) -> str:
 
 
 def read_source(src: ModelSource) -> tuple[ModelConfig, dict[str, Weight]]:
-    return read_gguf(src.path) if src.kind == "gguf" else read_hf_dir(src.path)
+    """The config and canonical weights of `src`, checked against each other."""
+    cfg, weights = read_gguf(src.path) if src.kind == "gguf" else read_hf_dir(src.path)
+    check_weights(cfg, weights, str(src.path) if src.kind == "gguf" else f"the weights in {src.path}")
+    return cfg, weights
+
+
+CACHED_CONFIG = "the cached config"
+
+
+def _built_file(cdir: Path, dtype: str, device: str) -> Path:
+    return cdir / f"{dtype}-{device}.safetensors"
+
+
+def _load_built(cdir: Path, dtype: str, device: str) -> tuple[ModelConfig, Transformer] | None:
+    """The model cached in `cdir` for `dtype` and `device`, or None when there is none or it is damaged
+    (unreadable, or not the shape of its config): the caller then rebuilds it from the source, replacing
+    the damaged files."""
+    built = _built_file(cdir, dtype, device)
+    if not built.is_file():
+        return None
+    try:
+        cfg = model_config(read_json_object(cdir / "config.json", CACHED_CONFIG), CACHED_CONFIG)
+        state = load_file(str(built), device=device)
+    except (SpecstackError, SafetensorError, OSError):
+        return None
+    with torch.device(device):  # int4 packing is device-specific: build where the model runs
+        model = Transformer(cfg, dtype)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError:  # what load_state_dict raises for missing, unexpected or misshapen tensors
+        return None
+    return cfg, model
+
+
+def _save_built(cdir: Path, dtype: str, device: str, cfg: ModelConfig, model: Transformer) -> None:
+    """Cache a built model; each file is written whole or not at all (temp file, then rename), and an
+    interrupted save leaves no temp file."""
+    cdir.mkdir(parents=True, exist_ok=True)
+    built = _built_file(cdir, dtype, device)
+    cfg_tmp, tmp = cdir / "config.json.tmp", built.with_suffix(".tmp")
+    try:
+        cfg_tmp.write_text(json.dumps(asdict(cfg)))
+        cfg_tmp.replace(cdir / "config.json")
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+        tmp.replace(built)
+    finally:
+        cfg_tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: bool = True,
                tokenizer: bool = True) -> LoadedModel:
-    """Load a named model (registry), a .gguf file, or a Hugging Face directory / hub id."""
+    """Load a named model (registry), a .gguf file, or a Hugging Face directory / hub id. A malformed
+    source is a SpecstackError naming the file; a damaged cache is rebuilt from the source."""
     if dtype not in WEIGHT_FORMATS:
         raise SpecstackError(f"unsupported dtype {dtype!r}; choose from {', '.join(WEIGHT_FORMATS)}")
     if device not in DEVICES:
@@ -274,33 +392,17 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
         raise SpecstackError("device 'cuda' requested but no CUDA device is available")
     src = resolve(name)
     cdir = model_cache_dir(src) if use_cache else None
-    built = cdir / f"{dtype}-{device}.safetensors" if cdir else None
-    if built is not None and built.is_file():
-        from safetensors.torch import load_file
-
-        cfg = ModelConfig(**{k: tuple(v) if isinstance(v, list) else v
-                             for k, v in json.loads((cdir / "config.json").read_text()).items()})
-        with torch.device(device):  # int4 packing is device-specific: build where the model runs
-            model = Transformer(cfg, dtype)
-        model.load_state_dict(load_file(str(built), device=device), strict=True)
+    cached = _load_built(cdir, dtype, device) if cdir is not None else None
+    if cached is not None:
+        cfg, model = cached
     else:
-        try:
-            cfg, weights = read_source(src)
-            with torch.device(device):
-                model = Transformer(cfg, dtype)
-            model.load_weights(weights)
-        except (KeyError, ValueError) as e:  # a checkpoint that does not match its config
-            what = f"missing entry {e}" if isinstance(e, KeyError) else str(e)
-            raise SpecstackError(f"cannot load {src.name} from {src.path}: {what}") from None
+        cfg, weights = read_source(src)
+        with torch.device(device):
+            model = Transformer(cfg, dtype)
+        model.load_weights(weights)
         del weights
-        if built is not None:
-            from safetensors.torch import save_file
-
-            cdir.mkdir(parents=True, exist_ok=True)
-            (cdir / "config.json").write_text(json.dumps(asdict(cfg)))
-            tmp = built.with_suffix(".tmp")
-            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
-            tmp.replace(built)  # atomic: an interrupted save never leaves a half-written cache
+        if cdir is not None:
+            _save_built(cdir, dtype, device, cfg, model)
     model = model.to(device).eval()
     tok = load_tokenizer(src, cdir) if tokenizer and src.has_tokenizer else None
     return LoadedModel(src.name, model, tok, cfg, dtype, source=name)

@@ -37,6 +37,7 @@ from specstack.bench.forward import context_ids, time_forwards
 from specstack.engine.methods import DraftSources, load_draft
 from specstack.engine.timing import forward_steps
 from specstack.errors import SpecstackError
+from specstack.files import atomic_write_text
 from specstack.machine import cpu_model, now, versions
 from specstack.models.base import LoadedModel
 from specstack.models.drafts import choose_draft
@@ -195,5 +196,4 @@ def summary(cal: Calibration) -> str:
 # ---------------------------------------------------------------------------------------------------
 def save(cal: Calibration, path: Path) -> None:
     """The calibration as JSON: the fitted hardware, its samples and the machine they were timed on."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cal.to_json(), indent=1) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(cal.to_json(), indent=1) + "\n", parents=True)

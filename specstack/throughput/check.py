@@ -15,7 +15,6 @@ averaged.
 """
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any
 
 from specstack.bench.datasets import iter_prompts
 from specstack.bench.plan import parse_methods
-from specstack.bench.report import read_rows
+from specstack.bench.report import read_rows, read_run
 from specstack.errors import SpecstackError
 from specstack.models.drafts import choose_draft
 from specstack.models.loading import load_tokenizer
@@ -107,12 +106,33 @@ def mean_context(settings: dict[str, Any], task_ids: set[str], new_tokens: int) 
     return sum(lengths) / len(lengths) + new_tokens / 2
 
 
+# The settings of run.json (BenchSettings' fields) this check reads, and the types they must have;
+# a missing optional one reads as its default here
+SETTINGS: dict[str, tuple[type, ...]] = {
+    "model": (str,), "prompts": (str,), "methods": (list,), "dtype": (str,), "max_new_tokens": (int,),
+    "temperature": (int, float), "draft": (str, type(None)), "draft_dtype": (str, type(None))}
+DEFAULTS: dict[str, object] = {"temperature": 0}
+
+
+def read_settings(run_dir: Path) -> dict[str, Any]:
+    """DIR/run.json (read_run), with the settings this check reads checked: one error names the file
+    and every bad setting."""
+    settings = read_run(run_dir)
+    values = {k: settings.get(k, DEFAULTS.get(k)) for k in SETTINGS}
+    bad = [k for k, types in SETTINGS.items() if isinstance(values[k], bool) or not isinstance(values[k], types)]
+    if isinstance(values["methods"], list) and not all(isinstance(m, str) for m in values["methods"]):
+        bad.append("methods")
+    if isinstance(values["max_new_tokens"], int) and values["max_new_tokens"] < 1 and "max_new_tokens" not in bad:
+        bad.append("max_new_tokens")
+    if bad:
+        raise SpecstackError(f"{run_dir / 'run.json'}: not the settings of a `specstack bench` run (missing or "
+                             f"malformed: {', '.join(bad)})")
+    return settings | values
+
+
 def check(run_dir: Path, hw: Hardware, conv: Conventions, context: float | None = None) -> tuple[list[CheckRow], str]:
     """Rows for every chain method of the run; also the draft spec the run used."""
-    settings_file = run_dir / "run.json"
-    if not settings_file.is_file():
-        raise SpecstackError(f"{run_dir} is not a finished `specstack bench` run (no run.json)")
-    settings = json.loads(settings_file.read_text(encoding="utf-8"))
+    settings = read_settings(run_dir)
     rows = read_rows(run_dir / "results.jsonl")
     if not rows:
         raise SpecstackError(f"{run_dir} has no results")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from specstack.files import atomic_output
 from specstack.throughput.model import Cell
 
 
@@ -37,6 +38,6 @@ def heatmap(cells: Sequence[Cell], batches: Sequence[int], contexts: Sequence[in
     axes[0][0].set_ylabel("batch size B")
     fig.colorbar(image, ax=axes[0].tolist(), label="throughput multiplier τ / Δt")
     fig.suptitle(title, fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with atomic_output(path) as tmp:  # exactly `path`, whatever its suffix: what the command reports
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

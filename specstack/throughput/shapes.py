@@ -14,14 +14,12 @@ from a named shape of the SPIRe paper, or from a plain description such as
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
 
-from safetensors import safe_open
-
 from specstack.config import ModelConfig
 from specstack.errors import SpecstackError
+from specstack.models.configs import read_gguf_config, read_hf_config
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft
 from specstack.models.registry import resolve
 
@@ -164,26 +162,8 @@ def from_config(config: ModelConfig, name: str, fmt: str = "fp8") -> ModelShape:
 
 def read_config(model: str) -> ModelConfig:
     """The config of a loadable model (registry name, .gguf file, checkpoint directory), without its weights."""
-    # deferred: models.loading imports torch, and this module stays torch-free for the command's cheap
-    # checks (a named shape or a description reads no config)
-    from specstack.models.loading import config_from_gguf, config_from_hf
-
     src = resolve(model)
-    if src.kind == "gguf":
-        import gguf  # deferred: an optional dependency, needed only for a .gguf file
-
-        try:
-            reader = gguf.GGUFReader(str(src.path))
-        except (OSError, ValueError, KeyError, IndexError) as e:  # what a non-GGUF file makes the reader raise
-            raise SpecstackError(f"{src.path} is not a readable GGUF file ({e})") from None
-        return config_from_gguf(reader)
-    cfg_file = src.path / "config.json"
-    if not cfg_file.is_file():
-        raise SpecstackError(f"{src.path} has no config.json: not a Hugging Face checkpoint directory")
-    try:
-        return config_from_hf(json.loads(cfg_file.read_text(encoding="utf-8")))
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise SpecstackError(f"cannot read the config of {model} ({cfg_file}): {e!r}") from None
+    return read_gguf_config(src.path) if src.kind == "gguf" else read_hf_config(src.path)
 
 
 def looks_like_description(text: str) -> bool:
@@ -230,18 +210,12 @@ def draft_shape(spec: str, target: ModelShape, fmt: str) -> ModelShape:
 def trained_draft_shape(path: str, target: ModelShape) -> ModelShape:
     """A draft from `specstack train-draft`: its blocks have the target's widths; its head is its own
     vocabulary's rows; it computes in bf16 and keeps sink + window positions."""
-    # deferred: models.spire_draft imports torch (see read_config)
-    from specstack.models.spire_draft import SpireConfig
+    # deferred: models.draft_file imports torch, and this module stays torch-free for the command's cheap
+    # checks (a named shape or a description reads no file)
+    from specstack.models.draft_file import read_draft_header
 
-    try:
-        with safe_open(path, "pt") as f:
-            meta = f.metadata() or {}
-            vocab = f.get_slice("vocab_ids").get_shape()[0]
-    except (OSError, KeyError) as e:
-        raise SpecstackError(f"cannot read draft file {path}: {e}") from None
-    if meta.get("format") != "specstack-spire-draft":
-        raise SpecstackError(f"{path} is not a specstack draft file")
-    cfg = SpireConfig.from_json(meta["config"])
+    header = read_draft_header(path)
+    cfg = header.config
     window = cfg.window.sink + cfg.window.window if cfg.window else None
-    return replace(target.first_layers(cfg.model.n_layers, name=path), head_params=vocab * cfg.model.d_model,
+    return replace(target.first_layers(cfg.model.n_layers, name=path), head_params=header.vocab * cfg.model.d_model,
                    window=window, fmt="bf16")

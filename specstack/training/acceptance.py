@@ -22,12 +22,14 @@ from tqdm import tqdm
 from specstack.attention import build_batch
 from specstack.config import WindowSpec
 from specstack.errors import SpecstackError
-from specstack.models.draft_file import is_draft_file, load_draft_file
+from specstack.models.draft_file import load_draft_file, read_draft_header
+from specstack.models.drafts import FILE_SUFFIX
 from specstack.models.loading import load_model
 from specstack.models.transformer import Transformer
 from specstack.training.data import read_sequences
 from specstack.training.distill import Acceptance, ChainCounts, acceptance
 from specstack.training.teacher import OnlineTeacher, TeacherSpec
+from specstack.validate import MAX_CONTEXT, bounded_int
 
 MAGICDEC = "magicdec"
 
@@ -44,7 +46,8 @@ def magicdec_window(design: str) -> int | None:
         return None
     if not w.isdigit() or int(w) < 1:
         raise SpecstackError(f"{design}: the window must be a positive integer")
-    return int(w)
+    # a window beyond any context keeps every position: no need to build masks of its size
+    return bounded_int(f"{design}: the window", w, 1, MAX_CONTEXT, "longer than any model's context")
 
 
 def check_designs(designs: Sequence[str]) -> None:
@@ -52,14 +55,25 @@ def check_designs(designs: Sequence[str]) -> None:
     for d in designs:
         if is_magicdec(d):
             magicdec_window(d)
-        elif not is_draft_file(d):
+        elif d.endswith(FILE_SUFFIX):
+            read_draft_header(d)  # a missing or malformed file fails here, saying what is wrong
+        else:
             raise SpecstackError(f"{d}: neither a draft file from `specstack train-draft` nor magicdec[:W]")
 
 
 def heldout_tokens(path: Path, n: int) -> torch.Tensor:
     """The first `n` held-out sequences of a `train-draft --sequences` file, int32 [n, seq_len]."""
     (held,) = read_sequences(path, ("heldout",))
+    if held.ndim != 2 or len(held) == 0:
+        raise SpecstackError(f"{path} holds no held-out sequences to measure on")
     return held[:n].to(torch.int32)
+
+
+def check_length(path: Path, seq_len: int, k: int) -> None:
+    """A k-chain needs a first query and k tokens after it inside a sequence: more than k tokens."""
+    if seq_len <= k:
+        raise SpecstackError(f"the held-out sequences of {path} hold {seq_len} tokens: a {k}-chain needs more than "
+                             f"{k} (lower --k or prepare longer sequences)")
 
 
 def choose_device(requested: str | None) -> str:
@@ -114,11 +128,14 @@ def table(results: dict[str, Acceptance], k: int, contexts: Sequence[int]) -> st
         walk = "" if a.walk_tau is None else f" ({a.walk_tau:.3f})"
         return (f"{a.tau:.3f}" if a.alpha else "–") + walk
 
-    head = " | ".join(f"({c // 2}, {c}]" for c in contexts)
-    lines = [f"τ of a {k}-chain over every position, (in brackets) walked as decoding does; by context:",
-             f"| design | overall | {head} | α overall |",
+    def row(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    lines = [f"τ of a {k}-chain over every position, (in brackets) walked as decoding does"
+             + ("; by context:" if contexts else ":"),
+             row(["design", "overall", *(f"({c // 2}, {c}]" for c in contexts), "α overall"]),
              "|---|---:|" + "---:|" * len(contexts) + "---|"]
     for d, acc in results.items():
-        per = " | ".join(cell(acc.by_context[c]) for c in contexts)
-        lines.append(f"| {d} | {cell(acc)} | {per} | {', '.join(f'{a:.3f}' for a in acc.alpha)} |")
+        lines.append(row([d, cell(acc), *(cell(acc.by_context[c]) for c in contexts),
+                          ", ".join(f"{a:.3f}" for a in acc.alpha)]))
     return "\n".join(lines)

@@ -7,6 +7,7 @@ folder of .py files (default: this Python's standard library)."""
 from __future__ import annotations
 
 import hashlib
+import math
 import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from safetensors.torch import save_file
 
 from specstack.bench.datasets import json_array_items, sharegpt_path
 from specstack.errors import SpecstackError
+from specstack.validate import bounded_float
 
 SOURCES = ("code", "sharegpt")
 
@@ -36,18 +38,16 @@ def parse_data_spec(spec: str) -> list[DataSource]:
         name, _, path = head.partition("=")
         if name not in SOURCES:
             raise SpecstackError(f"--data: unknown source {name!r}; choose from {', '.join(SOURCES)}")
-        try:
-            w = float(weight) if weight else 1.0
-        except ValueError:
-            raise SpecstackError(f"--data: weight of {name} must be a number, got {weight!r}") from None
-        if not w > 0:
-            raise SpecstackError(f"--data: weight of {name} must be > 0, got {weight}")
+        # finite: a NaN or inf weight would only fail once the text is read and the teacher cached
+        w = bounded_float(f"--data: weight of {name}", weight, 0.0, low_open=True) if weight else 1.0
         p = Path(path) if path else None
         if p is not None and not p.exists():
             raise SpecstackError(f"--data: {p} does not exist")
         out.append(DataSource(name, w, p))
     if not out:
         raise SpecstackError("--data: no source given (e.g. code:0.6,sharegpt:0.4)")
+    if not math.isfinite(sum(s.weight for s in out)):  # each finite, the sum too: the shares divide by it
+        raise SpecstackError(f"--data: the weights' sum overflows: {spec!r}")
     return out
 
 
@@ -151,6 +151,15 @@ def read_sequences(path: Path, parts: tuple[str, ...] = ("train", "heldout")) ->
             return tuple(f.get_tensor(part) for part in parts)
     except (OSError, SafetensorError) as e:  # not a safetensors file at all
         raise SpecstackError(f"cannot read sequences from {path}: {e}") from None
+
+
+def check_token_ids(path: Path, vocab_size: int, *sequences: torch.Tensor) -> None:
+    """Every token id in prepared sequences is within the target's vocabulary (a file prepared for
+    another tokenizer would fail deep in the model's embedding)."""
+    top = max((int(t.max()) for t in sequences if t.numel()), default=-1)
+    if top >= vocab_size:
+        raise SpecstackError(f"{path}: token id {top} is outside the target's vocabulary of {vocab_size} tokens "
+                             "(sequences prepared for another tokenizer?)")
 
 
 def load_sequences(path: Path, seq_len: int, n_train: int, n_heldout: int) -> tuple[torch.Tensor, torch.Tensor]:

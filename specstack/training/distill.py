@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from specstack import interrupt
 from specstack.models.spire_draft import SpireDraft
 from specstack.training.teacher import TeacherData, hidden_for
 
@@ -219,6 +220,7 @@ def train(model: SpireDraft, data: TeacherData, params: TrainParams, out: Path, 
                initial=start, total=params.steps)
     began = time.perf_counter()
     for step in bar:
+        interrupt.check()  # Ctrl-C stops here; the last checkpoint resumes the run
         for group in opt.param_groups:
             group["lr"] = lr_at(step, params)
         total = 0.0

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from specstack import interrupt
 from specstack.attention import build_batch
 from specstack.errors import SpecstackError
 from specstack.models.transformer import Transformer
@@ -36,6 +37,7 @@ def teacher_batch(target: Transformer, tokens: torch.Tensor, spec: TeacherSpec,
                   device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """One teacher batch on `device`. The outputs are ordinary tensors (made outside inference mode),
     so the draft's autograd may save them."""
+    interrupt.check()  # Ctrl-C stops between batches: cached or online, in training or held-out
     with torch.inference_mode():
         out = _teacher_forward(target, tokens, spec)
     return {key: v.to(device).clone() for key, v in out.items()}

@@ -142,6 +142,7 @@ def test_outputs_fields_and_speedups(tiny, bench, tmp_path):
     files = ("results.jsonl", "summary.json", "summary.md", "speedup_per_prompt.png", "tau_hist.png", "origins.html")
     for name in files:
         assert (out / name).stat().st_size > 0, name
+    assert sorted(p.name for p in out.iterdir()) == sorted([*files, "run.json"])  # every write renamed into place
     rows = rows_of(out)
     assert len(rows) == 2 * 3 * 2  # prompts x methods that ran x repeats
     assert {r["method"] for r in rows} == {"ar", "chain:k=2", "hf"}
@@ -308,8 +309,8 @@ def test_resume_skips_done_rows(tiny, bench, tmp_path, spy):
     (["--methods", "staged:cost=2"], "cost is 0 or 1"),
     (["--methods", "ar", "--prompts", "mbpp"], "unknown prompt set 'mbpp'"),
     (["--methods", "ar", "--prompts", "/nonexistent/prompts.jsonl"], "prompt file not found"),
-    (["--methods", "ar", "--limit", "0"], "--limit must be > 0"),
-    (["--methods", "ar", "--repeats", "0"], "--repeats must be > 0"),
+    (["--methods", "ar", "--limit", "0"], "--limit must be >= 1, got 0"),
+    (["--methods", "ar", "--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["--methods", "ar", "--no-out"], "--out DIR is required"),
     (["--compare", "DIR", "DIR"], "has no summary.json"),
     (["--ratios", "DIR", "ar/hf"], "has no results.jsonl rows"),

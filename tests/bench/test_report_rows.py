@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -59,6 +60,28 @@ def test_a_damaged_gzip_is_a_one_line_error(tmp_path: Path):
     (tmp_path / "results.jsonl.gz").write_bytes(b"not gzip at all")
     with pytest.raises(SpecstackError, match="not a readable gzip file"):
         read_rows(tmp_path / "results.jsonl")
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "gzip"])
+def test_a_bad_line_names_the_file_and_the_line(tmp_path: Path, packed: bool):
+    """Only text after the last newline that is no JSON is a row cut off by an interrupted run (rows are
+    written whole, newline last); any other bad line is an error: no row is dropped silently."""
+    path = tmp_path / ("results.jsonl.gz" if packed else "results.jsonl")
+
+    def rows_of(data: bytes) -> list[dict]:
+        path.write_bytes(gzip.compress(data) if packed else data)
+        return read_rows(tmp_path / "results.jsonl")
+
+    row = json.dumps(ROWS[0]).encode()
+    for data, what in ((row + b"\n{}\n" + row + b"\n", "missing or malformed: task_id, method, repeat"),
+                       (row + b"\n[1]\n", "not a row of `specstack bench`"),
+                       (row + b"\nnot json\n" + row + b"\n", "not valid JSON"),
+                       (row + b'\n{"task_id": "a"}', "missing or malformed: method")):  # JSON: not cut off
+        with pytest.raises(SpecstackError, match=f"^{path}:2: .*{re.escape(what)}"):
+            rows_of(data)
+    with pytest.raises(SpecstackError, match=rf"^{path} is not valid UTF-8 \(byte 0xff at offset \d+, line 2\)"):
+        rows_of(row + b'\n{"task_id": "\xff"}\n' + row + b"\n")
+    assert rows_of(row + b"\n" + row) == ROWS[:1] * 2  # a whole last row without its newline counts
 
 
 def _script(relative: str) -> ModuleType:

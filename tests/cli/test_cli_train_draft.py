@@ -41,7 +41,7 @@ def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
     (("--data", "code=/nonexistent/dir:1"), "does not exist"),
     (("--steps", "0"), "--steps must be >= 1"),
     (("--omega", "1.5"), "--omega must be in [0, 1]"),
-    (("--vocab", "-1"), "--vocab and --window must be >= 0"),
+    (("--vocab", "-1"), "--vocab must be >= 0, got -1"),
     (("--recipe", "medusa"), "invalid choice: 'medusa'"),
     (("--prepare-only",), "--prepare-only needs --sequences FILE"),
     (("--contexts", "256,x"), "--contexts must be comma-separated integers"),

@@ -12,12 +12,15 @@ from specstack.config import GenerationConfig
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine.autoregressive import generate
 from specstack.engine.methods import (
+    MAX_MATCH,
     METHODS,
     DraftSources,
     Method,
     MethodSpec,
     Param,
     build_drafter,
+    check_fits,
+    ignored_sources,
     parse_method,
     register,
     resolve_draft,
@@ -26,6 +29,7 @@ from specstack.engine.methods import (
 from specstack.errors import SpecstackError
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, fallback_draft, shipped_draft
 from specstack.models.registry import DATA_DIR, MODELS, default_draft_path, default_ngram_path, resolve
+from specstack.validate import MAX_TREE
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -55,6 +59,12 @@ def test_defaults_are_filled_in_and_given_values_kept():
     ("ngram:width=4,max=8", "method 'ngram': a dynamic chain (max=8) needs width=1 and depth <= max"),
     ("ngram:depth=9,max=8", "depth <= max, got width=1, depth=9"),
     ("ngram:cost=1", "method 'ngram': cost=1 chooses each chain's length up to max=M: give max=M"),
+    ("chain:k=65", "method 'chain': k must be <= 64, got 65 (the target verifies at most 64 draft tokens per step)"),
+    ("tree:budget=100000", "method 'tree': budget must be <= 64, got 100000"),
+    ("ngram:max=10000,cost=1", "method 'ngram': max must be <= 64, got 10000"),
+    ("ngram:match=17", "method 'ngram': match must be <= 16, got 17 (longer suffixes cost match² per token to index)"),
+    ("chain:k=1" + "0" * 4400, "method 'chain': k is far too large (4401 digits)"),
+    ("chain:k=4.0", "method 'chain': k must be an integer, got '4.0'"),
 ])
 def test_bad_methods_are_rejected_with_their_message(text, message):
     with pytest.raises(SpecstackError) as e:
@@ -64,11 +74,55 @@ def test_bad_methods_are_rejected_with_their_message(text, message):
 
 def test_a_parameter_must_say_what_zero_means_and_fit_its_bounds():
     with pytest.raises(ValueError, match="what 0 means"):
-        Param("off", 0, "zero allowed, meaning undeclared", low=0)
+        Param("off", 0, "zero allowed, meaning undeclared", low=0, high=1)
     with pytest.raises(ValueError, match="within the bounds"):
-        Param("k", 0, "default below the bound")
+        Param("k", 0, "default below the bound", high=4)
+    with pytest.raises(ValueError, match="within the bounds"):
+        Param("k", 8, "default above the bound", high=4)
+    with pytest.raises(TypeError, match="high"):
+        Param("k", 1, "no upper bound")  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="registered twice"):
         register(Method("chain", "again", build_drafter))
+
+
+def test_every_draft_size_is_bounded_by_what_the_engine_verifies():
+    """No registered parameter can ask for more than MAX_TREE draft tokens per step (the engine
+    verifies no more), except match, which sizes the context index, not the proposal."""
+    for method in METHODS.values():
+        for p in method.params:
+            assert p.high <= (MAX_MATCH if p.name == "match" else MAX_TREE), (method.name, p.name)
+            assert p.high == 1 or p.why, (method.name, p.name)  # the error says why
+
+
+@pytest.mark.parametrize("text, widest", [
+    ("ar", 0), ("chain:k=64", 0), ("tree:budget=20", 0), ("tree:budget=20,cost=1", 21),
+    ("staged:budget=64,cost=1", 65), ("ngram:max=8", 0), ("ngram:max=8,cost=1", 9),
+])
+def test_a_cost_curve_must_fit_the_context(text, widest):
+    method = parse_method(text)
+    assert METHODS[method.name].measures(method.params) == widest
+    check_fits(method, widest + 1)  # one token of context, then the widest forward
+    if widest:
+        with pytest.raises(SpecstackError, match=f"up to {widest} tokens after one token of context: "
+                                                 f"{widest + 1} positions, over the model's context of {widest}"):
+            check_fits(method, widest)
+
+
+def test_build_drafter_checks_the_context_before_it_builds(registry, tiny_llama):
+    register(Method("wide", "measures a curve", lambda *a: pytest.fail("built"), (Param("n", 1, "n", high=1000),),
+                    measures=lambda p: p["n"]))
+    with pytest.raises(SpecstackError, match="over the model's context of 256 tokens"):
+        build_drafter(parse_method("wide:n=256"), tiny_llama.lm, DraftSources())
+
+
+@pytest.mark.parametrize("text, ignored", [
+    ("ar", ["draft", "draft_dtype", "ngram"]), ("chain", ["ngram"]), ("tree", ["ngram"]),
+    ("ngram", ["draft", "draft_dtype"]), ("staged", []),
+])
+def test_ignored_sources_are_the_given_ones_a_method_does_not_read(text, ignored):
+    given = DraftSources("self:1", "fp32", "t.npz")
+    assert ignored_sources(parse_method(text), given) == ignored
+    assert ignored_sources(parse_method(text), DraftSources()) == []  # nothing given, nothing ignored
 
 
 @pytest.fixture

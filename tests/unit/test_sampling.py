@@ -87,10 +87,47 @@ def test_matches_transformers_warpers(t, k, p):
     torch.testing.assert_close(warp(x, SamplingParams(temperature=t, top_k=k, top_p=p)), torch.softmax(y, -1))
 
 
-def test_invalid_params():
-    for kw in ({"temperature": -1.0}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}):
-        with pytest.raises(SpecstackError):
-            SamplingParams(**kw)
+@pytest.mark.parametrize("top_p", [1e-30, 1e-46, 5e-324])
+def test_the_tiniest_nucleus_keeps_the_most_likely_token(top_p):
+    """Any top_p in (0, 1] leaves a distribution: at least the most likely token (ties: the first, as
+    argmax). 1e-46 and 5e-324 round to 0 in float32, where the old comparison dropped every token
+    and the warp returned NaN."""
+    x = logits(3, 50, seed=6)
+    x[2, 7] = x[2, 9] = x[2].max() + 1  # a tie for the top
+    p = warp(x, SamplingParams(temperature=1.0, top_p=top_p))
+    assert torch.equal(p, torch.nn.functional.one_hot(x.argmax(-1), 50).float())
+    assert next_token(x, SamplingParams(temperature=1.0, top_p=top_p)).tolist() == x.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-3])
+def test_a_tiny_temperature_is_the_argmax_without_overflow(temperature):
+    x = logits(2, 50, seed=7, scale=30.0)
+    p = warp(x, SamplingParams(temperature=temperature))
+    assert torch.equal(p, torch.nn.functional.one_hot(x.argmax(-1), 50).float())
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"temperature": -1.0}, "temperature must be >= 0, got -1"),
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"temperature": 1e-38}, "temperature must be 0 (greedy) or >= 1e-30"),
+    ({"top_k": -1}, "top_k must be >= 0, got -1"),
+    ({"top_k": 2.0}, "top_k must be an integer, got 2.0"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1], got 0"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+    ({"top_p": float("inf")}, "top_p must be a finite number"),
+    ({"seed": -1}, "seed must be >= 0, got -1"),
+    ({"seed": 2**64}, "seed must be <= 18446744073709551615, got 18446744073709551616"),
+    ({"seed": True}, "seed must be an integer, got True"),
+])
+def test_invalid_params(kw, message):
+    with pytest.raises(SpecstackError) as e:
+        SamplingParams(**kw)
+    assert message in str(e.value)
+
+
+def test_the_widest_seed_seeds_a_generator():
+    for seed in (0, 2**64 - 1):
+        assert make_generator(SamplingParams(temperature=1.0, seed=seed)) is not None
 
 
 def test_sample_follows_the_probabilities_and_never_draws_a_zero():
