@@ -7,16 +7,21 @@ hidden size and a 64-token context, so a whole `specstack generate` runs in a fr
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fuzzing import TINY_CONTEXT, build_tiny_checkpoint
 
+import specstack
+import specstack.models.loading
 from specstack.cli import main
 
-TINY_CONTEXT = 64
 STATS_LINE = re.compile(r"^\d+ tokens in \d+\.\d+ s \(\d+\.\d+ tokens/s; prefill \d+ tokens \d+\.\d+ s\)$")
 
 
@@ -53,21 +58,7 @@ def run_cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from specstack.models.loading import load_tokenizer
-    from specstack.models.registry import DEFAULT_MODEL, resolve
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tok = load_tokenizer(resolve(DEFAULT_MODEL), None)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TINY_CONTEXT,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(str(path))
-    tok.save_pretrained(str(path))
-    return path
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture
@@ -75,3 +66,21 @@ def tiny_model(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
     """The tiny checkpoint's path, with specstack's converted-weights cache kept inside tmp_path."""
     monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path / "specstack-cache"))
     return str(tiny_model_dir)
+
+
+def fail(*_a, **_k):
+    raise AssertionError("a model was loaded although the arguments are invalid")
+
+
+@pytest.fixture
+def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_model fails wherever it is called from. Every specstack module is imported first and
+    patched where it bound the name: a module first imported while the patch is on would otherwise
+    keep the failing stand-in for the rest of the session."""
+    real = specstack.models.loading.load_model
+    for info in pkgutil.walk_packages(specstack.__path__, "specstack."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("specstack") and getattr(module, "load_model", None) is real:
+            monkeypatch.setattr(module, "load_model", fail)

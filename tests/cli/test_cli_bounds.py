@@ -6,10 +6,6 @@ Each error is exit 2 and one line `specstack: error: ...` naming the flag, witho
 warning is one line `specstack: warning: ...` and the run goes on."""
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import sys
-
 import pytest
 from cli.test_cli_errors import CliResult, assert_error
 
@@ -29,17 +25,6 @@ def fail(*_a, **_k):
     raise AssertionError("reached although the arguments are invalid")
 
 
-@pytest.fixture
-def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """load_model fails wherever a module bound it (every specstack module imported first, so that
-    none binds the stand-in for the rest of the session)."""
-    real = specstack.models.loading.load_model
-    for info in pkgutil.walk_packages(specstack.__path__, "specstack."):
-        if not info.name.endswith("__main__"):
-            importlib.import_module(info.name)
-    for name, module in list(sys.modules.items()):
-        if name.startswith("specstack") and getattr(module, "load_model", None) is real:
-            monkeypatch.setattr(module, "load_model", fail)
 
 
 # ---------------------------------------------------------------------------------------------------

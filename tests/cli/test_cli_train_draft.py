@@ -3,35 +3,14 @@ of steps): the draft file it writes loads as `--draft` and speculative output st
 greedy output; bad arguments fail with one line before any model is read."""
 from __future__ import annotations
 
-import importlib
 import json
-import pkgutil
-import sys
 
 import pytest
 from cli.test_cli_errors import assert_error
 
-import specstack
-import specstack.models.loading
-
 TRAIN = ("train-draft", "--out")
 
 
-@pytest.fixture
-def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """load_model fails wherever it is called from. Every specstack module is imported first and
-    patched where it bound the name: a module first imported while the patch is on would otherwise
-    keep the failing stand-in for the rest of the session."""
-    def fail(*_a, **_k):
-        raise AssertionError("a model was loaded although the arguments are invalid")
-
-    real = specstack.models.loading.load_model
-    for info in pkgutil.walk_packages(specstack.__path__, "specstack."):
-        if not info.name.endswith("__main__"):
-            importlib.import_module(info.name)
-    for name, module in list(sys.modules.items()):
-        if name.startswith("specstack") and getattr(module, "load_model", None) is real:
-            monkeypatch.setattr(module, "load_model", fail)
 
 
 @pytest.mark.parametrize("extra,phrase", [
