@@ -5,27 +5,34 @@ import time
 
 import torch
 
-torch.set_num_threads(1)
-from specstack.bench.datasets import humaneval_prompts
-from specstack.config import GenerationConfig, SamplingParams
-from specstack.engine.methods import DraftSources, build_drafter, parse_method, run_method
-from specstack.models.loading import load_model
-from specstack.prompts import encode_prompt
 
-lm = load_model("smollm2-135m", dtype="int4")
-prompts = [encode_prompt(lm.tokenizer, p) for p in humaneval_prompts(10)]
-try:
-    sources = DraftSources.for_model(lm.name)
-except AttributeError:
-    from specstack.engine.methods import DEFAULT_SOURCES
-    sources = DEFAULT_SOURCES[lm.name]
-gen = GenerationConfig(max_new_tokens=64, stop_on_eos=False, sampling=SamplingParams(temperature=0))
-drafters = {}
-print("ready", flush=True)
-for line in sys.stdin:
-    method, i = line.split()
-    if method not in drafters:
-        drafters[method] = build_drafter(parse_method(method), lm, sources)
-    t0 = time.perf_counter()
-    out = run_method(lm, drafters[method], prompts[int(i)], gen)
-    print(f"{time.perf_counter() - t0:.4f} {len(out.tokens)}", flush=True)
+def main() -> None:
+    torch.set_num_threads(1)
+    # specstack from whichever source tree PYTHONPATH names (old or new code): the same script serves both
+    from specstack.bench.datasets import humaneval_prompts
+    from specstack.config import GenerationConfig, SamplingParams
+    from specstack.engine.methods import DraftSources, build_drafter, parse_method, run_method
+    from specstack.models.loading import load_model
+    from specstack.prompts import encode_prompt
+
+    lm = load_model("smollm2-135m", dtype="int4")
+    prompts = [encode_prompt(lm.tokenizer, p) for p in humaneval_prompts(10)]
+    try:
+        sources = DraftSources.for_model(lm.name)
+    except AttributeError:
+        from specstack.engine.methods import DEFAULT_SOURCES
+        sources = DEFAULT_SOURCES[lm.name]
+    gen = GenerationConfig(max_new_tokens=64, stop_on_eos=False, sampling=SamplingParams(temperature=0))
+    drafters = {}
+    print("ready", flush=True)
+    for line in sys.stdin:
+        method, i = line.split()
+        if method not in drafters:
+            drafters[method] = build_drafter(parse_method(method), lm, sources)
+        t0 = time.perf_counter()
+        out = run_method(lm, drafters[method], prompts[int(i)], gen)
+        print(f"{time.perf_counter() - t0:.4f} {len(out.tokens)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
