@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from specstack.errors import SpecstackError
+from specstack.files import atomic_output
 
 FORMAT_VERSION = 1
 
@@ -271,11 +272,8 @@ class KatzTrigram:
         for name, lv in (("bi", self.bigram), ("tri", self.trigram)):
             arrays.update({f"{name}_ctx": lv.ctx, f"{name}_off": lv.off, f"{name}_tok": lv.tok,
                            f"{name}_prob": lv.prob, f"{name}_alpha": lv.alpha})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
+        with atomic_output(path, parents=True) as tmp, open(tmp, "wb") as f:
             np.savez_compressed(f, **arrays)
-        tmp.replace(path)
         return path
 
     # what np.load raises on a file that is not a whole .npz of plain arrays: not a zip, truncated, a

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from specstack.engine.timing import forward_steps, random_context
+from specstack.files import atomic_write_text
 from specstack.machine import cpu_model
 from specstack.models.base import LoadedModel
 from specstack.models.loading import cache_root
@@ -70,10 +70,7 @@ def _read(path: Path) -> dict[str, object]:
 
 def _write(path: Path, store: dict[str, object]) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(store, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)  # atomic: a reader never sees half a file
+        atomic_write_text(path, json.dumps(store, indent=1) + "\n", parents=True)  # a reader never sees half
     except OSError:
         pass  # a read-only cache only costs the next start a measurement
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
+from specstack.files import atomic_output
 from specstack.models.base import LoadedModel
 from specstack.models.configs import file_error, library_error, model_config
 from specstack.models.quant import activation_dtype
@@ -39,9 +40,8 @@ def save_draft(model: SpireDraft, path: Path, info: dict[str, str] | None = None
     state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
              for k, v in model.state_dict().items()}
     meta = {"format": DRAFT_FORMAT, "config": model.spire.to_json(), **(info or {})}
-    tmp = path.with_suffix(".tmp")
-    save_file(state, str(tmp), metadata=meta)
-    tmp.replace(path)
+    with atomic_output(path) as tmp:
+        save_file(state, str(tmp), metadata=meta)
 
 
 @dataclass(frozen=True)

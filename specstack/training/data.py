@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from specstack.bench.datasets import json_array_items, sharegpt_path
 from specstack.errors import SpecstackError
+from specstack.files import atomic_output
 from specstack.validate import bounded_float
 
 SOURCES = ("code", "sharegpt")
@@ -133,11 +134,9 @@ def save_sequences(path: Path, train: torch.Tensor, heldout: torch.Tensor, info:
     to store or move to a GPU machine), written atomically."""
     small = max((int(t.max()) for t in (train, heldout) if t.numel()), default=0) < 2**16
     dtype = torch.uint16 if small else torch.int32
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file({"train": train.to(dtype).contiguous(), "heldout": heldout.to(dtype).contiguous()}, str(tmp),
-              metadata={"format": "specstack-sequences", **info})
-    tmp.replace(path)
+    with atomic_output(path, parents=True) as tmp:
+        save_file({"train": train.to(dtype).contiguous(), "heldout": heldout.to(dtype).contiguous()}, str(tmp),
+                  metadata={"format": "specstack-sequences", **info})
 
 
 def read_sequences(path: Path, parts: tuple[str, ...] = ("train", "heldout")) -> tuple[torch.Tensor, ...]:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specstack import interrupt
+from specstack.files import atomic_output
 from specstack.models.spire_draft import SpireDraft
 from specstack.training.teacher import TeacherData, hidden_for
 
@@ -242,8 +243,7 @@ def train(model: SpireDraft, data: TeacherData, params: TrainParams, out: Path, 
             log(f"step {done}: loss {total:.4f} held-out alpha {[round(a, 3) for a in acc.alpha]} tau {acc.tau:.3f} "
                 f"({time.perf_counter() - began:.0f} s)")
         if done % params.checkpoint_every == 0 or done == params.steps:
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done}, tmp)
-            tmp.replace(ckpt)
+            with atomic_output(ckpt) as tmp:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done}, tmp)
     bar.close()
     return acc or held_out()

@@ -22,6 +22,7 @@ import torch
 from specstack import interrupt
 from specstack.attention import build_batch
 from specstack.errors import SpecstackError
+from specstack.files import atomic_output
 from specstack.models.transformer import Transformer
 
 
@@ -77,9 +78,8 @@ def build_cache(target: Transformer, sequences: torch.Tensor, out: Path, spec: T
                 parts.append(teacher_batch(target, seqs[i:i + spec.batch_size], spec))
                 bar.update(len(parts[-1]["tokens"]))
             shard = {key: torch.cat([p[key] for p in parts]).contiguous() for key in parts[0]}
-            tmp = path.with_suffix(".tmp")
-            save_file(shard, str(tmp))
-            tmp.replace(path)  # atomic: a killed run never leaves half a shard
+            with atomic_output(path) as tmp:  # a killed run never leaves half a shard
+                save_file(shard, str(tmp))
 
 
 def shard_paths(folder: Path) -> list[Path]:
