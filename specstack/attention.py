@@ -16,17 +16,42 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 from specstack.cache import KVCache
 from specstack.config import WindowSpec
+
+Layout = Literal["pad", "split"]
+LAYOUTS: tuple[Layout, ...] = ("pad", "split")
+
+
+@dataclass(frozen=True)
+class RowRun:
+    """Rows [start, stop) of a packed block that carry the same number of tokens: one attention call.
+    Their tokens are the packed block's [first, first + (stop - start) * tokens)."""
+
+    start: int
+    stop: int
+    tokens: int
+    first: int
+    keys: int  # cache slots the run's queries may see (its longest row + its tokens)
+    mask: torch.Tensor | None  # [R, 1, tokens, keys]; None: see below (AttentionBatch.mask)
+    is_causal: bool = False
 
 
 @dataclass(frozen=True)
 class AttentionBatch:
     """What a forward needs besides the tokens: positions [B, T] and the boolean mask
-    [B, 1, T, S] over the cache slots S = longest row + T (True = may attend)."""
+    [B, 1, T, S] over the cache slots S = longest row + T (True = may attend).
+
+    Two layouts of a ragged batch (rows with different numbers of new tokens, DESIGN §6):
+    - PAD: every row's block padded to the longest (n_valid says how much is real); one attention call;
+    - SPLIT: no padding. The rows' tokens are packed into one flat block, positions [1, N] (row 0's
+      tokens, then row 1's, ...), `counts` tokens a row, and attention runs once per run of
+      consecutive rows with equal counts (`runs`); the linear layers see N tokens, not B * T."""
 
     positions: torch.Tensor
     # None when no mask is needed: with is_causal, a causal block over an empty cache (SDPA's
@@ -35,10 +60,16 @@ class AttentionBatch:
     n_valid: tuple[int, ...]  # real (non-padding) tokens per row
     is_causal: bool = False
     append: bool = False  # the block continues this round's scratch instead of starting anew
+    runs: tuple[RowRun, ...] | None = None  # SPLIT layout (see above); None: [B, T]
 
     @property
     def num_tokens(self) -> int:
         return self.positions.shape[1]
+
+    @property
+    def counts(self) -> tuple[int, ...] | None:
+        """Tokens per row of a packed (SPLIT) block, None for a [B, T] block."""
+        return self.n_valid if self.runs is not None else None
 
 
 def causal_block_mask(t: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -161,19 +192,32 @@ def build_batch(
     inner[:, :, prior:] &= valid.unsqueeze(1)  # no query sees padding
     inner[:, :, prior:] |= torch.eye(t, dtype=torch.bool, device=dev)  # every query sees itself
 
-    lengths = torch.tensor(cache.lengths, device=dev)
-    s_used = max(cache.lengths) + prior + t
+    mask = _slot_mask(cache, range(b), inner, positions, prior)
+    return AttentionBatch(positions, mask, n_valid_t, append=append)
+
+
+def _slot_mask(cache: KVCache, rows: range, inner: torch.Tensor, positions: torch.Tensor,
+               prior: int) -> torch.Tensor:
+    """[R, 1, T, S] over the cache slots of `rows`: each row's committed slots, then its block
+    [P scratch slots written earlier this round | the T new tokens] masked by inner [R, T, P + T],
+    all within the cache's window (S = longest of the rows + P + T)."""
+    dev = cache.device
+    t = inner.shape[1]
+    row_lengths = [cache.lengths[r] for r in rows]
+    lengths = torch.tensor(row_lengths, device=dev)
+    s_used = max(row_lengths) + prior + t
     slots = torch.arange(s_used, device=dev).unsqueeze(0)
-    mask = (slots < lengths.unsqueeze(1)).unsqueeze(1).expand(b, t, s_used).clone()
-    block_slots = (lengths.unsqueeze(1) + torch.arange(prior + t, device=dev)).unsqueeze(1).expand(b, t, prior + t)
+    mask = (slots < lengths.unsqueeze(1)).unsqueeze(1).expand(len(rows), t, s_used).clone()
+    block_slots = (lengths.unsqueeze(1) + torch.arange(prior + t, device=dev)).unsqueeze(1).expand(
+        len(rows), t, prior + t)
     mask.scatter_(2, block_slots, inner)
 
     if cache.window is not None:
         # Keys of the block get their positions when written; use the block's positions here.
-        key_pos = cache.slot_pos[:, :s_used].clone()
+        key_pos = cache.slot_pos[rows.start:rows.stop, :s_used].clone()
         key_pos.scatter_(1, block_slots[:, 0, prior:], positions)
         mask &= window_mask(positions, key_pos, cache.window)
-    return AttentionBatch(positions, mask.unsqueeze(1), n_valid_t, append=append)
+    return mask.unsqueeze(1)
 
 
 def tree_batch(cache: KVCache, parents: Sequence[int], new_from: int = 0) -> AttentionBatch:
@@ -185,3 +229,106 @@ def tree_batch(cache: KVCache, parents: Sequence[int], new_from: int = 0) -> Att
         raise ValueError(f"{new_from} tree nodes claimed in scratch, but it holds {cache.scratch}")
     mask = ancestor_mask(parents, cache.device)[new_from:]
     return build_batch(cache, len(parents) - new_from, mask, depth[new_from:] - 1, append=new_from > 0)
+
+
+def _chain(parents: Sequence[int]) -> bool:
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def row_blocks_batch(cache: KVCache, parents: Sequence[Sequence[int]], layout: Layout = "pad") -> AttentionBatch:
+    """A ragged block: row b's new tokens form a tree given by parents[b] (parent pointers within the
+    row's block, -1: continues the row's committed tokens; a chain [-1, 0, 1, ...] is a prompt chunk
+    or a decode step, [-1, 0, 0, 1, ...] a root with a draft tree). Rows may carry different numbers
+    of tokens (0: the row sits this forward out). PAD pads every row to the longest; SPLIT packs the
+    tokens (see AttentionBatch). Token j of row b sits at position next_pos[b] + depth(j) - 1."""
+    b = cache.batch_size
+    if len(parents) != b:
+        raise ValueError(f"{len(parents)} row blocks for {b} live rows")
+    counts = [len(p) for p in parents]
+    t = max(counts, default=0)
+    if t == 0:
+        raise ValueError("a forward needs at least one token")
+    chains = all(_chain(p) for p in parents)
+    if layout == "pad":
+        if chains and min(counts) == t:
+            return build_batch(cache, t)  # its mask-free fast paths apply
+        inner = torch.zeros(b, t, t, dtype=torch.bool)
+        offsets = torch.zeros(b, t, dtype=torch.long)
+        for r, par in enumerate(parents):
+            if par:
+                inner[r, : len(par), : len(par)] = ancestor_mask(par)
+                offsets[r, : len(par)] = torch.tensor(depths_from_parents(par)) - 1
+        return build_batch(cache, t, inner, offsets, counts)
+    if layout != "split":
+        raise ValueError(f"unknown layout {layout!r}: choose from {', '.join(LAYOUTS)}")
+    dev = cache.device
+    pos_parts: list[torch.Tensor] = []
+    for r, par in enumerate(parents):
+        if par:
+            pos_parts.append(cache.next_pos[r] + torch.tensor(depths_from_parents(par)) - 1)
+    positions = torch.cat(pos_parts).to(dev).unsqueeze(0)
+    runs: list[RowRun] = []
+    r, first = 0, 0
+    while r < b:
+        n = counts[r]
+        stop = r + 1
+        while stop < b and counts[stop] == n:
+            stop += 1
+        if n:
+            rows = range(r, stop)
+            lens = [cache.lengths[i] for i in rows]
+            keys = max(lens) + n
+            block = parents[r:stop]
+            mask, causal = None, False
+            plain = cache.window is None and all(_chain(p) for p in block)
+            if plain and max(lens) == 0:
+                causal = True
+            elif not (plain and n == 1 and min(lens) == max(lens)):
+                inner = torch.stack([ancestor_mask(p) for p in block]).to(dev)
+                mask = _slot_mask(cache, rows, inner, positions[0, first : first + len(rows) * n].view(len(rows), n), 0)
+            runs.append(RowRun(r, stop, n, first, keys, mask, causal))
+        first += (stop - r) * n
+        r = stop
+    return AttentionBatch(positions, None, tuple(counts), runs=tuple(runs))
+
+
+# Queries per row up to which CPU attention runs as two batched matmuls (grouped-query heads folded
+# into the query rows) rather than SDPA's flash kernel, which tiles for long query blocks: 16 rows of
+# 1-4 queries over 256 keys, whole forwards of the default model 3-10 % faster (docs/BENCHMARKS.md,
+# "Batched forwards").
+MATMUL_QUERIES = 4
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               is_causal: bool) -> torch.Tensor:
+    """q [B, H, T, D] over k, v [B, Hkv, S, D] (grouped-query: H a multiple of Hkv) -> [B, H, T, D]."""
+    b, h, t, d = q.shape
+    if t <= MATMUL_QUERIES and not is_causal and q.device.type == "cpu":
+        hkv = k.shape[1]
+        g = h // hkv  # query heads per key/value head: heads kv * g .. kv * g + g - 1 share kv
+        scores = torch.matmul(q.reshape(b, hkv, g * t, d), k.transpose(-1, -2)).mul_(d**-0.5)
+        if mask is not None:
+            scores = scores.view(b, hkv, g, t, -1).masked_fill_(~mask.unsqueeze(1), float("-inf"))
+        return torch.matmul(torch.softmax(scores.view(b, hkv, g * t, -1), -1), v).view(b, h, t, d)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+    """The attention of a forward, for either layout: q [B, T, H, D] (the block's queries, [1, N, H, D]
+    when packed), keys/values [B, Hkv, S, D] from the cache -> [B * T, H * D]."""
+    b, t, h, d = q.shape
+    act = q.dtype
+    q = q.to(keys.dtype)
+    if batch.runs is None:
+        a = _attention(q.transpose(1, 2), keys, values, batch.mask, batch.is_causal)
+        return a.transpose(1, 2).reshape(b * t, h * d).to(act)
+    out = q.new_empty(t, h, d)
+    for run in batch.runs:
+        rows, n = run.stop - run.start, run.tokens
+        span = slice(run.first, run.first + rows * n)
+        qr = q[0, span].view(rows, n, h, d).transpose(1, 2)
+        a = _attention(qr, keys[run.start : run.stop, :, : run.keys], values[run.start : run.stop, :, : run.keys],
+                       run.mask, run.is_causal)
+        out[span] = a.transpose(1, 2).reshape(rows * n, h, d)
+    return out.view(t, h * d).to(act)

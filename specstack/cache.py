@@ -38,12 +38,16 @@ class KVCache:
         device: torch.device | str = "cpu",
         window: WindowSpec | None = None,
         feature_dim: int = 0,
+        max_rows: int | None = None,
     ) -> None:
         self.config = config
+        # rows in use: a forward covers rows [0, batch_size). A batched engine allocates max_rows once and
+        # adds/removes rows between steps (add_row, remove_row); the live rows stay a prefix
+        self.max_rows = max(max_rows or batch_size, batch_size)
         self.batch_size = batch_size
         self.capacity = capacity
         self.window = window
-        shape = (config.n_layers, batch_size, config.n_kv_heads, capacity, config.head_dim)
+        shape = (config.n_layers, self.max_rows, config.n_kv_heads, capacity, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         # per-layer views made once: a write is then a single kernel launch
@@ -51,14 +55,16 @@ class KVCache:
         self._v_layer = list(self.v.unbind(0))
         # optional per-slot feature vector [rows, capacity, feature_dim] that moves with its slot (a draft
         # reading the previous token's top-level feature, EAGLE-style)
-        self.feat = torch.zeros(batch_size, capacity, feature_dim, dtype=dtype, device=device) if feature_dim else None
-        self._write_idx: torch.Tensor | None = None
+        self.feat = (torch.zeros(self.max_rows, capacity, feature_dim, dtype=dtype, device=device)
+                     if feature_dim else None)
+        self._write_idx: torch.Tensor | None = None  # one row: the block's slots
+        self._write_at: tuple[torch.Tensor, torch.Tensor] | None = None  # several rows: (row, slot) a token
         # Position of the token held in each slot (-1: empty). Scratch slots get theirs at write time.
-        self.slot_pos = torch.full((batch_size, capacity), -1, dtype=torch.long, device=device)
+        self.slot_pos = torch.full((self.max_rows, capacity), -1, dtype=torch.long, device=device)
         # Host-side bookkeeping: reading these never synchronises with the device.
         self.lengths: list[int] = [0] * batch_size  # committed slots per row
         self.next_pos: list[int] = [0] * batch_size  # position of the next token per row
-        self.scratch: int = 0  # scratch slots written this round (same count in every row)
+        self.scratch: int = 0  # scratch slots written this round (the widest row's count)
         self._sealed = False  # a commit ends the round: the next forward starts a new scratch
         self._offset = 0
 
@@ -70,73 +76,123 @@ class KVCache:
     def dtype(self) -> torch.dtype:
         return self.k.dtype
 
+    # -- rows (continuous batching) -----------------------------------------------------------------
+    def add_row(self) -> int:
+        """Start an empty row after the live ones; returns its index."""
+        if self.batch_size >= self.max_rows:
+            raise SpecstackError(f"KV cache full: all {self.max_rows} rows are in use")
+        row = self.batch_size
+        self.batch_size += 1
+        self.lengths.append(0)
+        self.next_pos.append(0)
+        self.slot_pos[row] = -1
+        return row
+
+    def remove_row(self, row: int) -> int | None:
+        """Free a row: the last live row moves into its place (O(that row's tokens), never the whole
+        cache), so the live rows stay a prefix. Returns the index of the row that moved (now `row`),
+        or None when `row` was the last."""
+        if not 0 <= row < self.batch_size:
+            raise ValueError(f"row {row} is not live (rows 0..{self.batch_size - 1})")
+        last = self.batch_size - 1
+        moved = None
+        if row != last:
+            n = self.lengths[last]
+            self.k[:, row, :, :n] = self.k[:, last, :, :n]
+            self.v[:, row, :, :n] = self.v[:, last, :, :n]
+            self.slot_pos[row] = self.slot_pos[last]
+            if self.feat is not None:
+                self.feat[row, :n] = self.feat[last, :n]
+            self.lengths[row], self.next_pos[row] = self.lengths[last], self.next_pos[last]
+            moved = last
+        self.lengths.pop()
+        self.next_pos.pop()
+        self.batch_size -= 1
+        return moved
+
     # -- writing (called by the model, once per layer) -------------------------------------------
     def check_room(self, n_new: int) -> None:
-        need = max(self.lengths) + n_new
+        need = max(self.lengths, default=0) + n_new
         if need > self.capacity:
             raise SpecstackError(
                 f"KV cache full: {need} slots needed, capacity {self.capacity} "
                 "(the prompt plus generated tokens exceed the context limit)"
             )
 
-    def begin_block(self, positions: torch.Tensor, append: bool = False) -> None:
-        """Record the positions of the T new tokens, written after each row's committed slots
-        (or, with `append`, after the scratch already written this round)."""
-        b, t = positions.shape
+    def begin_block(self, positions: torch.Tensor, append: bool = False,
+                    counts: Sequence[int] | None = None) -> None:
+        """Record the positions of the new tokens, written after each row's committed slots (or, with
+        `append`, after the scratch already written this round). positions [B, T]: T tokens a row;
+        with `counts` (a packed block: rows of different lengths, no padding), positions [1, N] holds
+        row 0's counts[0] tokens, then row 1's, ... (N = sum(counts)); a row's scratch is its first
+        counts[b] slots of the round."""
         if append and self._sealed:
             raise ValueError("cannot append to scratch after a commit: start a new block")
         if not append:
             self.scratch = 0
             self._sealed = False
+        if counts is None:
+            b, t = positions.shape
+            counts = (t,) * b
+        elif len(counts) != self.batch_size or sum(counts) != positions.numel():
+            raise ValueError(f"a packed block of {positions.numel()} tokens for row counts {list(counts)}")
+        t = max(counts, default=0)
         self.check_room(self.scratch + t)
         self._offset = self.scratch
         self.scratch += t
-        if b == 1:
+        if self.batch_size == 1:
             s0 = self.lengths[0] + self._offset
             self._write_idx = torch.arange(s0, s0 + t, device=self.device)
-            self.slot_pos[0, s0 : s0 + t] = positions[0]
-        else:
-            self.slot_pos.scatter_(1, self._scratch_slots(t), positions)
-
-    def _scratch_slots(self, t: int) -> torch.Tensor:
-        start = torch.tensor(self.lengths, device=self.device).unsqueeze(1) + self._offset
-        return start + torch.arange(t, device=self.device)
+            self._write_at = None
+            self.slot_pos[0, s0 : s0 + t] = positions.reshape(-1)
+            return
+        # (row, slot) of every token, computed once for all layers' writes
+        dev = self.device
+        rows = torch.repeat_interleave(torch.arange(self.batch_size, device=dev),
+                                       torch.tensor(counts, device=dev))
+        first = torch.tensor([n + self._offset for n in self.lengths], device=dev)
+        row_start = torch.tensor([0, *counts[:-1]], device=dev).cumsum(0)
+        slots = first[rows] + torch.arange(rows.shape[0], device=dev) - row_start[rows]
+        self._write_at = (rows, slots)
+        self._write_idx = None
+        self.slot_pos[rows, slots] = positions.reshape(-1)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, Hkv, T, D] to the scratch slots; return this layer's keys/values [B, Hkv, S, D]
-        for the slots a query may see (S = longest row + T)."""
-        t = k.shape[2]
-        if self.batch_size == 1:
-            self._k_layer[layer].index_copy_(2, self._write_idx, k)
-            self._v_layer[layer].index_copy_(2, self._write_idx, v)
-            s_used = self.lengths[0] + self.scratch
+        """Write k, v [B, Hkv, T, D] (a packed block: [1, Hkv, N, D]) to the scratch slots; return this
+        layer's keys/values [B, Hkv, S, D] for the slots a query may see (S = longest row + scratch)."""
+        k, v = k.to(self.dtype), v.to(self.dtype)
+        if self._write_at is None:
+            kl, vl = self._k_layer[layer], self._v_layer[layer]
+            if self.max_rows > 1:  # one live row of several: index_copy_ would write every row
+                kl, vl = kl[:1], vl[:1]
+            kl.index_copy_(2, self._write_idx, k)
+            vl.index_copy_(2, self._write_idx, v)
         else:
-            slots = self._scratch_slots(t)  # [B, T]
-            rows = torch.arange(self.batch_size, device=self.device).unsqueeze(1).expand_as(slots)
-            # advanced indices around a slice put the indexed dims first: [B, T, Hkv, D]
-            self.k[layer][rows, :, slots] = k.transpose(1, 2)
-            self.v[layer][rows, :, slots] = v.transpose(1, 2)
-            s_used = max(self.lengths) + self.scratch
-        return self._k_layer[layer][:, :, :s_used], self._v_layer[layer][:, :, :s_used]
+            rows, slots = self._write_at
+            hkv, d = k.shape[1], k.shape[3]
+            # advanced indices around a slice put the indexed dims first: [N, Hkv, D]
+            self._k_layer[layer][rows, :, slots] = k.transpose(1, 2).reshape(-1, hkv, d)
+            self._v_layer[layer][rows, :, slots] = v.transpose(1, 2).reshape(-1, hkv, d)
+        s_used = max(self.lengths) + self.scratch
+        b = self.batch_size
+        return self._k_layer[layer][:b, :, :s_used], self._v_layer[layer][:b, :, :s_used]
 
     def write_layers(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write every layer's k, v [layers, B, Hkv, T, D] to the scratch slots at once (a draft
         replacing its tokens' keys/values by their memories after the pass)."""
-        if self.batch_size == 1:  # one copy per tensor instead of one per layer
-            self.k.index_copy_(3, self._write_idx, k)
-            self.v.index_copy_(3, self._write_idx, v)
+        if self._write_at is None:  # one copy per tensor instead of one per layer
+            self.k[:, :1].index_copy_(3, self._write_idx, k)
+            self.v[:, :1].index_copy_(3, self._write_idx, v)
             return
         for layer in range(k.shape[0]):
             self.write(layer, k[layer], v[layer])
 
     def write_feature(self, x: torch.Tensor) -> None:
         """Store features x [B, T, feature_dim] at the current block's scratch slots."""
-        if self.batch_size == 1:
-            self.feat[0].index_copy_(0, self._write_idx, x[0])
+        if self._write_at is None:
+            self.feat[0].index_copy_(0, self._write_idx, x[0].reshape(-1, x.shape[-1]))
         else:
-            slots = self._scratch_slots(x.shape[1])
-            rows = torch.arange(self.batch_size, device=self.device).unsqueeze(1).expand_as(slots)
-            self.feat[rows, slots] = x
+            self.feat[self._write_at] = x.reshape(-1, x.shape[-1])
 
     def block_start(self) -> list[int]:
         """First slot of the current block in each row (slots before it hold finished tokens)."""

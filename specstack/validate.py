@@ -44,6 +44,9 @@ MIN_TEMPERATURE = 1e-30
 TOP_K_MAX = 2**31 - 1  # a C int where peers (llama.cpp) read it; any k >= the vocabulary keeps every token
 MAX_COUNT = 1_000_000  # prompts, sequences, optimizer steps
 MAX_REPEATS = 1000  # repeats and warm-ups of one measurement
+# Rows decoding at once at most: each takes a KV-cache row of its whole context, allocated up front, so
+# a typo of a few extra digits would allocate gigabytes
+MAX_BATCH_SIZE = 1024
 
 
 # ---------------------------------------------------------------------------------------------------

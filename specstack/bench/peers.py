@@ -71,16 +71,37 @@ def hf_generate(model: Any, ids: Sequence[int], n: int, sampling: SamplingParams
     assistant_model=). eos_token_id=None keeps EOS from stopping (and, unlike min_new_tokens, from
     being suppressed), so the output follows the model as the engine's does."""
     x = torch.tensor([list(ids)], device=model.device)
-    kw: dict[str, Any] = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
-    if not sampling.greedy:
-        kw = {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k,  # 0: off, as ours
-              "top_p": sampling.top_p}
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
+    kw = _sampling_kwargs(sampling)
     with _quiet_transformers(), torch.inference_mode():
         out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, eos_token_id=None,
                              pad_token_id=0 if pad_id is None else pad_id, **kw, **extra)
     return out[0, len(ids):].tolist()
+
+
+def hf_generate_batch(model: Any, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
+                      pad_id: int | None) -> list[list[int]]:
+    """Exactly n new tokens for every prompt, all rows in one batched `generate`: prompts padded on the
+    left (their ends line up where generation starts; the attention mask hides the padding), as
+    transformers' docs prescribe for batched generation with a decoder-only model. EOS stops no row
+    (eos_token_id=None, as hf_generate)."""
+    pad = 0 if pad_id is None else pad_id
+    width = max(len(p) for p in prompts)
+    x = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    kw = _sampling_kwargs(sampling)
+    with _quiet_transformers(), torch.inference_mode():
+        out = model.generate(x, attention_mask=mask, max_new_tokens=n, eos_token_id=None, pad_token_id=pad, **kw)
+    return out[:, width:].tolist()
+
+
+def _sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
+    """`generate`'s decoding arguments for our sampling parameters (seeding torch when sampling)."""
+    if sampling.greedy:
+        return {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    if sampling.seed is not None:
+        torch.manual_seed(sampling.seed)
+    return {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k,  # 0: off, as ours
+            "top_p": sampling.top_p}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ Terms:
 - label: a method as written in the list; rows, summaries and --resume know methods by label.
 - settings (BenchSettings): every choice that shapes the numbers; written to DIR/run.json, and a
   --resume must repeat the RESUME_KEYS of them.
+- batch mode (--batch-sizes): every method decodes batches of B prompts at once (bench/batched.py);
+  engine methods then also take `layout=auto|pad|split` (how the batched engine lays out ragged rows),
+  the peers are `hf` (transformers' batched generate) and `llamacpp-batched` (llama-batched-bench).
 """
 from __future__ import annotations
 
@@ -22,9 +25,13 @@ from specstack.files import check_writable_dir
 
 PEER_PARAMS: dict[str, dict[str, int]] = {
     "hf": {}, "hf-pld": {"tokens": 10}, "hf-assisted": {}, "llamacpp": {}, "llamacpp-pld": {"tokens": 10},
+    "llamacpp-batched": {},
 }
+BATCH_PEERS = ("hf", "llamacpp-batched")  # the peers that decode many sequences at once
+BATCH_ONLY = ("llamacpp-batched",)
+LAYOUTS = ("auto", "pad", "split")  # engine.batched's LAYOUT_CHOICES (plan stays importable without it)
 RESUME_KEYS = ("model", "prompts", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "dtype", "device",
-               "draft", "draft_dtype", "ngram")
+               "draft", "draft_dtype", "ngram", "batch_sizes")
 
 
 @dataclass(frozen=True)
@@ -34,13 +41,19 @@ class BenchMethod:
     dtype: str  # the target's weight format asked for
     params: dict[str, int] = field(default_factory=dict)  # a peer's parameters
     spec: MethodSpec | None = None  # engine methods; None for peers
+    layout: str | None = None  # batch mode, engine methods: the batched engine's layout (None: auto)
 
     @property
     def peer(self) -> bool:
         return self.spec is None
 
     def key(self) -> tuple:
-        return (self.name, tuple(sorted((self.spec.params if self.spec else self.params).items())), self.dtype)
+        return (self.name, tuple(sorted((self.spec.params if self.spec else self.params).items())), self.dtype,
+                self.layout or "auto")
+
+    def batch_label(self, batch_size: int) -> str:
+        """How rows and summaries name this method at batch size B: `METHOD@bB`."""
+        return f"{self.label}@b{batch_size}"
 
 
 def parse_methods(values: Sequence[str], default_dtype: str) -> list[BenchMethod]:
@@ -57,23 +70,41 @@ def parse_methods(values: Sequence[str], default_dtype: str) -> list[BenchMethod
                                  "(commas separate one method's parameters)")
         if name not in METHODS and name not in PEER_PARAMS:
             raise SpecstackError(f"unknown method {name!r}; choose from {', '.join([*METHODS, *PEER_PARAMS])}")
-        dtype, others = default_dtype, []
+        dtype, layout, others = default_dtype, None, []
         for item in filter(None, (s.strip() for s in rest.split(","))):
             key, _, value = item.partition("=")
             if key.strip() == "dtype":
                 if value.strip() not in WEIGHT_FORMATS:
                     raise SpecstackError(f"method {text!r}: dtype must be one of {', '.join(WEIGHT_FORMATS)}")
                 dtype = value.strip()
+            elif key.strip() == "layout" and name in METHODS:
+                if value.strip() not in LAYOUTS:
+                    raise SpecstackError(f"method {text!r}: layout must be one of {', '.join(LAYOUTS)}")
+                layout = value.strip()
             else:
                 others.append(item)
         if name in METHODS:
-            m = BenchMethod(text, name, dtype, spec=parse_method(":".join([name, ",".join(others)])))
+            m = BenchMethod(text, name, dtype, spec=parse_method(":".join([name, ",".join(others)])), layout=layout)
         else:
             m = BenchMethod(text, name, dtype, _peer_params(name, others))
         if any(m.key() == o.key() for o in methods) or any(m.label == o.label for o in methods):
             raise SpecstackError(f"--methods: {text!r} is listed twice")
         methods.append(m)
     return methods
+
+
+def check_batch_mode(methods: Sequence[BenchMethod], batch_sizes: Sequence[int] | None) -> None:
+    """The methods suit the mode: in batch mode only engine methods and the batching peers; outside
+    it, no batch-only peer and no layout (a single sequence has no rows to lay out)."""
+    for m in methods:
+        if batch_sizes:
+            if m.peer and m.name not in BATCH_PEERS:
+                raise SpecstackError(f"--methods {m.label!r}: not a batched method; with --batch-sizes the peers "
+                                     f"are {', '.join(BATCH_PEERS)}")
+        elif m.name in BATCH_ONLY:
+            raise SpecstackError(f"--methods {m.label!r}: runs batches only; give --batch-sizes, e.g. 1,4,8,16,32")
+        elif m.layout is not None:
+            raise SpecstackError(f"--methods {m.label!r}: layout= lays out the rows of a batch; give --batch-sizes")
 
 
 def _peer_params(name: str, items: Sequence[str]) -> dict[str, int]:
@@ -107,6 +138,7 @@ class BenchSettings:
     ngram: str | None
     repeats: int  # runs of every (prompt, method)
     threads: int | None  # torch and llama.cpp threads; None: torch's choice
+    batch_sizes: tuple[int, ...] | None = None  # batch mode: rows decoded at once; None: one sequence at a time
 
     @property
     def sampling(self) -> SamplingParams:
@@ -121,6 +153,7 @@ class Plan:
     methods: tuple[BenchMethod, ...]
     out: Path
     resume: bool  # continue out/results.jsonl
+    llama_bin_dir: Path | None = None  # where llama-batched-bench is (--llama-bin-dir)
 
     def check_output(self) -> None:
         """The output folder can take this run: a new folder, or the same settings when resuming (whose
@@ -134,9 +167,14 @@ class Plan:
         if self.resume and (out / "run.json").is_file():
             before = read_run(out)
             now = asdict(self.settings)
-            changed = [k for k in RESUME_KEYS if before.get(k) != now[k]]
+            # JSON has no tuples: compare lists (batch_sizes)
+            changed = [k for k in RESUME_KEYS if _plain(before.get(k)) != _plain(now[k])]
             if changed:
                 was = ", ".join(f"--{k.replace('_', '-')} was {before.get(k)!r}, now {now[k]!r}" for k in changed)
                 raise SpecstackError(f"--resume: the settings differ from the run in {out} ({was})")
         if self.resume:
             read_rows(results)
+
+
+def _plain(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value

@@ -8,6 +8,9 @@ total tokens / total target forwards that produced tokens (rows that report one)
 is the share of rows whose tokens equal the greedy `ar` reference (null when sampling). `origins` is
 the share of emitted tokens by who produced them (target, draft model, draft2 = the trigram, context
 lookup), over the rows that report origins (our methods; null for the peers).
+
+A batch-mode run (--batch-sizes) is summarized by batch_report.py (entries `METHOD@bB`, summary.md's
+batch table, batch_throughput.png) beside its single-sequence `ar` rows, summarized here.
 """
 from __future__ import annotations
 
@@ -20,8 +23,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from specstack.bench.batch_report import batch_section, is_batch_row, plot_batch_throughput, summarize_batches
+from specstack.bench.figures import pyplot, save_png
 from specstack.errors import SpecstackError
-from specstack.files import atomic_output, atomic_write_text, decode_utf8, read_bytes, read_text
+from specstack.files import atomic_write_text, decode_utf8, read_bytes, read_text
 
 Row = dict[str, Any]
 SUMMARY_FIELDS = ("dtype", "prompts", "rows", "new_tokens", "seconds", "tokens_per_s", "mean_speedup_vs_hf",
@@ -127,7 +132,9 @@ def summary_table(summary: Mapping[str, Mapping[str, Any]], hf: str | None, ar: 
     return "\n".join(lines)
 
 
-def render_md(summary: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
+def render_md(summary: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
+              batches: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """summary.md; `batches`: the batch-mode entries (batch_report.summarize_batches), if any."""
     st, mach, v = meta["settings"], meta["machine"], meta["versions"]
     sampling = "greedy" if not st["temperature"] else (
         f"sampling: temperature {st['temperature']}, top-k {st['top_k']}, top-p {st['top_p']}, seed {st['seed']}")
@@ -139,17 +146,27 @@ def render_md(summary: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any])
         f"- date: {meta['date']}",
         f"- {meta['n_prompts']} prompts x {st['max_new_tokens']} new tokens x {st['repeats']} repeats; {sampling}; "
         f"default weight format {st['dtype']}",
-        "- protocol: models loaded once, one warm-up generation per method, then per prompt every method in "
-        "turn (A B C A B C ...); every method generates exactly max-new-tokens tokens (EOS does not stop it), "
-        "wall time includes the prefill; speed-ups are per-prompt ratios of tokens/s (repeats averaged first).",
-        "", summary_table(summary, meta["baselines"].get("hf"), meta["baselines"].get("ar")),
     ]
+    if batches is None:
+        parts += [
+            "- protocol: models loaded once, one warm-up generation per method, then per prompt every method in "
+            "turn (A B C A B C ...); every method generates exactly max-new-tokens tokens (EOS does not stop it), "
+            "wall time includes the prefill; speed-ups are per-prompt ratios of tokens/s (repeats averaged first).",
+            "", summary_table(summary, meta["baselines"].get("hf"), meta["baselines"].get("ar"))]
+    else:
+        parts += ["", "## Single sequence: our `ar`, each prompt alone (the reference of the batches)", ""]
+        parts.append(summary_table(summary, meta["baselines"].get("hf"), meta["baselines"].get("ar")) if summary
+                     else "(none: every batch row was already in results.jsonl)")
+        parts += batch_section(batches, meta["baselines"].get("ar"), st.get("batch_sizes") or ())
     notes = list(meta.get("notes", []))
     notes += [f"{m}: skipped ({why})" for m, why in meta.get("skipped", {}).items()]
     if notes:
         parts += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     files = ", ".join(meta.get("files", []))
-    parts += ["", f"Files: results.jsonl (one row per prompt, method and repeat), {files}."]
+    rows_are = ("one row per prompt, method and repeat" if batches is None else
+                "one row per sequence: prompt, method, batch size, batch and repeat; llamacpp-batched one per batch "
+                "size; the single-sequence ar one per prompt")
+    parts += ["", f"Files: results.jsonl ({rows_are}), {files}."]
     if meta.get("origins"):
         parts.append(f"origins.html: {meta['origins']}.")
     return "\n".join(parts) + "\n"
@@ -158,19 +175,10 @@ def render_md(summary: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any])
 # ---------------------------------------------------------------------------------------------------
 # Figures and the origins page
 # ---------------------------------------------------------------------------------------------------
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_speedups(rows: Sequence[Row], methods: Sequence[str], baseline: str | None, path: Path) -> None:
     """Per-prompt speed-up over the baseline of every other method, prompts sorted (staged paper,
     Figure 2); without a baseline, per-prompt tokens/s."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for m in methods:
         if m == baseline:
@@ -195,7 +203,7 @@ def plot_speedups(rows: Sequence[Row], methods: Sequence[str], baseline: str | N
 
 def plot_tau_hist(rows: Sequence[Row], methods: Sequence[str], path: Path) -> None:
     """Histogram of accepted draft tokens per step, per speculative method (share of steps)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     per_method = {m: [a for r in rows if r["method"] == m for a in (r.get("accepted_per_step") or [])]
                   for m in methods}
@@ -216,11 +224,6 @@ def plot_tau_hist(rows: Sequence[Row], methods: Sequence[str], path: Path) -> No
     fig.tight_layout()
     save_png(fig, path)
     plt.close(fig)
-
-
-def save_png(fig: Any, path: Path) -> None:
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
 
 
 def origins_choice(rows: Sequence[Row], methods: Sequence[str], baseline: str | None) -> Row | None:
@@ -312,11 +315,14 @@ def write_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], order: Se
                  tokenizer: Any = None) -> dict[str, Any]:
     """summary.json, summary.md and the figures from all rows; origins.html when a speculative
     method ran and a tokenizer is given. Returns summary.json's content."""
+    batch_rows = [r for r in rows if is_batch_row(r)]
+    meta["n_prompts"] = len({r["task_id"] for r in rows if not r.get("aggregate")})
+    if batch_rows:
+        return _write_batch_report(out, rows, meta, order)
     ar, hf = meta["baselines"].get("ar"), meta["baselines"].get("hf")
     methods = methods_in(rows, order)
     summary = summarize(rows, ar, hf, methods)
     baseline = hf if hf in summary else (ar if ar in summary else None)
-    meta["n_prompts"] = len({r["task_id"] for r in rows})
     chosen = origins_choice(rows, methods, baseline) if tokenizer is not None else None
     meta["origins"] = None
     if chosen is not None:
@@ -333,11 +339,39 @@ def write_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], order: Se
         meta["notes"] = [*meta["notes"], "figures skipped: matplotlib is not installed (pip install matplotlib)"]
     meta["files"] = [f for f in ("summary.json", "summary.md", "speedup_per_prompt.png", "tau_hist.png", "origins.html")
                      if f.startswith("summary") or (out / f).is_file()]
-    doc = {"methods": summary, **{k: meta[k] for k in ("baselines", "skipped", "notes", "settings", "machine",
-                                                         "versions", "command", "date", "n_prompts")}}
+    return _write_summaries(out, summary, meta)
+
+
+META_KEYS = ("baselines", "skipped", "notes", "settings", "machine", "versions", "command", "date", "n_prompts")
+
+
+def _write_summaries(out: Path, summary: dict[str, Any], meta: dict[str, Any],
+                     batches: dict[str, Any] | None = None) -> dict[str, Any]:
+    doc = {"methods": {**summary, **(batches or {})}, **{k: meta[k] for k in META_KEYS}}
     atomic_write_text(out / "summary.json", json.dumps(doc, indent=1) + "\n")
-    atomic_write_text(out / "summary.md", render_md(summary, meta))
+    atomic_write_text(out / "summary.md", render_md(summary, meta, batches))
     return doc
+
+
+def _write_batch_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], order: Sequence[str]) -> dict[str, Any]:
+    """A batch-mode run (bench/batched.py): the single-sequence ar rows summarized as any rows, one
+    entry per METHOD@bB (batch_report.py), batch_throughput.png. The per-prompt figures and the
+    origins page belong to single-sequence runs and are not made (nor left over from one)."""
+    singles = [r for r in rows if not is_batch_row(r)]
+    ar = meta["baselines"].get("ar")
+    summary = summarize(singles, ar, None, methods_in(singles, order))
+    base = summary.get(ar, {}).get("tokens_per_s") if ar else None
+    batches = summarize_batches([r for r in rows if is_batch_row(r)], order, base)
+    meta["origins"] = None
+    for stale in ("origins.html", "speedup_per_prompt.png", "tau_hist.png"):
+        (out / stale).unlink(missing_ok=True)
+    try:
+        plot_batch_throughput(batches, out / "batch_throughput.png")
+    except ImportError:
+        meta["notes"] = [*meta["notes"], "figures skipped: matplotlib is not installed (pip install matplotlib)"]
+    meta["files"] = [f for f in ("summary.json", "summary.md", "batch_throughput.png")
+                     if f.startswith("summary") or (out / f).is_file()]
+    return _write_summaries(out, summary, meta, batches)
 
 
 # ---------------------------------------------------------------------------------------------------

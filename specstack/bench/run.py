@@ -11,6 +11,7 @@ already there); then summary.json, summary.md, speedup_per_prompt.png, tau_hist.
 (report.py).
 
 A runner is one method made ready: (prompt ids, n) -> Output, everything it needs loaded up front.
+With --batch-sizes the methods decode batches instead (bench/batched.py has that protocol).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ import torch
 from tqdm import tqdm
 
 from specstack import interrupt
-from specstack.bench.datasets import SHAREGPT_MAX_PROMPT_TOKENS, Prompt, iter_prompts, select_prompts
+from specstack.bench.batched import build_batch_methods, measure_batches, single_label
+from specstack.bench.datasets import SHAREGPT_MAX_PROMPT_TOKENS, EncodedPrompt, Prompt, iter_prompts, select_prompts
 from specstack.bench.peers import (
     ForwardCounter,
     hf_dtype,
@@ -113,7 +115,8 @@ class Peers:
                     "as an assistant; pass --draft MODEL (a small model with the same tokenizer)")
         return None
 
-    def _hf(self, dtype: str) -> tuple[Any, ForwardCounter]:
+    def hf_model(self, dtype: str) -> tuple[Any, ForwardCounter]:
+        """transformers' model in `dtype` (bf16 or fp32), loaded once, and its forward counter."""
         if dtype not in self.hf:
             model = load_hf(self.src, dtype, self.device)
             self.hf[dtype] = (model, ForwardCounter(model))
@@ -127,7 +130,7 @@ class Peers:
             llm = self.llama[lookup]
             return lambda ids, n: Output(llama_cpp_generate(llm, ids, n, self.sampling), "gguf")
         dt = hf_dtype(m.dtype)
-        model, counter = self._hf(dt)
+        model, counter = self.hf_model(dt)
         extra: dict[str, Any] = {}
         if m.name == "hf-pld":
             extra["prompt_lookup_num_tokens"] = m.params["tokens"]
@@ -173,11 +176,17 @@ def build_runners(plan: Plan, targets: dict[str, LoadedModel], peers: Peers, sou
             target = targets[m.dtype]
             drafter = build_drafter(m.spec, target, sources, plan.settings.device)
             out.ready[m.label] = engine_runner(target, drafter, plan.settings.sampling)
-    if plan.settings.sampling.greedy and any(not m.peer and m.dtype != "fp32" for m in plan.methods):
-        out.notes.append("identical to ar: the int4/int8/bf16 formats compute in bf16, where the top logits often "
-                         "tie or nearly tie and forwards of different widths can break a tie differently, so a "
-                         "lossless method can still differ from ar there (DESIGN §2.1); fp32 runs compare exactly")
+    out.notes += tie_notes(plan)
     return out
+
+
+def tie_notes(plan: Plan) -> list[str]:
+    """Why a lossless method can differ from ar in a non-fp32 format (greedy runs with such a method)."""
+    if not (plan.settings.sampling.greedy and any(not m.peer and m.dtype != "fp32" for m in plan.methods)):
+        return []
+    return ["identical to ar: the int4/int8/bf16 formats compute in bf16, where the top logits often "
+                         "tie or nearly tie and forwards of different widths can break a tie differently, so a "
+                         "lossless method can still differ from ar there (DESIGN §2.1); fp32 runs compare exactly"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -228,6 +237,9 @@ def run_bench(plan: Plan, command: str) -> None:
     sources = DraftSources.for_model(first.name, s.draft, s.draft_dtype, s.ngram)
     peers = Peers(s.model, sources, s.sampling, s.device, threads,
                   tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    if s.batch_sizes:
+        run_batches(plan, command, prompts, targets, peers, sources, threads)
+        return
     n_ctx = max(len(p.ids) for p in prompts) + s.max_new_tokens + 64
     runners = build_runners(plan, targets, peers, sources, n_ctx)
     active = [m for m in plan.methods if m.label in runners.ready]
@@ -244,6 +256,48 @@ def run_bench(plan: Plan, command: str) -> None:
         measure(todo, active, runners.ready, results, targets, plan)
     write_report(plan.out, results.rows, _meta(plan, runners, threads, command), list(s.methods), tok)
     print((plan.out / "summary.md").read_text(encoding="utf-8"))
+
+
+def run_batches(plan: Plan, command: str, prompts: Sequence[EncodedPrompt], targets: dict[str, LoadedModel],
+                peers: Peers, sources: DraftSources, threads: int) -> None:
+    """Batch mode (bench/batched.py): batches of every size, the single-sequence `ar` reference rows,
+    then the report."""
+    s = plan.settings
+    methods = build_batch_methods(plan, targets, peers, sources, peers.src, prompts, threads)
+    if not methods.ready and methods.llama is None:
+        raise SpecstackError("every method was skipped: nothing to run")
+    plan.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(plan.out / "run.json", json.dumps(asdict(s), indent=1) + "\n")
+    results = Results(plan.out / "results.jsonl", plan.resume)
+    warm: set[str] = set()
+
+    def single(p: EncodedPrompt, dtype: str) -> dict[str, Any]:
+        go = engine_runner(targets[dtype], None, s.sampling)
+        if dtype not in warm:
+            warm.add(dtype)
+            go(p.ids, min(s.max_new_tokens, WARMUP_TOKENS))
+        t0 = time.perf_counter()
+        out = go(p.ids, s.max_new_tokens)
+        return output_row(p.task_id, single_label(dtype, s.dtype), 0, out, time.perf_counter() - t0)
+
+    measure_batches(plan, prompts, methods, results, single)
+    runners = Runners({}, methods.skipped, methods.notes + tie_notes(plan))
+    meta = _meta(plan, runners, threads, command)
+    singles = dict.fromkeys(r["method"] for r in results.rows if "batch_size" not in r)
+    ar = single_label(s.dtype, s.dtype)
+    meta["baselines"] = {"ar": ar if ar in singles else next(iter(singles), None), "hf": None}
+    order = [single_label(d, s.dtype) for d in dict.fromkeys(m.dtype for m in plan.methods)]
+    order += [m.batch_label(b) for m in plan.methods for b in s.batch_sizes or ()]
+    write_report(plan.out, results.rows, meta, order, targets[s.dtype].tokenizer if s.dtype in targets else None)
+    print((plan.out / "summary.md").read_text(encoding="utf-8"))
+
+
+def output_row(task: str, label: str, repeat: int, out: Output, seconds: float) -> dict[str, Any]:
+    """The row of one generation (one prompt, one method, one repeat)."""
+    return {"task_id": task, "method": label, "repeat": repeat, "dtype": out.dtype, "new_tokens": len(out.tokens),
+            "seconds": seconds, "tokens_per_s": len(out.tokens) / seconds, "target_forwards": out.target_forwards,
+            "tau": out.tau, "identical_to_ar": None, "origins": out.origins, "phases": out.phases,
+            "accepted_per_step": out.accepted_per_step, "token_origins": out.token_origins, "tokens": out.tokens}
 
 
 def measure(todo: Sequence[tuple[Prompt, int, BenchMethod]], methods: Sequence[BenchMethod],
@@ -281,11 +335,7 @@ def measure(todo: Sequence[tuple[Prompt, int, BenchMethod]], methods: Sequence[B
             t0 = time.perf_counter()
             out = runners[m.label](p.ids, new_tokens)
             seconds = time.perf_counter() - t0
-            row = {"task_id": task, "method": m.label, "repeat": r, "dtype": out.dtype, "new_tokens": len(out.tokens),
-                   "seconds": seconds, "tokens_per_s": len(out.tokens) / seconds,
-                   "target_forwards": out.target_forwards,
-                   "tau": out.tau, "identical_to_ar": None, "origins": out.origins, "phases": out.phases,
-                   "accepted_per_step": out.accepted_per_step, "token_origins": out.token_origins, "tokens": out.tokens}
+            row = output_row(task, m.label, r, out, seconds)
             if sampling.greedy and ar_of.get(m.dtype) == m.label:
                 refs.setdefault((task, m.dtype), out.tokens)
             pending.append((row, m.dtype))

@@ -73,9 +73,11 @@ def check_folder(folder: Path, threads: int | None = None) -> list[Divergence]:
 
 
 def divergent_rows(rows: Sequence[dict]) -> list[tuple[dict, dict]]:
-    """(row, its ar row) for every engine row marked not identical to the ar of its weight format."""
-    engine = [r for r in rows if r["method"].partition(":")[0] in METHODS]
-    ar = {(r["task_id"], r.get("dtype")): r for r in engine if r["method"].partition(":")[0] == "ar"}
+    """(row, its ar row) for every engine row marked not identical to the ar of its weight format (a
+    batch-mode row, against the single-sequence ar of its prompt)."""
+    engine = [r for r in rows if r.get("base_method", r["method"]).partition(":")[0] in METHODS]
+    ar = {(r["task_id"], r.get("dtype")): r for r in engine
+          if r["method"].partition(":")[0] == "ar" and "batch_size" not in r}
     return [(r, ar[key]) for r in engine
             if r.get("identical_to_ar") is False and (key := (r["task_id"], r.get("dtype"))) in ar]
 

@@ -7,6 +7,7 @@ otherwise use, on a prompt set, on this machine.
     specstack bench --compare DIR1 DIR2
     specstack bench --ratios DIR "ngram/llamacpp" "ar/hf"    (per-prompt ratios within one run)
     specstack bench --phases DIR                            (where each method's time goes, per step)
+    specstack bench ... --methods "ar;hf;llamacpp-batched" --batch-sizes 1,4,8,16,32 [--llama-bin-dir DIR]
 
 Methods are separated by ';' (commas separate one method's parameters; --methods may also be
 repeated). Engine methods take their parameters (`chain:k=4`); every method also takes `dtype=F`, the
@@ -22,6 +23,17 @@ the prefill; torch and llama.cpp use the same threads. Greedy runs mark each row
 same tokens as our `ar` at that method's weight format (run once extra, untimed, when the list has no
 such `ar`). Rows go to DIR/results.jsonl as they finish (--resume skips those already there); then
 summary.json, summary.md, speedup_per_prompt.png, tau_hist.png and origins.html.
+
+Batch mode (--batch-sizes B1,B2,...): every method decodes batches of B consecutive prompts at once
+(the last batch filled by wrapping around to the first prompts), each batch by every method in turn,
+the order rotated from batch to batch. Engine methods run on the batched engine (`layout=auto|pad|split`
+picks how it lays out ragged rows; a drafter that reads the target's activations is refused); the
+peers are `hf` (transformers' batched generate, left padding) and `llamacpp-batched` (llama.cpp's
+llama-batched-bench on the same GGUF, run once over all B: random tokens of equal prompt lengths;
+found in --llama-bin-dir, $SPECSTACK_LLAMA_BIN_DIR, PATH or benchmarks/build_llama_cpp.sh's default
+folder, else skipped). Every prompt is also decoded alone by our single-sequence `ar`: the reference
+of identical_to_ar and the baseline of the speed-ups. summary.json gains one entry per method and B,
+keyed METHOD@bB; summary.md a table of them; batch_throughput.png tokens/s against B.
 """
 from __future__ import annotations
 
@@ -40,7 +52,7 @@ from specstack.cli.common import (
     command_line,
 )
 from specstack.errors import SpecstackError
-from specstack.validate import MAX_COUNT, MAX_REPEATS, ints
+from specstack.validate import MAX_BATCH_SIZE, MAX_COUNT, MAX_REPEATS, bounded_int, fail, ints, shown
 
 
 def add_parser(subparsers: Any) -> None:
@@ -55,6 +67,10 @@ def add_parser(subparsers: Any) -> None:
                    help="methods separated by ';', e.g. \"ar;chain:k=4;staged:budget=36,depth=8;hf;llamacpp\"")
     add_checked(g, "--repeats", ints(1, MAX_REPEATS), default=1, metavar="R",
                 help="runs of every (prompt, method) (default 1)")
+    add_checked(g, "--batch-sizes", batch_sizes, default=None, metavar="B1,B2,...",
+                help="batch mode: decode batches of each size B, e.g. 1,4,8,16,32 (default: one sequence at a time)")
+    g.add_argument("--llama-bin-dir", type=Path, default=None, metavar="DIR",
+                   help="batch mode: the folder holding llama.cpp's llama-batched-bench (for llamacpp-batched)")
     add_generation_args(p, exact=True)
     add_draft_args(p.add_argument_group("speculative decoding"))
     g = p.add_argument_group("output")
@@ -68,6 +84,16 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--phases", default=None, metavar="DIR",
                    help="print each method's milliseconds per step in each phase (draft, target, ...) of the run in DIR")
     p.set_defaults(func=cmd_bench)
+
+
+def batch_sizes(name: str, text: str) -> tuple[int, ...]:
+    """--batch-sizes: comma-separated batch sizes, each in 1 .. MAX_BATCH_SIZE, each once, in order."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        fail(name, "needs at least one batch size, e.g. 1,4,8,16,32")
+    if not all(items):
+        fail(name, f"must be comma-separated integers, got {shown(text)}")
+    return tuple(dict.fromkeys(bounded_int(name, x, 1, MAX_BATCH_SIZE) for x in items))
 
 
 def read_finished(args: argparse.Namespace) -> str | None:
@@ -94,16 +120,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.prompts is None:
         raise SpecstackError("--prompts is required: humaneval, sharegpt, or a JSONL file")
     dtype = check_model_args(args)
-    from specstack.bench.plan import BenchSettings, Plan, parse_methods  # the engine: torch
+    from specstack.bench.plan import BenchSettings, Plan, check_batch_mode, parse_methods  # the engine: torch
 
     methods = parse_methods(args.methods, dtype)
+    check_batch_mode(methods, args.batch_sizes)
+    if args.llama_bin_dir is not None and not args.llama_bin_dir.is_dir():
+        raise SpecstackError(f"--llama-bin-dir {args.llama_bin_dir}: not a folder")
     check_prompt_set(args.prompts)
     settings = BenchSettings(
         model=args.model, prompts=args.prompts, limit=args.limit, methods=tuple(m.label for m in methods),
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, dtype=dtype, device=args.device, draft=args.draft, draft_dtype=args.draft_dtype,
-        ngram=args.ngram, repeats=args.repeats, threads=args.threads)
-    plan = Plan(settings, tuple(methods), args.out, args.resume)
+        ngram=args.ngram, repeats=args.repeats, threads=args.threads, batch_sizes=args.batch_sizes)
+    plan = Plan(settings, tuple(methods), args.out, args.resume, args.llama_bin_dir)
     plan.check_output()
     # 2. the run
     from specstack.bench.run import run_bench

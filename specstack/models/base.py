@@ -43,9 +43,10 @@ class DecoderModel(Protocol):
     def device(self) -> torch.device: ...
 
     def new_cache(self, batch_size: int = 1, capacity: int | None = None,
-                  window: WindowSpec | None = None) -> KVCache:
+                  window: WindowSpec | None = None, max_rows: int | None = None) -> KVCache:
         """A cache for `batch_size` rows of `capacity` slots (default: the context plus one block of
-        scratch); window: a sliding-window KV (None: the model's own choice, full for the target)."""
+        scratch); window: a sliding-window KV (None: the model's own choice, full for the target);
+        max_rows: rows allocated for a batch that grows and shrinks (KVCache.add_row)."""
         ...
 
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, cache: KVCache,

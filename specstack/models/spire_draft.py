@@ -174,13 +174,13 @@ class SpireDraft(Extends, nn.Module):
         return self
 
     def new_cache(self, batch_size: int = 1, capacity: int | None = None,
-                  window: WindowSpec | None = None) -> KVCache:
+                  window: WindowSpec | None = None, max_rows: int | None = None) -> KVCache:
         """window: None (or the draft's own): the window the draft was trained with, used in any case."""
         if window is not None and window != self.spire.window:
             raise SpecstackError(f"this SPIRe draft was trained with the window {self.spire.window}, not {window}")
         cap = capacity or self.config.max_seq_len + 64
         return KVCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window,
-                       feature_dim=self.config.d_model if self.spire.feature_input else 0)
+                       feature_dim=self.config.d_model if self.spire.feature_input else 0, max_rows=max_rows)
 
     def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rope_cos[pos].unsqueeze(-2).to(dtype), self.rope_sin[pos].unsqueeze(-2).to(dtype)

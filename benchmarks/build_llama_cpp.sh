@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-batched-bench and llama-server (CPU only) from the
+# llama.cpp tree vendored in the llama-cpp-python sdist on PyPI, as an external
+# baseline for specstack benchmarks. Re-runnable: steps already done are skipped.
+#
+#   usage: benchmarks/build_llama_cpp.sh [DIR]   (default: $HOME/.cache/specstack/llama_cpp)
+#   env:   LLAMA_CPP_PY_VERSION (default 0.3.36), JOBS (default 2)
+set -euo pipefail
+
+DIR="${1:-$HOME/.cache/specstack/llama_cpp}"
+VER="${LLAMA_CPP_PY_VERSION:-0.3.36}"
+JOBS="${JOBS:-2}"
+SRC="$DIR/llama_cpp_python-$VER/vendor/llama.cpp"
+BUILD="$DIR/build"
+BIN="$BUILD/bin"
+mkdir -p "$DIR"
+
+# 1. Fetch the sdist only (never a wheel) and unpack it.
+if [[ ! -f "$SRC/CMakeLists.txt" ]]; then
+    sdist="$DIR/llama_cpp_python-$VER.tar.gz"
+    [[ -f "$sdist" ]] || python3 -m pip download --no-deps --no-binary :all: \
+        "llama-cpp-python==$VER" -d "$DIR"
+    tar -xzf "$sdist" -C "$DIR"
+fi
+
+# 2. Configure. Why these flags:
+#  - GGML_NATIVE=OFF + explicit ISA flags: the native build turns on AMX on some
+#    of our CPUs and crashes; pin AVX2/FMA/F16C and force AMX off.
+#  - AVX512* only if this CPU has avx512f (the binary is then not portable to
+#    hosts without it).
+#  - LLAMA_BUILD_UI=OFF, LLAMA_USE_PREBUILT_UI=OFF: otherwise the server build
+#    downloads the web UI from Hugging Face at build time (we only use the API).
+#  - LLAMA_OPENSSL=OFF, BUILD_SHARED_LIBS=OFF: no HTTPS needed; static binaries
+#    can be copied/run without libllama.so next to them.
+#  - (LLAMA_CURL is deprecated in this llama.cpp version, so it is not passed.)
+if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+    isa=(-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+    if grep -qw avx512f /proc/cpuinfo; then
+        isa+=(-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
+    fi
+    gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+    cmake -S "$SRC" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF "${isa[@]}" \
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_OPENSSL=OFF
+fi
+
+# 3. Build only the two binaries we need (~7-10 min on 2 cores; no-op if up to date).
+cmake --build "$BUILD" --target llama-batched-bench llama-server -j "$JOBS"
+
+echo "$BIN/llama-batched-bench"
+echo "$BIN/llama-server"

@@ -1,0 +1,337 @@
+"""Batched decoding with a row lifecycle (continuous batching; DESIGN §6).
+
+Many sequences decode together, each in a *row* of one KV cache allocated once for `max_rows` rows
+of `max_context` tokens. Requests wait in a queue and join between steps; a row that finishes (EOS,
+stop string, length) or is cancelled frees its slot at once, and the next request takes it. Every row
+keeps its own sampling parameters, generator, stop strings and stream, so its output is the output of
+that prompt decoded alone.
+
+A row's `pending` tokens are those not yet in the cache; the last one is the root (the last emitted
+token, or the prompt's last token). Each step:
+  1. admit waiting requests into free rows;
+  2. every row proposes its block: a prompt row the next chunk of its prompt (chunked prefill under a
+     per-step token budget, so a long prompt never stalls the decoding rows for long); a decoding row
+     its root plus its drafter's tree (empty without a drafter: plain autoregressive decoding);
+  3. one target forward scores all rows' blocks, ragged: PAD (padded to the longest block, masked)
+     or SPLIT (packed, attention per run of equal-length rows), see attention.py;
+  4. each row whose block reached its root is verified on its own (speculative.verify: greedy walk,
+     sample-walk or RRS with the row's parameters) and commits its own number of tokens; the emitted
+     tokens go to the row's stream. Finished rows leave.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from specstack import interrupt
+from specstack.attention import LAYOUTS, Layout, row_blocks_batch
+from specstack.config import GenerationConfig
+from specstack.drafting.base import DraftContext, Drafter
+from specstack.engine.session import GenerationResult
+from specstack.engine.speculative import verify
+from specstack.engine.stats import RunStats, StepStats
+from specstack.engine.stopping import TokenStream
+from specstack.errors import SpecstackError
+from specstack.models.base import LoadedModel
+from specstack.prompts import check_context
+from specstack.sampling import make_generator
+from specstack.tree import DraftTree
+from specstack.validate import MAX_TREE
+
+LayoutChoice = Literal["auto", "pad", "split"]
+LAYOUT_CHOICES: tuple[LayoutChoice, ...] = ("auto", *LAYOUTS)
+DEFAULT_PREFILL_CHUNK = 128  # prompt tokens per step over all joining rows (chunked prefill)
+# tokens a row holds (prompt + output) unless the caller says otherwise: the cache is allocated up front
+# for max_rows rows of this many tokens (the default model's full 8,192 would take 0.4 GB a row)
+DEFAULT_MAX_CONTEXT = 2048
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    prompt_ids: Sequence[int]
+    gen: GenerationConfig = field(default_factory=GenerationConfig)
+    on_text: Callable[[str], None] | None = None  # this row's text as it becomes final (streaming)
+    drafter: Drafter | None = None  # proposes this row's trees (None: autoregressive)
+
+
+@dataclass
+class BatchStats:
+    """The engine's steps as data: where the time went and how full the batch was."""
+
+    steps: int = 0
+    rows: list[int] = field(default_factory=list)  # rows in each step's forward
+    tokens: list[int] = field(default_factory=list)  # real tokens in each step's forward
+    layouts: list[str] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    overhead_seconds: float = 0.0  # admitting, committing, streaming
+
+    def phase_seconds(self) -> dict[str, float]:
+        return {"draft": self.draft_seconds, "target": self.target_seconds, "verify": self.verify_seconds,
+                "overhead": self.overhead_seconds}
+
+
+@dataclass
+class _Row:
+    handle: int
+    request: BatchRequest
+    stream: TokenStream
+    generator: torch.Generator | None
+    pending: list[int]  # tokens not in the cache yet; the last is the root
+    ctx: DraftContext
+    stats: RunStats
+    added: float  # when it joined the batch
+    first_token: float | None = None
+
+
+class BatchEngine:
+    """Rows decode together; `add` queues a request, `step` runs one forward for all rows, `cancel`
+    drops one. Single-threaded: the caller (a loop, the server's engine thread) drives it."""
+
+    def __init__(self, lm: LoadedModel, max_rows: int = 8, max_context: int | None = None,
+                 layout: LayoutChoice = "auto", prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 max_queue: int | None = None, max_tree: int = MAX_TREE) -> None:
+        cfg = lm.config
+        if max_rows < 1:
+            raise SpecstackError(f"the batch needs at least one row, got {max_rows}")
+        if layout not in LAYOUT_CHOICES:
+            raise SpecstackError(f"unknown layout {layout!r}: choose from {', '.join(LAYOUT_CHOICES)}")
+        if prefill_chunk < 1:
+            raise SpecstackError(f"the prefill chunk must be at least one token, got {prefill_chunk}")
+        self.max_context = min(max_context or DEFAULT_MAX_CONTEXT, cfg.max_seq_len)
+        if self.max_context < 2:
+            raise SpecstackError(f"a row needs a context of at least 2 tokens, got {self.max_context}")
+        self.lm, self.model = lm, lm.model
+        self.layout, self.prefill_chunk, self.max_queue, self.max_tree = layout, prefill_chunk, max_queue, max_tree
+        # every row holds its context plus one block's scratch (a prompt chunk or root + tree)
+        scratch = max(prefill_chunk, max_tree + 1)
+        self.cache = self.model.new_cache(0, self.max_context + scratch, max_rows=max_rows)
+        self.max_rows = max_rows
+        self.kv_bytes = self.cache.k.nbytes + self.cache.v.nbytes  # allocated once, never grows
+        self.rows: list[_Row] = []  # row i of the cache
+        self.queue: deque[_Row] = deque()
+        self.stats = BatchStats()
+        self._next_handle = 0
+        self._finished: dict[int, GenerationResult] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def add(self, request: BatchRequest) -> int:
+        """Queue a request; returns its handle. Bad requests are refused here, before they touch the
+        batch: an empty prompt, one that leaves no room in a row's context, a full queue."""
+        prompt = list(request.prompt_ids)
+        check_context(len(prompt), self.max_context)
+        if self.max_queue is not None and len(self.queue) >= self.max_queue:
+            raise SpecstackError(f"the queue is full ({self.max_queue} requests waiting)")
+        if request.drafter is not None and request.drafter.target_layers:
+            raise SpecstackError("drafters that read the target's activations do not run in a batch yet")
+        gen = request.gen
+        max_new = min(gen.max_new_tokens, self.max_context - len(prompt))
+        stream = TokenStream(self.lm.tokenizer, max_new, self.lm.eos_token_ids if gen.stop_on_eos else (),
+                             gen.stop_strings, request.on_text)
+        generator = make_generator(gen.sampling, self.model.device)
+        row = _Row(self._next_handle, request, stream, generator, prompt,
+                   DraftContext(list(prompt), gen.sampling, generator), RunStats(prompt_tokens=len(prompt)),
+                   added=0.0)
+        self._next_handle += 1
+        self.queue.append(row)
+        return row.handle
+
+    def cancel(self, handle: int) -> bool:
+        """Drop a waiting or running request (its row is free for the next step); False if unknown or
+        already finished."""
+        for i, row in enumerate(self.rows):
+            if row.handle == handle:
+                self._remove(i)
+                return True
+        for row in self.queue:
+            if row.handle == handle:
+                self.queue.remove(row)
+                return True
+        return False
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.rows or self.queue)
+
+    @property
+    def running(self) -> int:
+        return len(self.rows)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    def pop_result(self, handle: int) -> GenerationResult | None:
+        return self._finished.pop(handle, None)
+
+    def _admit(self) -> None:
+        now = time.perf_counter()
+        while self.queue and len(self.rows) < self.max_rows:
+            row = self.queue.popleft()
+            self.cache.add_row()
+            row.added = now
+            if row.request.drafter is not None:
+                row.request.drafter.reset(row.pending)
+            self.rows.append(row)
+
+    def _remove(self, i: int) -> None:
+        moved = self.cache.remove_row(i)
+        last = self.rows.pop()
+        if moved is not None:
+            self.rows[i] = last
+
+    # -- one step -----------------------------------------------------------------------------------
+    def step(self) -> list[tuple[int, GenerationResult]]:
+        """Run one forward for every row; returns the requests that finished in it (handle, result)."""
+        interrupt.check()  # Ctrl-C stops the run here, between steps
+        t0 = time.perf_counter()
+        self._admit()
+        if not self.rows:
+            return []
+        st = self.stats
+        # 1. propose: each row's block (chain of pending tokens, then its tree off the root)
+        t1 = time.perf_counter()
+        budget = self.prefill_chunk
+        blocks: list[tuple[list[int], list[int], DraftTree | None]] = []  # tokens, parents, tree
+        for row in self.rows:
+            n = len(row.pending)
+            if n > 1:  # still reading its prompt: a chunk within this step's budget
+                take = min(n, budget)
+                budget -= take
+            else:
+                take = 1
+            chain = row.pending[:take]
+            tree = None
+            if take == n and row.request.drafter is not None:  # a tree off the root, as for one row
+                tree = row.request.drafter.propose(row.ctx)
+                room = min(self.max_tree, self.max_context - len(row.ctx.tokens) - 1)
+                tree = tree.truncated(max(0, room))
+            tokens = chain + (tree.tokens if tree else [])
+            parents = list(range(-1, len(chain) - 1)) + ([p + len(chain) for p in tree.parent] if tree else [])
+            blocks.append((tokens, parents, tree))
+        t2 = time.perf_counter()
+        # 2. score every row's block in one target forward
+        counts = [len(b[0]) for b in blocks]
+        layout = self._layout(counts)
+        batch = row_blocks_batch(self.cache, [b[1] for b in blocks], layout)
+        t = max(counts)
+        # which flat positions need logits: a row's root and its tree, once its prompt is all in
+        want: list[tuple[int, int, int]] = []  # (row, first flat index, rows of logits)
+        flat = 0
+        for i, (row, (tokens, _, tree)) in enumerate(zip(self.rows, blocks, strict=True)):
+            width = counts[i] if layout == "split" else t
+            if len(tokens) - (len(tree) if tree else 0) == len(row.pending):
+                root = len(row.pending) - 1
+                want.append((i, flat + root, counts[i] - root))
+            flat += width
+        if layout == "split":
+            ids = torch.tensor([[x for b in blocks for x in b[0]]], device=self.model.device)
+        else:
+            ids = torch.tensor([b[0] + [0] * (t - len(b[0])) for b in blocks], device=self.model.device)
+        index = torch.tensor([f + j for _, f, k in want for j in range(k)], dtype=torch.long,
+                             device=self.model.device)
+        logits = self.model.forward(ids, batch, self.cache, logit_rows=index).logits[0]
+        t3 = time.perf_counter()
+        # 3. verify each row on its own; 4. commit, stream, retire
+        done: list[int] = []
+        verdicts = {}
+        at = 0
+        for i, _, k in want:
+            row = self.rows[i]
+            tree = blocks[i][2] or DraftTree()
+            verdicts[i] = verify(tree, logits[at : at + k], row.request.gen.sampling, row.generator)
+            at += k
+        t4 = time.perf_counter()
+        for i, row in enumerate(self.rows):
+            tokens, _, tree = blocks[i]
+            chain = len(tokens) - (len(tree) if tree else 0)
+            result = verdicts.get(i)
+            if result is None:  # a prompt chunk: all of it is context
+                self.cache.commit_nodes(i, list(range(chain)))
+                row.pending = row.pending[chain:]
+                continue
+            self.cache.commit_nodes(i, list(range(chain)) + [chain + a for a in result.accepted])
+            tree = tree or DraftTree()
+            if row.request.drafter is not None:
+                row.request.drafter.observe(tree, result)
+            taken = row.stream.push(result.tokens)
+            row.ctx.tokens.extend(result.tokens)
+            row.pending = [result.tokens[-1]]
+            rs = row.stats
+            if row.request.drafter is not None:  # every forward with a tree is a step (as for one row)
+                step = StepStats()
+                step.record(tree, result, taken)
+                rs.add_step(step)
+            elif row.first_token is not None:  # without: the forward that read the prompt's end is prefill
+                rs.target_forwards += 1
+            if row.first_token is None:
+                row.first_token = time.perf_counter()
+            if row.stream.done or len(row.ctx.tokens) >= self.max_context:
+                done.append(i)
+        finished = []
+        end = time.perf_counter()
+        for i in sorted(done, reverse=True):  # removing moves the last row: go from the back
+            row = self.rows[i]
+            finished.append((row.handle, self._result(row, end)))
+            self._remove(i)
+        for handle, result in finished:
+            self._finished[handle] = result
+        st.steps += 1
+        st.rows.append(len(blocks))
+        st.tokens.append(sum(counts))
+        st.layouts.append(layout)
+        st.draft_seconds += t2 - t1
+        st.target_seconds += t3 - t2
+        st.verify_seconds += t4 - t3
+        st.overhead_seconds += (t1 - t0) + (time.perf_counter() - t4)
+        return finished
+
+    def _layout(self, counts: Sequence[int]) -> Layout:
+        if self.layout != "auto":
+            return self.layout
+        # equal blocks need no padding: one attention call (PAD) beats runs of them; ragged blocks
+        # (a prompt chunk beside decoding rows, trees of different sizes) would pad every row
+        return "pad" if min(counts) == max(counts) else "split"
+
+    def _result(self, row: _Row, end: float) -> GenerationResult:
+        rs = row.stats
+        rs.new_tokens = len(row.stream.tokens)
+        first = row.first_token or end
+        rs.prefill_seconds = first - row.added
+        rs.decode_seconds = end - first
+        return GenerationResult(list(row.request.prompt_ids), row.stream.tokens, row.stream.text,
+                                row.stream.finish_reason or "length", rs)
+
+    # -- convenience --------------------------------------------------------------------------------
+    def run(self, requests: Sequence[BatchRequest],
+            on_step: Callable[[BatchEngine, list[tuple[int, GenerationResult]]], None] | None = None,
+            ) -> list[GenerationResult]:
+        """Decode every request (at most max_rows at once, the rest queued) and return the results in
+        request order."""
+        handles = [self.add(r) for r in requests]
+        while self.busy:
+            finished = self.step()
+            if on_step is not None:
+                on_step(self, finished)
+        return [self._finished.pop(h) for h in handles]
+
+
+def generate_batch(lm: LoadedModel, prompts: Sequence[Sequence[int]], gen: GenerationConfig | Sequence[GenerationConfig],
+                   batch_size: int = 8, layout: LayoutChoice = "auto",
+                   on_step: Callable[[BatchEngine, list[tuple[int, GenerationResult]]], None] | None = None,
+                   ) -> list[GenerationResult]:
+    """Decode prompts `batch_size` rows at a time (continuous batching: a finished row's slot takes the
+    next prompt at once). One GenerationConfig for all, or one per prompt."""
+    gens = [gen] * len(prompts) if isinstance(gen, GenerationConfig) else list(gen)
+    if len(gens) != len(prompts):
+        raise SpecstackError(f"{len(gens)} generation settings for {len(prompts)} prompts")
+    longest = max((len(p) + g.max_new_tokens for p, g in zip(prompts, gens, strict=True)), default=2)
+    engine = BatchEngine(lm, max_rows=min(batch_size, max(1, len(prompts))),
+                         max_context=min(lm.config.max_seq_len, longest), layout=layout)
+    return engine.run([BatchRequest(p, g) for p, g in zip(prompts, gens, strict=True)], on_step)
