@@ -50,9 +50,13 @@ from specstack.cli.common import (
     add_model_args,
     check_model_args,
     command_line,
+    sizes,
 )
 from specstack.errors import SpecstackError
-from specstack.validate import MAX_BATCH_SIZE, MAX_COUNT, MAX_REPEATS, bounded_int, fail, ints, shown
+from specstack.validate import MAX_BATCH_SIZE, MAX_COUNT, MAX_REPEATS, ints
+
+# --batch-sizes: each B once, in order; a tuple (the run's settings compare it on --resume)
+BATCH_SIZES = (lambda name, text: tuple(sizes(MAX_BATCH_SIZE, "1,4,8,16,32")(name, text)))
 
 
 def add_parser(subparsers: Any) -> None:
@@ -67,7 +71,7 @@ def add_parser(subparsers: Any) -> None:
                    help="methods separated by ';', e.g. \"ar;chain:k=4;staged:budget=36,depth=8;hf;llamacpp\"")
     add_checked(g, "--repeats", ints(1, MAX_REPEATS), default=1, metavar="R",
                 help="runs of every (prompt, method) (default 1)")
-    add_checked(g, "--batch-sizes", batch_sizes, default=None, metavar="B1,B2,...",
+    add_checked(g, "--batch-sizes", BATCH_SIZES, default=None, metavar="B1,B2,...",
                 help="batch mode: decode batches of each size B, e.g. 1,4,8,16,32 (default: one sequence at a time)")
     g.add_argument("--llama-bin-dir", type=Path, default=None, metavar="DIR",
                    help="batch mode: the folder holding llama.cpp's llama-batched-bench (for llamacpp-batched)")
@@ -84,16 +88,6 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--phases", default=None, metavar="DIR",
                    help="print each method's milliseconds per step in each phase (draft, target, ...) of the run in DIR")
     p.set_defaults(func=cmd_bench)
-
-
-def batch_sizes(name: str, text: str) -> tuple[int, ...]:
-    """--batch-sizes: comma-separated batch sizes, each in 1 .. MAX_BATCH_SIZE, each once, in order."""
-    items = [x.strip() for x in text.split(",")]
-    if not any(items):
-        fail(name, "needs at least one batch size, e.g. 1,4,8,16,32")
-    if not all(items):
-        fail(name, f"must be comma-separated integers, got {shown(text)}")
-    return tuple(dict.fromkeys(bounded_int(name, x, 1, MAX_BATCH_SIZE) for x in items))
 
 
 def read_finished(args: argparse.Namespace) -> str | None:

@@ -10,12 +10,23 @@ step pays it (transformers builds its mask inside its forward too). Beside it, t
 of the same GGUF (bf16 and fp32) with a DynamicCache cropped back to the context after each forward.
 All methods are measured interleaved (method order rotated per repeat) so machine drift cancels.
 
+Rows (--rows B1,B2,...; default 1): the batched curve. For every B > 1, B rows each hold the same
+context and every format runs forwards of B rows x T tokens (chains, `build_batch`), interleaved as
+above; trees and transformers stay at one row. With --ragged, the PAD/SPLIT crossover of the batched
+engine (engine/batched.py): at each B >= 2, B - 1 decoding rows of one token beside one joining row's
+prompt chunk of C tokens (--chunk), and the uniform step (every row one token), each timed with the
+block padded to [B, C] (PAD) and packed to [1, C + B - 1] (SPLIT), logits of each row's last token.
+With any B > 1 the report is also written beside the JSON file: forward.json -> forward.md (every
+table; each B x T time also as a ratio to one row of one token) and, for two row counts or more, the
+curve forward_rows.png (ms against B, one panel per format, one line per T).
+
 Part 2 (generation): greedy, exactly --new-tokens tokens (EOS ignored) on the first --prompts
 HumanEval prompts, specstack's `generate` in every format beside transformers' `generate` (bf16),
 interleaved per prompt; tokens/s, mean per-prompt speed-up vs transformers bf16, and how many outputs
 are token-identical to transformers'.
 
     specstack bench-forward --formats int4 --tokens 1,4 --repeats 2 --prompts 1 --new-tokens 8
+    specstack bench-forward --formats int4,fp32 --rows 1,4,16,64 --tokens 1,2,4 --ragged --prompts 0 --skip-hf
 """
 from __future__ import annotations
 
@@ -31,15 +42,25 @@ from specstack.cli.common import (
     choice_list,
     command_line,
     int_list,
+    sizes,
+    warn,
 )
 from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
 from specstack.files import check_writable_file
 from specstack.models.registry import DEFAULT_MODEL, resolve
-from specstack.validate import MAX_CONTEXT, MAX_COUNT, MAX_REPEATS, ints, new_tokens
+from specstack.validate import (
+    MAX_BATCH_SIZE,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_REPEATS,
+    ints,
+    new_tokens,
+)
 
 # bench_out/ is ignored by git: a re-run does not add megabytes to the history
 DEFAULT_OUT = Path("bench_out/forward/forward.json")
+DEFAULT_CHUNKS = [16, 64, 128]  # the engine's default prefill chunk is 128 tokens a step
 
 
 def add_parser(subparsers: Any) -> None:
@@ -49,6 +70,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--formats", type=choice_list(WEIGHT_FORMATS, "formats"), default=list(WEIGHT_FORMATS),
                    help="specstack weight formats")
     p.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64], help="query tokens T per forward")
+    add_checked(p, "--rows", sizes(MAX_BATCH_SIZE, "1,4,8,16,32,64", "each row holds a KV cache of its context"),
+                default=[1], metavar="B1,B2,...",
+                help="rows B per forward: 1 times one sequence (and trees, transformers), B > 1 the batched curve "
+                     "(default 1)")
+    p.add_argument("--ragged", action="store_true",
+                   help="also time one row's prompt chunk beside B - 1 decoding rows, PAD vs SPLIT (needs a B >= 2)")
+    add_checked(p, "--chunk", sizes(MAX_CONTEXT, "16,64,128", "longer than any model's context"), default=None,
+                metavar="C1,C2,...", help="the prompt chunk's tokens C for --ragged (default 16,64,128)")
     add_checked(p, "--context", ints(1, MAX_CONTEXT), default=256,
                 help="committed context before the timed forwards (with the widest T, within the model's context)")
     add_checked(p, "--repeats", ints(1, MAX_REPEATS), default=10,
@@ -67,17 +96,26 @@ def add_parser(subparsers: Any) -> None:
 
 def cmd_bench_forward(args: argparse.Namespace) -> int:
     check_threads(args.threads)
+    if args.ragged and max(args.rows) < 2:
+        raise SpecstackError("--ragged times a prompt chunk beside decoding rows: --rows needs a value of at "
+                             f"least 2, got {','.join(map(str, args.rows))}")
+    if args.chunk is not None and not args.ragged:
+        warn("--chunk does nothing without --ragged")
     check_writable_file(args.out, "--out", parents=True)  # before the work: its result must not be lost
     resolve(args.model)
-    from specstack.bench.forward import ForwardSettings, run_forward_bench  # torch
+    from specstack.bench.forward import ForwardSettings, batched, report_paths, run_forward_bench  # torch
     from specstack.bench.peers import HF_DTYPES
 
     if any(d not in HF_DTYPES for d in args.hf_dtypes):
         raise SpecstackError(f"--hf-dtypes: transformers dtypes must be among {', '.join(HF_DTYPES)}, "
                              f"got {','.join(args.hf_dtypes)!r}")
+    if batched(args.rows):
+        for path in report_paths(args.out):  # the markdown report and the figure, beside --out
+            check_writable_file(path, "beside --out,", parents=True)
 
     settings = ForwardSettings(
-        model=args.model, formats=args.formats, tokens=args.tokens, context=args.context, repeats=args.repeats,
+        model=args.model, formats=args.formats, tokens=args.tokens, rows=args.rows, ragged=args.ragged,
+        chunks=args.chunk or DEFAULT_CHUNKS, context=args.context, repeats=args.repeats,
         warmup=args.warmup, prompts=args.prompts, new_tokens=args.new_tokens, threads=args.threads,
         hf_dtypes=args.hf_dtypes, skip_hf=args.skip_hf, out=args.out)
     run_forward_bench(settings, command_line("bench-forward"))

@@ -184,3 +184,17 @@ def command_line(command: str) -> str:
     """This run as one `specstack COMMAND ...` line (what benchmark reports record to reproduce it)."""
     argv = sys.argv[1:]
     return shlex.join([PROG, *argv]) if argv[:1] == [command] else shlex.join([PROG, command, *argv])
+
+
+def sizes(high: int, example: str, why: str = "") -> validate.Rule[list[int]]:
+    """Comma-separated integers in 1 .. high, each once, in order (--rows, --chunk, --batch-sizes)."""
+
+    def parse(name: str, text: str) -> list[int]:
+        items = [x.strip() for x in text.split(",")]
+        if not any(items):
+            validate.fail(name, f"needs at least one value, e.g. {example}")
+        if not all(items):
+            validate.fail(name, f"must be comma-separated integers, got {validate.shown(text)}")
+        return list(dict.fromkeys(validate.bounded_int(name, x, 1, high, why) for x in items))
+
+    return parse

@@ -1,18 +1,19 @@
 """Timed forwards of a loaded target that leave its committed cache unchanged: the one procedure
 behind the engine's width-cost curves (engine/width_cost.py), `specstack bench-forward` and the
 throughput model's calibration. A forward writes scratch slots only (cache.py), so every repeat runs
-at the same context."""
+at the same context. One row (`forward_steps`: chains and trees) or many (`RowForwards`: B rows of
+chains, uniform or ragged in either layout of attention.row_blocks_batch)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
-from specstack.attention import build_batch, tree_batch
+from specstack.attention import Layout, build_batch, row_blocks_batch, tree_batch
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 
-ForwardStep = Callable[[torch.Tensor], None]  # one forward of tokens [1, T] at the context, rolled back
+ForwardStep = Callable[[torch.Tensor], None]  # one forward of tokens [B, T] ([1, N] packed) at the context, rolled back
 
 
 def random_context(n: int, vocab_size: int) -> list[int]:
@@ -47,3 +48,79 @@ def forward_steps(lm: LoadedModel, ctx: list[int], max_t: int) -> dict[str, Forw
         check()
 
     return {f"specstack {lm.fmt} chain": chain, f"specstack {lm.fmt} tree": tree}
+
+
+# Tokens per prefill forward when many rows take the same context (bounds the activations of a
+# 64-row prefill: 64 x 256 tokens at once would hold 16k tokens' activations)
+PREFILL_TOKENS = 4096
+
+
+class RowForwards:
+    """Forwards of B rows that all hold the same committed context and leave the cache unchanged: the
+    batched engine's step (engine/batched.py) at a fixed context. One cache of `max_rows` rows is
+    prefilled once; `keep(b)` drops rows from the end (O(1): the last row moves nowhere), so a sweep
+    from the most rows down reuses that prefill for every B."""
+
+    def __init__(self, lm: LoadedModel, ctx: list[int], max_rows: int, scratch: int) -> None:
+        self.model = model = lm.model
+        # max_rows allocated up front, as the engine does: B live rows of max_rows, same strides
+        self.cache = model.new_cache(max_rows, len(ctx) + scratch)
+        ids = torch.tensor([ctx] * max_rows, device=model.device)
+        step = max(1, PREFILL_TOKENS // max_rows)
+        for i in range(0, len(ctx), step):  # no logits: they are not timed and would be rows x vocab
+            model.extend(ids[:, i : i + step], self.cache, logit_rows=slice(0, 0))
+        self.committed = list(self.cache.lengths)
+
+    @property
+    def rows(self) -> int:
+        return self.cache.batch_size
+
+    def keep(self, rows: int) -> None:
+        """Keep the first `rows` rows (fewer than now, or as many)."""
+        if not 1 <= rows <= self.rows:
+            raise ValueError(f"cannot keep {rows} of {self.rows} rows (rows are only dropped)")
+        while self.rows > rows:
+            self.cache.remove_row(self.rows - 1)
+        self.committed = self.committed[:rows]
+
+    def _check(self) -> None:
+        if self.cache.lengths != self.committed:  # forwards write scratch only (cache.py); guard the premise
+            raise SpecstackError(f"cache length moved from {self.committed} to {self.cache.lengths}")
+
+    def chain(self, tokens: torch.Tensor) -> None:
+        """tokens [B, T]: every row continues its context by a chain of T tokens (logits for all, as a
+        verify step of chains needs them)."""
+        self.model.forward(tokens, build_batch(self.cache, tokens.shape[1]), self.cache)
+        self._check()
+
+    def ragged(self, counts: Sequence[int], layout: Layout) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A forward of chains of counts[b] tokens per row in `layout` ("pad": tokens [B, max count],
+        "split": packed [1, sum]) that returns the logits [B, V] of each row's last token, the only
+        ones the engine asks for. The step's tokens come from `ragged_tokens`; it builds the metadata
+        and the index each call, as an engine step does."""
+        if len(counts) != self.rows:
+            raise ValueError(f"{len(counts)} row counts for {self.rows} rows")
+        parents = [list(range(-1, n - 1)) for n in counts]
+        width = max(counts)
+        ends = (torch.tensor(counts).cumsum(0) - 1 if layout == "split"
+                else torch.arange(len(counts)) * width + torch.tensor(counts) - 1).tolist()
+        dev = self.model.device
+
+        def step(tokens: torch.Tensor) -> torch.Tensor:
+            batch = row_blocks_batch(self.cache, parents, layout)
+            index = torch.tensor(ends, dtype=torch.long, device=dev)
+            logits = self.model.forward(tokens, batch, self.cache, logit_rows=index).logits[0]
+            self._check()
+            return logits
+
+        return step
+
+
+def ragged_tokens(counts: Sequence[int], layout: Layout, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
+    """Random token ids for `RowForwards.ragged`: [B, max count] padded with 0 ("pad") or [1, sum] ("split")."""
+    if layout == "split":
+        return torch.randint(0, vocab_size, (1, sum(counts)), generator=generator)
+    width = max(counts)
+    ids = torch.randint(0, vocab_size, (len(counts), width), generator=generator)
+    ids[torch.arange(width).unsqueeze(0) >= torch.tensor(counts).unsqueeze(1)] = 0
+    return ids

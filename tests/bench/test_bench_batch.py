@@ -229,7 +229,7 @@ def test_llama_batched_bench_records_and_command(tmp_path, monkeypatch):
     (["--batch-sizes", "-1"], "--batch-sizes must be >= 1"),
     (["--batch-sizes", "1.5"], "--batch-sizes must be an integer"),
     (["--batch-sizes", "2,x"], "--batch-sizes must be an integer"),
-    (["--batch-sizes", ""], "--batch-sizes needs at least one batch size"),
+    (["--batch-sizes", ""], "--batch-sizes needs at least one value"),
     (["--batch-sizes", "1,,2"], "--batch-sizes must be comma-separated integers"),
     (["--batch-sizes", "1", "--methods", "hf-pld"], "not a batched method"),
     (["--methods", "llamacpp-batched"], "runs batches only; give --batch-sizes"),
