@@ -20,6 +20,7 @@ token, or the prompt's last token). Each step:
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -49,6 +50,21 @@ DEFAULT_PREFILL_CHUNK = 128  # prompt tokens per step over all joining rows (chu
 # tokens a row holds (prompt + output) unless the caller says otherwise: the cache is allocated up front
 # for max_rows rows of this many tokens (the default model's full 8,192 would take 0.4 GB a row)
 DEFAULT_MAX_CONTEXT = 2048
+
+
+def kv_cache_bytes(lm: LoadedModel, rows: int, slots: int) -> int:
+    """Bytes of a target KV cache of `rows` rows x `slots` slots (keys and values, every layer)."""
+    cfg = lm.config
+    probe = lm.model.new_cache(1, 1)  # the dtype the model keeps keys/values in
+    return 2 * cfg.n_layers * rows * cfg.n_kv_heads * slots * cfg.head_dim * probe.k.element_size()
+
+
+def default_kv_budget() -> int:
+    """Half the machine's physical memory (the weights and activations need the rest)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no cap of our own
+        return 1 << 62
 
 
 @dataclass(frozen=True)
@@ -96,7 +112,9 @@ class BatchEngine:
 
     def __init__(self, lm: LoadedModel, max_rows: int = 8, max_context: int | None = None,
                  layout: LayoutChoice = "auto", prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 max_queue: int | None = None, max_tree: int = MAX_TREE) -> None:
+                 max_queue: int | None = None, max_tree: int = MAX_TREE, max_kv_bytes: int | None = None) -> None:
+        """max_kv_bytes: the most the KV cache may take (default: half the machine's memory); the cache is
+        allocated here, once, and a batch that would not fit is refused rather than swapping or dying."""
         cfg = lm.config
         if max_rows < 1:
             raise SpecstackError(f"the batch needs at least one row, got {max_rows}")
@@ -111,6 +129,12 @@ class BatchEngine:
         self.layout, self.prefill_chunk, self.max_queue, self.max_tree = layout, prefill_chunk, max_queue, max_tree
         # every row holds its context plus one block's scratch (a prompt chunk or root + tree)
         scratch = max(prefill_chunk, max_tree + 1)
+        need = kv_cache_bytes(lm, max_rows, self.max_context + scratch)
+        budget = default_kv_budget() if max_kv_bytes is None else max_kv_bytes
+        if need > budget:
+            raise SpecstackError(
+                f"the KV cache for {max_rows} rows of {self.max_context} tokens needs {need / 2**30:.2f} GiB, over "
+                f"the budget of {budget / 2**30:.2f} GiB: use fewer rows or a shorter context per row")
         self.cache = self.model.new_cache(0, self.max_context + scratch, max_rows=max_rows)
         self.max_rows = max_rows
         self.kv_bytes = self.cache.k.nbytes + self.cache.v.nbytes  # allocated once, never grows

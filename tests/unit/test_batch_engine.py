@@ -43,6 +43,15 @@ def test_bad_engine_settings(tiny_llama, kwargs, match):
         BatchEngine(tiny_llama.lm, **kwargs)
 
 
+def test_a_batch_over_the_memory_budget_is_refused(tiny_llama):
+    from specstack.engine.batched import kv_cache_bytes
+
+    need = kv_cache_bytes(tiny_llama.lm, 8, 64 + 128)  # 8 rows of 64 tokens plus one block of scratch
+    BatchEngine(tiny_llama.lm, max_rows=8, max_context=64, max_kv_bytes=need)
+    with pytest.raises(SpecstackError, match=r"KV cache for 8 rows of 64 tokens needs .* over the budget"):
+        BatchEngine(tiny_llama.lm, max_rows=8, max_context=64, max_kv_bytes=need - 1)
+
+
 def test_max_new_tokens_capped_by_the_row_context(tiny_llama):
     engine = BatchEngine(tiny_llama.lm, max_rows=1, max_context=20)
     out = engine.run([BatchRequest(list(range(3, 18)), GenerationConfig(max_new_tokens=50, stop_on_eos=False))])[0]
