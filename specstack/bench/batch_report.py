@@ -135,24 +135,29 @@ def batch_section(summary: Mapping[str, Mapping[str, Any]], single_ar: str | Non
 # batch_throughput.png
 # ---------------------------------------------------------------------------------------------------
 def plot_batch_throughput(summary: Mapping[str, Mapping[str, Any]], path: Path) -> None:
-    """Total tokens/s against B (log2 axis), one line per method."""
+    """Total tokens/s against B (log2 axis), one line per method, prefill included for every method (the
+    same work); a method timed without its prefill (llama-batched-bench) also gets a dashed line of that."""
     plt = pyplot()
     lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for s in summary.values():
-        if s.get("tokens_per_s"):
-            lines[s["method"]].append((s["batch_size"], s["tokens_per_s"]))
+        total = s.get("tokens_per_s_with_prefill") or s.get("tokens_per_s")
+        if total:
+            lines[s["method"]].append((s["batch_size"], total))
+        if s.get("tokens_per_s") and s.get("tokens_per_s_with_prefill") not in (None, s["tokens_per_s"]):
+            lines[s["method"] + " (decode only)"].append((s["batch_size"], s["tokens_per_s"]))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     sizes = sorted({b for pts in lines.values() for b, _ in pts})
     for method, pts in lines.items():
         pts.sort()
-        ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", ms=4, label=method)
+        ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", ms=4, label=method,
+                linestyle="--" if method.endswith("(decode only)") else "-")
     ax.set_xscale("log", base=2)
     if sizes:
         ax.set_xticks(sizes)
         ax.set_xticklabels([str(b) for b in sizes])
         ax.minorticks_off()
     ax.set_xlabel("batch size B (sequences decoded at once)")
-    ax.set_ylabel("total new tokens/s")
+    ax.set_ylabel("total new tokens/s (prefill included)")
     ax.set_title("Batched decoding throughput")
     if ax.lines:
         ax.legend(fontsize=8)

@@ -226,3 +226,22 @@ def test_an_over_long_prompt_among_many_is_named_before_any_row_decodes(run_cli,
     r = run_cli("generate", "--model", tiny_model, "--prompt-file", str(f), "--per-line", *FP32)
     assert_error(r, "p.txt line 2: the prompt has ")
     assert f"over the model's context limit of {tiny_context}" in r.err
+
+
+def test_stop_strings_end_each_row_as_alone(run_cli, tiny_model, tmp_path, batched_only):
+    """A stop string ends the rows that produce it, each at the same point as its one-row run; the
+    other rows go on to their length."""
+    full = single(run_cli, tiny_model, PROMPTS[2])
+    stop = full[1:3]  # two characters from inside one row's output: that row stops early
+    if not stop.strip():
+        pytest.skip("the tiny model's output has no usable stop string here")
+    refs = [single(run_cli, tiny_model, p, "--stop", stop) for p in PROMPTS]
+    assert refs[2] != full  # the premise: the stop string ends that row early when alone
+    batched_only()
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n", encoding="utf-8")
+    r = run_cli("generate", "--model", tiny_model, "--prompt-file", str(f), *FP32, "--stop", stop, "--jsonl")
+    assert r.code == 0, r.err
+    rows = jsonl_rows(r.out)
+    assert [as_printed(x["text"]) for x in rows] == refs
+    assert rows[2]["finish_reason"] == "stop"
