@@ -10,12 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from bench.tiny_bench import save_tiny_bench_model
 
 import specstack.bench.run as bench_run
 from specstack.bench import datasets, report
 from specstack.cli import main
 from specstack.errors import SpecstackError
-from specstack.models.registry import DEFAULT_MODEL
 
 ROW_FIELDS = {"task_id", "method", "repeat", "new_tokens", "seconds", "tokens_per_s", "target_forwards", "tau",
               "identical_to_ar", "origins", "tokens", "phases"}
@@ -31,23 +31,8 @@ FAST = ["--dtype", "fp32", "--draft-dtype", "fp32", "--max-new-tokens", "5", "--
 # ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from specstack.models.loading import load_tokenizer
-    from specstack.models.registry import resolve
-
-    path = tmp_path_factory.mktemp("tiny-bench-llama")
-    tok = load_tokenizer(resolve(DEFAULT_MODEL), None)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      initializer_range=0.15,  # spread logits: varied output, no near-ties
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(str(path))
-    tok.save_pretrained(str(path))
-    (path.parent / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    return path
+    """The checkpoint of tests/bench/tiny_bench.py."""
+    return save_tiny_bench_model(tmp_path_factory.mktemp("tiny-bench-llama") / "model", PROMPTS)
 
 
 @pytest.fixture

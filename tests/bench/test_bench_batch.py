@@ -10,12 +10,12 @@ import stat
 from pathlib import Path
 
 import pytest
+from bench.tiny_bench import save_tiny_bench_model
 
 from specstack.bench import batch_report, llama_batched
 from specstack.bench.batched import make_batches
 from specstack.bench.datasets import EncodedPrompt
 from specstack.cli import main
-from specstack.models.registry import DEFAULT_MODEL
 
 # four prompts of different lengths: ragged rows, and B = 2 divides the set (same rows at B = 1 and 2)
 PROMPTS = [{"task_id": "add", "prompt": "def add(a, b):"}, {"task_id": "hi", "prompt": "hello there", "chat": True},
@@ -26,24 +26,8 @@ FAST = ["--dtype", "fp32", "--draft-dtype", "fp32", "--max-new-tokens", "5", "--
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The checkpoint of tests/bench/test_bench.py: spread logits (initializer_range 0.15), no near-ties."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from specstack.models.loading import load_tokenizer
-    from specstack.models.registry import resolve
-
-    path = tmp_path_factory.mktemp("tiny-batch-llama")
-    tok = load_tokenizer(resolve(DEFAULT_MODEL), None)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      initializer_range=0.15, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(str(path))
-    tok.save_pretrained(str(path))
-    (path.parent / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    return path
+    """The checkpoint of tests/bench/tiny_bench.py."""
+    return save_tiny_bench_model(tmp_path_factory.mktemp("tiny-batch-llama") / "model", PROMPTS)
 
 
 @pytest.fixture
