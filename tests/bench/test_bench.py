@@ -36,26 +36,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def tiny(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """--model and --prompts for the tiny checkpoint (converted weights cached per module)."""
-    monkeypatch.setenv("SPECSTACK_CACHE", str(tiny_dir.parent / "specstack-cache"))
-    return ["--model", str(tiny_dir), "--prompts", str(tiny_dir.parent / "prompts.jsonl")]
-
-
-@pytest.fixture
-def bench(capsys: pytest.CaptureFixture[str]):
-    """Run `specstack bench ARGS...` in-process: (exit code, stdout, stderr)."""
-
-    def go(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(["bench", *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return go
-
-
-@pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Counts engine generations (warm-ups, references and rows alike)."""
     calls: list[str] = []

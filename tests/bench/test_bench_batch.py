@@ -15,7 +15,6 @@ from bench.tiny_bench import save_tiny_bench_model
 from specstack.bench import batch_report, llama_batched
 from specstack.bench.batched import make_batches
 from specstack.bench.datasets import EncodedPrompt
-from specstack.cli import main
 
 # four prompts of different lengths: ragged rows, and B = 2 divides the set (same rows at B = 1 and 2)
 PROMPTS = [{"task_id": "add", "prompt": "def add(a, b):"}, {"task_id": "hi", "prompt": "hello there", "chat": True},
@@ -28,23 +27,6 @@ FAST = ["--dtype", "fp32", "--draft-dtype", "fp32", "--max-new-tokens", "5", "--
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkpoint of tests/bench/tiny_bench.py."""
     return save_tiny_bench_model(tmp_path_factory.mktemp("tiny-batch-llama") / "model", PROMPTS)
-
-
-@pytest.fixture
-def tiny(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    monkeypatch.setenv("SPECSTACK_CACHE", str(tiny_dir.parent / "specstack-cache"))
-    return ["--model", str(tiny_dir), "--prompts", str(tiny_dir.parent / "prompts.jsonl")]
-
-
-@pytest.fixture
-def bench(capsys: pytest.CaptureFixture[str]):
-    def go(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(["bench", *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return go
 
 
 def rows_of(out: Path) -> list[dict]:
