@@ -43,6 +43,7 @@ from specstack.prompts import check_context
 from specstack.sampling import make_generator
 from specstack.tree import DraftTree
 from specstack.validate import MAX_TREE
+from specstack.verify import VerifyResult
 
 LayoutChoice = Literal["auto", "pad", "split"]
 LAYOUT_CHOICES: tuple[LayoutChoice, ...] = ("auto", *LAYOUTS)
@@ -91,6 +92,28 @@ class BatchStats:
     def phase_seconds(self) -> dict[str, float]:
         return {"draft": self.draft_seconds, "target": self.target_seconds, "verify": self.verify_seconds,
                 "overhead": self.overhead_seconds}
+
+
+@dataclass
+class _Block:
+    """One row's part of a step's forward: `chain` (pending tokens, each continuing the last; a prompt
+    chunk or the root alone) then `tree` hanging off the chain's last token when it is the root."""
+
+    chain: list[int]
+    tree: DraftTree
+    reaches_root: bool  # the chain ends at the row's root: its logits are verified
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.chain + self.tree.tokens
+
+    @property
+    def parents(self) -> list[int]:
+        c = len(self.chain)
+        return list(range(-1, c - 1)) + [p + c for p in self.tree.parent]
+
+    def __len__(self) -> int:
+        return len(self.chain) + len(self.tree)
 
 
 @dataclass
@@ -218,82 +241,92 @@ class BatchEngine:
         self._admit()
         if not self.rows:
             return []
-        st = self.stats
-        # 1. propose: each row's block (chain of pending tokens, then its tree off the root)
         t1 = time.perf_counter()
+        blocks = self._propose()  # 1.
+        t2 = time.perf_counter()
+        layout, logits = self._score(blocks)  # 2.
+        t3 = time.perf_counter()
+        verdicts = self._verify(blocks, logits)  # 3.
+        t4 = time.perf_counter()
+        finished = self._commit(blocks, verdicts)  # 4.
+        st = self.stats
+        st.steps += 1
+        st.rows.append(len(blocks))
+        st.tokens.append(sum(len(b) for b in blocks))
+        st.layouts.append(layout)
+        st.draft_seconds += t2 - t1
+        st.target_seconds += t3 - t2
+        st.verify_seconds += t4 - t3
+        st.overhead_seconds += (t1 - t0) + (time.perf_counter() - t4)
+        return finished
+
+    def _propose(self) -> list[_Block]:
+        """1. Each row's block: the pending tokens it reads this step (a prompt row: a chunk within the
+        step's prefill budget), then, once the chunk reaches the root, its drafter's tree."""
         budget = self.prefill_chunk
-        blocks: list[tuple[list[int], list[int], DraftTree | None]] = []  # tokens, parents, tree
+        blocks = []
         for row in self.rows:
             n = len(row.pending)
-            if n > 1:  # still reading its prompt: a chunk within this step's budget
-                take = min(n, budget)
+            take = 1 if n == 1 else min(n, budget)
+            if n > 1:
                 budget -= take
-            else:
-                take = 1
-            chain = row.pending[:take]
-            tree = None
+            tree = DraftTree()
             if take == n and row.request.drafter is not None:  # a tree off the root, as for one row
-                tree = row.request.drafter.propose(row.ctx)
                 room = min(self.max_tree, self.max_context - len(row.ctx.tokens) - 1)
-                tree = tree.truncated(max(0, room))
-            tokens = chain + (tree.tokens if tree else [])
-            parents = list(range(-1, len(chain) - 1)) + ([p + len(chain) for p in tree.parent] if tree else [])
-            blocks.append((tokens, parents, tree))
-        t2 = time.perf_counter()
-        # 2. score every row's block in one target forward
-        counts = [len(b[0]) for b in blocks]
+                tree = row.request.drafter.propose(row.ctx).truncated(max(0, room))
+            blocks.append(_Block(row.pending[:take], tree, reaches_root=take == n))
+        return blocks
+
+    def _score(self, blocks: Sequence[_Block]) -> tuple[Layout, torch.Tensor]:
+        """2. One target forward over every row's block; the logits of each block that reached its root,
+        from the root on (rows of blocks in order)."""
+        counts = [len(b) for b in blocks]
         layout = self._layout(counts)
-        batch = row_blocks_batch(self.cache, [b[1] for b in blocks], layout)
-        t = max(counts)
-        # which flat positions need logits: a row's root and its tree, once its prompt is all in
-        want: list[tuple[int, int, int]] = []  # (row, first flat index, rows of logits)
-        flat = 0
-        for i, (row, (tokens, _, tree)) in enumerate(zip(self.rows, blocks, strict=True)):
-            width = counts[i] if layout == "split" else t
-            if len(tokens) - (len(tree) if tree else 0) == len(row.pending):
-                root = len(row.pending) - 1
-                want.append((i, flat + root, counts[i] - root))
-            flat += width
-        if layout == "split":
-            ids = torch.tensor([[x for b in blocks for x in b[0]]], device=self.model.device)
-        else:
-            ids = torch.tensor([b[0] + [0] * (t - len(b[0])) for b in blocks], device=self.model.device)
-        index = torch.tensor([f + j for _, f, k in want for j in range(k)], dtype=torch.long,
-                             device=self.model.device)
-        logits = self.model.forward(ids, batch, self.cache, logit_rows=index).logits[0]
-        t3 = time.perf_counter()
-        # 3. verify each row on its own; 4. commit, stream, retire
+        batch = row_blocks_batch(self.cache, [b.parents for b in blocks], layout)
+        width = max(counts)
+        dev = self.model.device
+        if layout == "split":  # packed: row i's tokens start after rows 0..i-1's
+            ids = torch.tensor([[x for b in blocks for x in b.tokens]], device=dev)
+            starts = [sum(counts[:i]) for i in range(len(blocks))]
+        else:  # padded to the widest block
+            ids = torch.tensor([b.tokens + [0] * (width - len(b)) for b in blocks], device=dev)
+            starts = [i * width for i in range(len(blocks))]
+        index = torch.tensor([s + j for s, b in zip(starts, blocks, strict=True) if b.reaches_root
+                              for j in range(len(b.chain) - 1, len(b))], dtype=torch.long, device=dev)
+        return layout, self.model.forward(ids, batch, self.cache, logit_rows=index).logits[0]
+
+    def _verify(self, blocks: Sequence[_Block], logits: torch.Tensor) -> dict[int, VerifyResult]:
+        """3. Each row that reached its root, verified on its own (its sampling, its generator)."""
+        verdicts, at = {}, 0
+        for i, (row, block) in enumerate(zip(self.rows, blocks, strict=True)):
+            if block.reaches_root:
+                k = 1 + len(block.tree)  # root + tree
+                verdicts[i] = verify(block.tree, logits[at : at + k], row.request.gen.sampling, row.generator)
+                at += k
+        return verdicts
+
+    def _commit(self, blocks: Sequence[_Block], verdicts: dict[int, VerifyResult]) -> list[tuple[int, GenerationResult]]:
+        """4. Each row commits its chain and accepted path, streams its tokens; finished rows leave."""
         done: list[int] = []
-        verdicts = {}
-        at = 0
-        for i, _, k in want:
-            row = self.rows[i]
-            tree = blocks[i][2] or DraftTree()
-            verdicts[i] = verify(tree, logits[at : at + k], row.request.gen.sampling, row.generator)
-            at += k
-        t4 = time.perf_counter()
-        for i, row in enumerate(self.rows):
-            tokens, _, tree = blocks[i]
-            chain = len(tokens) - (len(tree) if tree else 0)
+        for i, (row, block) in enumerate(zip(self.rows, blocks, strict=True)):
+            chain = len(block.chain)
             result = verdicts.get(i)
             if result is None:  # a prompt chunk: all of it is context
                 self.cache.commit_nodes(i, list(range(chain)))
                 row.pending = row.pending[chain:]
                 continue
             self.cache.commit_nodes(i, list(range(chain)) + [chain + a for a in result.accepted])
-            tree = tree or DraftTree()
             if row.request.drafter is not None:
-                row.request.drafter.observe(tree, result)
+                row.request.drafter.observe(block.tree, result)
             taken = row.stream.push(result.tokens)
             row.ctx.tokens.extend(result.tokens)
             row.pending = [result.tokens[-1]]
-            rs = row.stats
             if row.request.drafter is not None:  # every forward with a tree is a step (as for one row)
                 step = StepStats()
-                step.record(tree, result, taken)
-                rs.add_step(step)
+                step.record(block.tree, result, taken)
+                row.stats.add_step(step)
             elif row.first_token is not None:  # without: the forward that read the prompt's end is prefill
-                rs.target_forwards += 1
+                row.stats.target_forwards += 1
             if row.first_token is None:
                 row.first_token = time.perf_counter()
             if row.stream.done or len(row.ctx.tokens) >= self.max_context:
@@ -302,18 +335,10 @@ class BatchEngine:
         end = time.perf_counter()
         for i in sorted(done, reverse=True):  # removing moves the last row: go from the back
             row = self.rows[i]
-            finished.append((row.handle, self._result(row, end)))
+            result = self._result(row, end)
+            self._finished[row.handle] = result
+            finished.append((row.handle, result))
             self._remove(i)
-        for handle, result in finished:
-            self._finished[handle] = result
-        st.steps += 1
-        st.rows.append(len(blocks))
-        st.tokens.append(sum(counts))
-        st.layouts.append(layout)
-        st.draft_seconds += t2 - t1
-        st.target_seconds += t3 - t2
-        st.verify_seconds += t4 - t3
-        st.overhead_seconds += (t1 - t0) + (time.perf_counter() - t4)
         return finished
 
     def _layout(self, counts: Sequence[int]) -> Layout:
