@@ -20,6 +20,7 @@ token, or the prompt's last token). Each step:
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import deque
@@ -287,7 +288,7 @@ class BatchEngine:
         dev = self.model.device
         if layout == "split":  # packed: row i's tokens start after rows 0..i-1's
             ids = torch.tensor([[x for b in blocks for x in b.tokens]], device=dev)
-            starts = [sum(counts[:i]) for i in range(len(blocks))]
+            starts = [0, *itertools.accumulate(counts[:-1])]
         else:  # padded to the widest block
             ids = torch.tensor([b.tokens + [0] * (width - len(b)) for b in blocks], device=dev)
             starts = [i * width for i in range(len(blocks))]

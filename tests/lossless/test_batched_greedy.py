@@ -61,17 +61,19 @@ def test_row_admitted_mid_flight_decodes_as_alone(tiny):
 def test_cancel_between_steps_frees_the_row(tiny):
     gen = GenerationConfig(max_new_tokens=10, stop_on_eos=False)
     engine = BatchEngine(tiny.lm, max_rows=3, max_context=160)
-    handles = [engine.add(BatchRequest(p, gen)) for p in PROMPTS[:4]]  # the 4th waits
+    handles = [engine.add(BatchRequest(p, gen)) for p in PROMPTS[:5]]  # the 4th and 5th wait
     engine.step()
     engine.step()
-    assert engine.running == 3 and engine.waiting == 1
-    assert engine.cancel(handles[0])  # a running row: the waiting request takes its slot next step
-    assert engine.cancel(handles[3]) is False or True
-    assert not engine.cancel(12345)
+    assert engine.running == 3 and engine.waiting == 2
+    assert engine.cancel(handles[0])  # a running row: free at once, the 4th request takes it next step
+    assert engine.running == 2 and engine.cache.batch_size == 2
+    assert engine.cancel(handles[4])  # a waiting request: it never runs
+    assert engine.waiting == 1
+    assert not engine.cancel(handles[4]) and not engine.cancel(12345)  # gone, unknown
     while engine.busy:
         engine.step()
-    assert engine.pop_result(handles[0]) is None
-    for h, p in zip(handles[1:3], PROMPTS[1:3], strict=True):
+    assert engine.pop_result(handles[0]) is None and engine.pop_result(handles[4]) is None
+    for h, p in zip(handles[1:4], PROMPTS[1:4], strict=True):
         assert engine.pop_result(h).tokens == alone(tiny, p, gen)
 
 
