@@ -16,14 +16,23 @@ def tiny(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return ["--model", str(tiny_dir), "--prompts", str(tiny_dir.parent / "prompts.jsonl")]
 
 
-@pytest.fixture
-def bench(capsys: pytest.CaptureFixture[str]):
-    """Run `specstack bench ARGS...` in-process: (exit code, stdout, stderr)."""
+def _runner(capsys: pytest.CaptureFixture[str], command: str):
+    """Run `specstack COMMAND ARGS...` in-process: (exit code, stdout, stderr)."""
 
     def go(*argv: str) -> tuple[int, str, str]:
         capsys.readouterr()
-        code = main(["bench", *argv])
+        code = main([command, *argv])
         out, err = capsys.readouterr()
         return code, out, err
 
     return go
+
+
+@pytest.fixture
+def bench(capsys: pytest.CaptureFixture[str]):
+    return _runner(capsys, "bench")
+
+
+@pytest.fixture
+def bench_forward(capsys: pytest.CaptureFixture[str]):
+    return _runner(capsys, "bench-forward")

@@ -15,7 +15,6 @@ from fuzzing import build_tiny_checkpoint
 
 import specstack.bench.forward
 from specstack.attention import build_batch
-from specstack.cli import main
 from specstack.engine.timing import RowForwards
 from specstack.models.loading import load_model
 
@@ -32,17 +31,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setenv("SPECSTACK_CACHE", str(tiny_dir.parent / "specstack-cache"))
     return ["--model", str(tiny_dir)]
-
-
-@pytest.fixture
-def bench_forward(capsys: pytest.CaptureFixture[str]):
-    def go(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(["bench-forward", *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return go
 
 
 # ---------------------------------------------------------------------------------------------------
