@@ -25,10 +25,16 @@ class DraftTree:
     # q[i]: the draft's warped distribution at node i's parent (what node i was drawn from), or None
     # for deterministic proposals (top-k without sampling, n-gram lists).
     q: list[torch.Tensor | None] = field(default_factory=list)
+    # confidence[i]: the drafter's estimate that the target accepts the path to node i (its cumulative
+    # draft probability, or a learned rate), or None. Only a batch's draft-length rule reads it, to size
+    # the step (drafting/batch_length.py); a drafter sets it only where sizing a tree by it keeps
+    # verification lossless (deterministic proposals, or a greedy target).
+    confidence: list[float | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        if not (len(self.parent) == n and len(self.origin) in (0, n) and len(self.q) in (0, n)):
+        if not (len(self.parent) == n and len(self.origin) in (0, n) and len(self.q) in (0, n)
+                and len(self.confidence) in (0, n)):
             raise ValueError("DraftTree fields must have one entry per node")
         for i, p in enumerate(self.parent):
             if not -1 <= p < i:
@@ -37,17 +43,21 @@ class DraftTree:
             self.origin = ["draft"] * n
         if not self.q:
             self.q = [None] * n
+        if not self.confidence:
+            self.confidence = [None] * n
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, token: int, parent: int, origin: Origin = "draft", q: torch.Tensor | None = None) -> int:
+    def add(self, token: int, parent: int, origin: Origin = "draft", q: torch.Tensor | None = None,
+            confidence: float | None = None) -> int:
         if not -1 <= parent < len(self.tokens):
             raise ValueError(f"parent {parent} does not exist")
         self.tokens.append(int(token))
         self.parent.append(parent)
         self.origin.append(origin)
         self.q.append(q)
+        self.confidence.append(confidence)
         return len(self.tokens) - 1
 
     @property
@@ -77,7 +87,7 @@ class DraftTree:
         """The first n nodes: still a tree, since parents precede their children."""
         if n >= len(self):
             return self
-        return DraftTree(self.tokens[:n], self.parent[:n], self.origin[:n], self.q[:n])
+        return DraftTree(self.tokens[:n], self.parent[:n], self.origin[:n], self.q[:n], self.confidence[:n])
 
     @staticmethod
     def chain(tokens: Sequence[int], origin: Origin = "draft") -> "DraftTree":

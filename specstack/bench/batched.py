@@ -39,8 +39,9 @@ from specstack.bench.peers import ForwardCounter, hf_dtype, hf_generate_batch
 from specstack.bench.plan import BenchMethod, Plan
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import Drafter
+from specstack.drafting.batch_length import BatchLength
 from specstack.engine.batched import BatchEngine, BatchRequest
-from specstack.engine.methods import DraftSources, build_drafter
+from specstack.engine.methods import DraftSources, drafter_factory, length_rule
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 
@@ -82,33 +83,31 @@ BatchRunner = Callable[[list[list[int]], int], BatchOutput]
 
 
 class DrafterPool:
-    """One drafter per row for a speculative method (a drafter holds one sequence's state), built as
-    the batches grow and reused from batch to batch (the engine resets each as its row joins)."""
+    """One drafter per row for a speculative method (a drafter holds one sequence's state), made by the
+    method's factory (engine/methods.py: drafter_factory; the draft model and trigram are loaded once and
+    shared) as the batches grow, and reused from batch to batch (the engine resets each as its row joins)."""
 
-    def __init__(self, build: Callable[[], Drafter | None], label: str) -> None:
-        self.build, self.drafters = build, []
-        first = build()
-        if first is not None and first.target_layers:
-            raise SpecstackError(f"--methods {label!r}: its drafter reads the target's activations (layers "
-                                 f"{', '.join(map(str, first.target_layers))}), which the batched engine does not "
-                                 "run yet; drop it in batch mode or pass a --draft that does not (a model, self:N)")
-        self.autoregressive = first is None
-        self.drafters = [first] if first is not None else []
+    def __init__(self, make: Callable[[], Drafter] | None) -> None:
+        self.make, self.drafters = make, []
+        self.autoregressive = make is None
 
     def take(self, k: int) -> list[Drafter | None]:
-        if self.autoregressive:
+        if self.make is None:
             return [None] * k
         while len(self.drafters) < k:
-            self.drafters.append(self.build())
+            self.drafters.append(self.make())
         return list(self.drafters[:k])
 
 
-def engine_batch_runner(lm: LoadedModel, pool: DrafterPool, layout: str, sampling: SamplingParams) -> BatchRunner:
+def engine_batch_runner(lm: LoadedModel, pool: DrafterPool, layout: str, sampling: SamplingParams,
+                        length: Callable[[int], BatchLength] | None = None) -> BatchRunner:
+    """length(B): a new draft-length rule for a batch of B rows (the method's: engine/methods.py length_rule)."""
     def go(prompts: list[list[int]], n: int) -> BatchOutput:
         gen = GenerationConfig(max_new_tokens=n, sampling=sampling, stop_on_eos=False)
         longest = max(len(p) for p in prompts) + n
         engine = BatchEngine(lm, max_rows=len(prompts), max_context=min(lm.config.max_seq_len, longest),
-                             layout=layout)  # type: ignore[arg-type]  # checked by plan.LAYOUTS
+                             layout=layout,  # type: ignore[arg-type]  # checked by plan.LAYOUTS
+                             length=None if length is None else length(len(prompts)))
         requests = [BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, pool.take(len(prompts)), strict=True)]
         t0 = time.perf_counter()
         results = engine.run(requests)
@@ -182,8 +181,9 @@ def build_batch_methods(plan: Plan, targets: dict[str, LoadedModel], hf: HfModel
             target = targets[m.dtype]
             spec = m.spec
             assert spec is not None  # an engine method
-            pool = DrafterPool(lambda t=target, sp=spec: build_drafter(sp, t, sources, s.device), m.label)
-            out.ready[m.label] = engine_batch_runner(target, pool, m.layout or "auto", s.sampling)
+            pool = DrafterPool(drafter_factory(spec, target, sources, s.device))
+            out.ready[m.label] = engine_batch_runner(target, pool, m.layout or "auto", s.sampling,
+                                                     lambda b, t=target, sp=spec: length_rule(sp, t, b))
     out.notes.append("batches: B consecutive prompts of the set; the last batch is filled by wrapping around to the "
                      "set's first prompts (every batch holds B rows)")
     return out

@@ -43,7 +43,8 @@ from specstack.bench.plan import BenchMethod, Plan
 from specstack.bench.report import read_rows, write_report
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import Drafter
-from specstack.engine.methods import DraftSources, build_drafter
+from specstack.drafting.batch_length import BatchLength
+from specstack.engine.methods import DraftSources, build_drafter, length_rule
 from specstack.engine.methods import run_method as engine_run_method
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text
@@ -76,13 +77,16 @@ class Output:
 Runner = Callable[[list[int], int], Output]
 
 
-def run_method(target, drafter, ids, gen):  # indirection: tests wrap it to count or alter generations
-    return engine_run_method(target, drafter, ids, gen)
+def run_method(target, drafter, ids, gen, length=None):  # indirection: tests wrap it to count or alter generations
+    return engine_run_method(target, drafter, ids, gen, length=length)
 
 
-def engine_runner(lm: LoadedModel, drafter: Drafter | None, sampling: SamplingParams) -> Runner:
+def engine_runner(lm: LoadedModel, drafter: Drafter | None, sampling: SamplingParams,
+                  length: Callable[[], BatchLength] | None = None) -> Runner:
+    """length: a new draft-length rule for each generation (every prompt starts afresh, as its drafter does)."""
     def go(ids: list[int], n: int) -> Output:
-        res = run_method(lm, drafter, ids, GenerationConfig(max_new_tokens=n, sampling=sampling, stop_on_eos=False))
+        res = run_method(lm, drafter, ids, GenerationConfig(max_new_tokens=n, sampling=sampling, stop_on_eos=False),
+                         None if length is None else length())
         st = res.stats
         origins = token_origins(st, len(res.tokens))
         phases = {"prefill": st.prefill_seconds, "decode": st.decode_seconds}
@@ -175,7 +179,8 @@ def build_runners(plan: Plan, targets: dict[str, LoadedModel], peers: Peers, sou
         else:
             target = targets[m.dtype]
             drafter = build_drafter(m.spec, target, sources, plan.settings.device)
-            out.ready[m.label] = engine_runner(target, drafter, plan.settings.sampling)
+            out.ready[m.label] = engine_runner(target, drafter, plan.settings.sampling,
+                                               lambda t=target, sp=m.spec: length_rule(sp, t, 1))
     out.notes += tie_notes(plan)
     return out
 

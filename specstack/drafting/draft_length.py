@@ -12,10 +12,11 @@ A fixed length wastes tokens in the second case and stops too early in the first
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,6 +39,9 @@ class ChainLength(Protocol):
 
     def observe(self, classes: Sequence[Evidence], accepted: int) -> None:
         """The verified chain's evidence, and how many of its tokens were accepted."""
+
+    def confidence(self, classes: Sequence[Evidence]) -> list[float] | None:
+        """Each token's estimated chance that the chain is accepted up to it (None: no estimate)."""
 
 
 @dataclass
@@ -65,6 +69,9 @@ class DynamicDraftLength:
     def observe(self, classes: Sequence[Evidence], accepted: int) -> None:
         self.update([accepted])
 
+    def confidence(self, classes: Sequence[Evidence]) -> list[float] | None:
+        return None  # BASS's rule counts acceptances; it has no estimate per token
+
     def update(self, accepted: Sequence[int]) -> int:
         """Accepted draft tokens of every row in the step just verified (each proposed `value`
         tokens, or fewer where a row ran out of proposals); returns the next length."""
@@ -81,13 +88,39 @@ def best_prefix(gains: Sequence[float], costs: Sequence[float], fixed: float = 0
     """argmax over n in 0..len(gains) of (1 + sum_{i<n} gains[i]) / (fixed + costs[n]): how many of a
     step's proposed tokens (best first, gains[i] the expected acceptance the (i+1)-th adds) to verify,
     for expected emitted tokens per second; costs[T - 1] is a target forward over T tokens. Ties keep
-    the fewer tokens. The one rule behind CostAwareLength (chains) and CostAwareBudget (trees)."""
-    best, best_rate, expected = 0, 1.0 / (fixed + costs[0]), 1.0
-    for i, g in enumerate(gains[: len(costs) - 1]):
-        expected += g
-        rate = expected / (fixed + costs[i + 1])
+    the fewer tokens. One row of `best_prefixes`, the one rule behind CostAwareLength (chains),
+    CostAwareBudget (trees) and the batch's CostAwareBatchLength."""
+    gains = list(gains[: len(costs) - 1])
+    return best_prefixes([gains], lambda extra: fixed + costs[extra], emitted=1.0)[0]
+
+
+def best_prefixes(gains: Sequence[Sequence[float]], cost: Callable[[int], float], emitted: float) -> list[int]:
+    """How many of each row's proposed nodes (a prefix, in the row's order) one forward verifies, for
+    the most expected emitted tokens per second: gains[r][i] is the expected acceptance row r's
+    (i+1)-th node adds, cost(extra) the forward's seconds with `extra` draft nodes in all, `emitted`
+    the tokens the step emits with none (one per decoding row).
+
+    Nodes are taken greedily, the largest gain next among the rows' next nodes, and the best rate seen
+    wins (ties keep the fewer nodes). When each row's gains do not increase along its order (a chain's
+    survival probabilities; a tree's nodes best first) this is the exact optimum of
+    (emitted + sum of kept gains) / cost(kept) for a cost that depends on the total only: the best
+    set of any size m is then the m largest gains. One row is `best_prefix`."""
+    counts = [0] * len(gains)
+    best, expected = list(counts), emitted
+    best_rate = expected / cost(0)
+    heap = [(-g[0], r) for r, g in enumerate(gains) if g]
+    heapq.heapify(heap)
+    extra = 0
+    while heap:
+        neg, r = heapq.heappop(heap)
+        counts[r] += 1
+        extra += 1
+        expected -= neg
+        rate = expected / cost(extra)
         if rate > best_rate:
-            best, best_rate = i + 1, rate
+            best, best_rate = list(counts), rate
+        if counts[r] < len(gains[r]):
+            heapq.heappush(heap, (-gains[r][counts[r]], r))
     return best
 
 
@@ -132,8 +165,11 @@ class CostAwareLength:
 
     def choose(self, classes: Sequence[Hashable]) -> int:
         """How many tokens of a proposed chain (classes[i]: the class of its (i+1)-th token) to verify."""
-        survive = itertools.accumulate((self.p(cls) for cls in classes[: self.longest()]), operator.mul)
-        return best_prefix(list(survive), self.costs)
+        return best_prefix(self.confidence(classes[: self.longest()]), self.costs)
+
+    def confidence(self, classes: Sequence[Hashable]) -> list[float]:
+        """The chance the chain survives to each token: prod_{i<=j} p_i."""
+        return list(itertools.accumulate((self.p(cls) for cls in classes), operator.mul))
 
     def observe(self, classes: Sequence[Hashable], accepted: int) -> None:
         """The verified chain had these classes and its first `accepted` tokens were accepted: every

@@ -81,6 +81,8 @@ class ModelDrafter:
         self._picker = ChildPicker(params.width, draft.config.vocab_size)
         self._tree_ids: list[int] = []  # candidate of each node of the proposed tree
         self._t0 = 0.0  # when this round's proposal began
+        self._limit = params.budget  # this round's most nodes (params.budget, or less when the engine limits it)
+        self._ran = True  # this round ran the draft (catch-up and growth)
 
     def scratch_bound(self) -> int:
         """Most scratch slots one round can write: the pending tokens (at most an accepted path and
@@ -115,6 +117,9 @@ class ModelDrafter:
                            None if target_hidden is None else target_hidden[:, rows])
             self.pending = [result.next_token]
             return
+        if not self._ran:  # the round ran no draft forward: the emitted token joins the pending ones
+            self.pending.append(result.next_token)
+            return
         keep = list(range(len(self.pending)))
         run = []
         for node in result.accepted:
@@ -132,15 +137,26 @@ class ModelDrafter:
         self._t0 = time.perf_counter()
         self.sized = self.budget is not None and (ctx.sampling.greedy or not self.carries_q)
         self.candidates = CandidateTree()
+        self._limit = self.params.budget if ctx.limit is None else min(ctx.limit, self.params.budget)
+        # nothing will be verified: no draft forward; the pending tokens wait (up to a bound, so the next
+        # catch-up stays within the scratch)
+        self._ran = not (self._limit == 0 and len(self.pending) <= self.params.depth)
+        if not self._ran:
+            self._tree_ids = []
+            return DraftTree()
         # 1. catch up on the pending tokens (the last one is the root): only the root's row is scored
         pend = torch.tensor([self.pending], device=model.device)
         out = model.forward(pend, build_batch(self.cache, len(self.pending)), self.cache,
                             logit_rows=slice(-1, None))
         # 2. grow the candidate tree
         self.grow(self._picker.pick(out, ctx), ctx)
-        # 3. the target batch as a DraftTree
+        # 3. the target batch as a DraftTree; where sizing by them is lossless (see CostAwareBudget), each
+        # node carries its cumulative draft probability for a batch's length rule
         self._tree_ids = self.selected()
-        return self.candidates.draft_tree(self._tree_ids)
+        tree = self.candidates.draft_tree(self._tree_ids)
+        if ctx.sampling.greedy or not self.carries_q:
+            tree.confidence = [self.candidates.score(c) for c in self._tree_ids]
+        return tree
 
     def grow(self, root: NextTokens, ctx: DraftContext) -> None:
         """Best-first: expand the best unexpanded nodes of the would-be target batch, a level of
@@ -162,7 +178,7 @@ class ModelDrafter:
     def selected(self) -> list[int]:
         """Candidate ids of the target batch: the `budget` best (or as many of them as pay, for a
         sized tree), parents before children."""
-        order = self.candidates.best(self.params.budget)
+        order = self.candidates.best(self._limit)
         if self.sized:
             n = self.budget.choose([self.candidates.score(i) for i in order], time.perf_counter() - self._t0)
             order = order[:n]
@@ -178,7 +194,7 @@ class ModelDrafter:
         """Deepest node the draft may run: its children stay within `depth`, and its position
         (root position + depth) within the draft's context."""
         room = self.draft.config.max_seq_len - (self.cache.next_pos[0] + len(self.pending))
-        return min(self.params.depth - 1, room)
+        return min(min(self.params.depth, self._limit) - 1, room)  # a tree of n nodes is at most n deep
 
     def run(self, chosen: list[int], ctx: DraftContext) -> NextTokens:
         """One draft forward over candidates `chosen` (topologically ordered; each one's parent is

@@ -59,11 +59,16 @@ class NgramDrafter:
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         if self.length is None:
-            return self.proposal_tree(ctx.tokens, self.widths)
-        tree, classes = self._grow(ctx.tokens, (1,) * self.length.longest())
+            tree = self.proposal_tree(ctx.tokens, self.widths)
+            return tree if ctx.limit is None else tree.truncated(ctx.limit)
+        longest = self.length.longest() if ctx.limit is None else min(ctx.limit, self.length.longest())
+        tree, classes = self._grow(ctx.tokens, (1,) * longest)
         n = self.length.choose(classes)
         self._classes = classes[:n]
-        return tree.truncated(n)
+        tree = tree.truncated(n)
+        # proposals are deterministic: a batch's length rule may size the step by them (lossless)
+        tree.confidence = self.length.confidence(self._classes) or [None] * n
+        return tree
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
         # the next propose indexes the emitted tokens (ctx.tokens grows by result.tokens)

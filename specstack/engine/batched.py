@@ -11,12 +11,19 @@ token, or the prompt's last token). Each step:
   1. admit waiting requests into free rows;
   2. every row proposes its block: a prompt row the next chunk of its prompt (chunked prefill under a
      per-step token budget, so a long prompt never stalls the decoding rows for long); a decoding row
-     its root plus its drafter's tree (empty without a drafter: plain autoregressive decoding);
+     its root plus its drafter's tree (empty without a drafter: plain autoregressive decoding). The
+     step's draft-length rule (drafting/batch_length.py: BASS's shared length, a fixed one, or the
+     cost-aware choice over the batch's measured forward cost) limits the trees before they are
+     proposed and cuts them after;
   3. one target forward scores all rows' blocks, ragged: PAD (padded to the longest block, masked)
      or SPLIT (packed, attention per run of equal-length rows), see attention.py;
   4. each row whose block reached its root is verified on its own (speculative.verify: greedy walk,
      sample-walk or RRS with the row's parameters) and commits its own number of tokens; the emitted
-     tokens go to the row's stream. Finished rows leave.
+     tokens go to the row's stream, its drafter is told the verdict. Finished rows leave.
+
+A row with a drafter reads its prompt but the root first, as one sequence does (speculative.py): the
+drafter starts (`reset`) from the whole prompt, and from the target's activations of it when it
+reads them (SPIRe), gathered chunk by chunk; its first tree then comes with the root.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ from specstack import interrupt
 from specstack.attention import LAYOUTS, Layout, row_blocks_batch
 from specstack.config import GenerationConfig
 from specstack.drafting.base import DraftContext, Drafter
+from specstack.drafting.batch_length import AsProposed, BatchLength
 from specstack.engine.session import GenerationResult
 from specstack.engine.speculative import verify
 from specstack.engine.stats import RunStats, StepStats
@@ -74,7 +82,8 @@ class BatchRequest:
     prompt_ids: Sequence[int]
     gen: GenerationConfig = field(default_factory=GenerationConfig)
     on_text: Callable[[str], None] | None = None  # this row's text as it becomes final (streaming)
-    drafter: Drafter | None = None  # proposes this row's trees (None: autoregressive)
+    drafter: Drafter | None = None  # proposes this row's trees (None: the engine's, if it has drafters)
+    speculate: bool = True  # False: this row decodes autoregressively even in a speculating engine
 
 
 @dataclass
@@ -89,6 +98,8 @@ class BatchStats:
     target_seconds: float = 0.0
     verify_seconds: float = 0.0
     overhead_seconds: float = 0.0  # admitting, committing, streaming
+    drafted: list[int] = field(default_factory=list)  # draft nodes verified in each step (over all rows)
+    accepted: list[int] = field(default_factory=list)  # of them, accepted
 
     def phase_seconds(self) -> dict[str, float]:
         return {"draft": self.draft_seconds, "target": self.target_seconds, "verify": self.verify_seconds,
@@ -128,6 +139,18 @@ class _Row:
     stats: RunStats
     added: float  # when it joined the batch
     first_token: float | None = None
+    started: bool = False  # its drafter has been reset with the prompt
+    pooled: Drafter | None = None  # a drafter lent by the engine's pool for as long as the row runs
+    # the target's activations of the prompt read so far ([1, T, L, d] chunks), for a drafter that reads them
+    hidden: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def drafter(self) -> Drafter | None:
+        return self.request.drafter if self.request.drafter is not None else self.pooled
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(self.drafter.target_layers) if self.drafter is not None else ()
 
 
 class BatchEngine:
@@ -136,9 +159,13 @@ class BatchEngine:
 
     def __init__(self, lm: LoadedModel, max_rows: int = 8, max_context: int | None = None,
                  layout: LayoutChoice = "auto", prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 max_queue: int | None = None, max_tree: int = MAX_TREE, max_kv_bytes: int | None = None) -> None:
+                 max_queue: int | None = None, max_tree: int = MAX_TREE, max_kv_bytes: int | None = None,
+                 length: BatchLength | None = None, drafters: Callable[[], Drafter] | None = None) -> None:
         """max_kv_bytes: the most the KV cache may take (default: half the machine's memory); the cache is
-        allocated here, once, and a batch that would not fit is refused rather than swapping or dying."""
+        allocated here, once, and a batch that would not fit is refused rather than swapping or dying.
+        length: the draft-length rule of every step (default: each row verifies what its drafter proposes).
+        drafters: makes the drafter of a row whose request brings none (a method's factory: one per row at
+        most, each reset as its next row joins), so every request speculates unless it opts out."""
         cfg = lm.config
         if max_rows < 1:
             raise SpecstackError(f"the batch needs at least one row, got {max_rows}")
@@ -151,6 +178,9 @@ class BatchEngine:
             raise SpecstackError(f"a row needs a context of at least 2 tokens, got {self.max_context}")
         self.lm, self.model = lm, lm.model
         self.layout, self.prefill_chunk, self.max_queue, self.max_tree = layout, prefill_chunk, max_queue, max_tree
+        self.length: BatchLength = length if length is not None else AsProposed()
+        self.make_drafter = drafters
+        self._pool: list[Drafter] = []  # drafters of rows that left, for the next ones
         # every row holds its context plus one block's scratch (a prompt chunk or root + tree)
         scratch = max(prefill_chunk, max_tree + 1)
         need = kv_cache_bytes(lm, max_rows, self.max_context + scratch)
@@ -163,6 +193,7 @@ class BatchEngine:
         self.max_rows = max_rows
         self.kv_bytes = self.cache.k.nbytes + self.cache.v.nbytes  # allocated once, never grows
         self.rows: list[_Row] = []  # row i of the cache
+        self._starts: list[int] = []  # this step's flat index of each row's first token (_score)
         self.queue: deque[_Row] = deque()
         self.stats = BatchStats()
         self._next_handle = 0
@@ -176,8 +207,6 @@ class BatchEngine:
         check_context(len(prompt), self.max_context)
         if self.max_queue is not None and len(self.queue) >= self.max_queue:
             raise SpecstackError(f"the queue is full ({self.max_queue} requests waiting)")
-        if request.drafter is not None and request.drafter.target_layers:
-            raise SpecstackError("drafters that read the target's activations do not run in a batch yet")
         gen = request.gen
         max_new = min(gen.max_new_tokens, self.max_context - len(prompt))
         stream = TokenStream(self.lm.tokenizer, max_new, self.lm.eos_token_ids if gen.stop_on_eos else (),
@@ -224,11 +253,13 @@ class BatchEngine:
             row = self.queue.popleft()
             self.cache.add_row()
             row.added = now
-            if row.request.drafter is not None:
-                row.request.drafter.reset(row.pending)
+            if row.request.drafter is None and row.request.speculate and self.make_drafter is not None:
+                row.pooled = self._pool.pop() if self._pool else self.make_drafter()
             self.rows.append(row)
 
     def _remove(self, i: int) -> None:
+        if self.rows[i].pooled is not None:
+            self._pool.append(self.rows[i].pooled)
         moved = self.cache.remove_row(i)
         last = self.rows.pop()
         if moved is not None:
@@ -245,16 +276,18 @@ class BatchEngine:
         t1 = time.perf_counter()
         blocks = self._propose()  # 1.
         t2 = time.perf_counter()
-        layout, logits = self._score(blocks)  # 2.
+        layout, logits, hidden = self._score(blocks)  # 2.
         t3 = time.perf_counter()
         verdicts = self._verify(blocks, logits)  # 3.
         t4 = time.perf_counter()
-        finished = self._commit(blocks, verdicts)  # 4.
+        finished = self._commit(blocks, verdicts, hidden)  # 4.
         st = self.stats
         st.steps += 1
         st.rows.append(len(blocks))
         st.tokens.append(sum(len(b) for b in blocks))
         st.layouts.append(layout)
+        st.drafted.append(sum(len(b.tree) for b in blocks))
+        st.accepted.append(sum(len(v.accepted) for v in verdicts.values()))
         st.draft_seconds += t2 - t1
         st.target_seconds += t3 - t2
         st.verify_seconds += t4 - t3
@@ -263,24 +296,49 @@ class BatchEngine:
 
     def _propose(self) -> list[_Block]:
         """1. Each row's block: the pending tokens it reads this step (a prompt row: a chunk within the
-        step's prefill budget), then, once the chunk reaches the root, its drafter's tree."""
+        step's prefill budget; a row with a drafter reads its root only with its first tree), then, once
+        the chunk reaches the root, its drafter's tree, sized by the step's length rule."""
         budget = self.prefill_chunk
+        limit = self.length.limit()
         blocks = []
         for row in self.rows:
             n = len(row.pending)
-            take = 1 if n == 1 else min(n, budget)
+            hold = 1 if row.drafter is not None else 0
+            take = 1 if n == 1 else min(n - hold, budget)
             if n > 1:
                 budget -= take
             tree = DraftTree()
-            if take == n and row.request.drafter is not None:  # a tree off the root, as for one row
+            if take == n and row.drafter is not None:  # a tree off the root, as for one row
+                if not row.started:
+                    row.drafter.reset(row.request.prompt_ids, self._prompt_hidden(row))
+                    row.started, row.hidden = True, []
+                row.ctx.limit = limit
                 room = min(self.max_tree, self.max_context - len(row.ctx.tokens) - 1)
-                tree = row.request.drafter.propose(row.ctx).truncated(max(0, room))
+                tree = row.drafter.propose(row.ctx).truncated(max(0, room))
             blocks.append(_Block(row.pending[:take], tree, reaches_root=take == n))
+        # the step's draft length: rows with a drafter keep a prefix of their tree
+        drafting = [i for i, (row, b) in enumerate(zip(self.rows, blocks, strict=True))
+                    if b.reaches_root and row.drafter is not None]
+        if drafting:
+            keep = self.length.choose([blocks[i].tree for i in drafting], len(blocks),
+                                      sum(len(b.chain) for b in blocks))
+            for i, k in zip(drafting, keep, strict=True):
+                blocks[i].tree = blocks[i].tree.truncated(k)
         return blocks
 
-    def _score(self, blocks: Sequence[_Block]) -> tuple[Layout, torch.Tensor]:
+    def _prompt_hidden(self, row: _Row) -> torch.Tensor | None:
+        """[1, len(prompt) - 1, L, d]: the target's activations of the prompt but its root, for a drafter
+        that reads them (None for one that does not)."""
+        if not row.layers:
+            return None
+        if row.hidden:
+            return torch.cat(row.hidden, 1)
+        return torch.zeros(1, 0, len(row.layers), self.lm.config.d_model, device=self.model.device)
+
+    def _score(self, blocks: Sequence[_Block]) -> tuple[Layout, torch.Tensor, dict[int, torch.Tensor]]:
         """2. One target forward over every row's block; the logits of each block that reached its root,
-        from the root on (rows of blocks in order)."""
+        from the root on (rows of blocks in order), and the activations drafters read ({layer: [N, d]},
+        a token of row i's block at position j at flat index starts[i] + j, see _rows_of)."""
         counts = [len(b) for b in blocks]
         layout = self._layout(counts)
         batch = row_blocks_batch(self.cache, [b.parents for b in blocks], layout)
@@ -292,9 +350,18 @@ class BatchEngine:
         else:  # padded to the widest block
             ids = torch.tensor([b.tokens + [0] * (width - len(b)) for b in blocks], device=dev)
             starts = [i * width for i in range(len(blocks))]
+        self._starts = starts
         index = torch.tensor([s + j for s, b in zip(starts, blocks, strict=True) if b.reaches_root
                               for j in range(len(b.chain) - 1, len(b))], dtype=torch.long, device=dev)
-        return layout, self.model.forward(ids, batch, self.cache, logit_rows=index).logits[0]
+        layers = sorted({layer for row in self.rows for layer in row.layers})
+        out = self.model.forward(ids, batch, self.cache, layers, logit_rows=index)
+        hidden = {layer: h.reshape(-1, h.shape[-1]) for layer, h in out.hidden.items()}
+        return layout, out.logits[0], hidden
+
+    def _rows_of(self, i: int, row: _Row, hidden: dict[int, torch.Tensor], first: int, n: int) -> torch.Tensor:
+        """[1, n, L, d]: the activations row i's drafter reads, of its block's tokens first .. first + n - 1."""
+        at = self._starts[i] + first
+        return torch.stack([hidden[layer][at : at + n] for layer in row.layers], 1).unsqueeze(0)
 
     def _verify(self, blocks: Sequence[_Block], logits: torch.Tensor) -> dict[int, VerifyResult]:
         """3. Each row that reached its root, verified on its own (its sampling, its generator)."""
@@ -306,23 +373,32 @@ class BatchEngine:
                 at += k
         return verdicts
 
-    def _commit(self, blocks: Sequence[_Block], verdicts: dict[int, VerifyResult]) -> list[tuple[int, GenerationResult]]:
-        """4. Each row commits its chain and accepted path, streams its tokens; finished rows leave."""
+    def _commit(self, blocks: Sequence[_Block], verdicts: dict[int, VerifyResult],
+                hidden: dict[int, torch.Tensor]) -> list[tuple[int, GenerationResult]]:
+        """4. Each row commits its chain and accepted path, streams its tokens, tells its drafter; the
+        length rule learns from the rows that drafted; finished rows leave."""
         done: list[int] = []
+        drafted: list[DraftTree] = []
+        accepted: list[int] = []
         for i, (row, block) in enumerate(zip(self.rows, blocks, strict=True)):
             chain = len(block.chain)
             result = verdicts.get(i)
             if result is None:  # a prompt chunk: all of it is context
                 self.cache.commit_nodes(i, list(range(chain)))
                 row.pending = row.pending[chain:]
+                if row.layers and chain:  # the drafter will start from these activations
+                    row.hidden.append(self._rows_of(i, row, hidden, 0, chain))
                 continue
             self.cache.commit_nodes(i, list(range(chain)) + [chain + a for a in result.accepted])
-            if row.request.drafter is not None:
-                row.request.drafter.observe(block.tree, result)
+            if row.drafter is not None:  # its block is the root and the tree (the root was held back)
+                seen = self._rows_of(i, row, hidden, 0, 1 + len(block.tree)) if row.layers else None
+                row.drafter.observe(block.tree, result, seen)
+                drafted.append(block.tree)
+                accepted.append(len(result.accepted))
             taken = row.stream.push(result.tokens)
             row.ctx.tokens.extend(result.tokens)
             row.pending = [result.tokens[-1]]
-            if row.request.drafter is not None:  # every forward with a tree is a step (as for one row)
+            if row.drafter is not None:  # every forward with a tree is a step (as for one row)
                 step = StepStats()
                 step.record(block.tree, result, taken)
                 row.stats.add_step(step)
@@ -332,6 +408,7 @@ class BatchEngine:
                 row.first_token = time.perf_counter()
             if row.stream.done or len(row.ctx.tokens) >= self.max_context:
                 done.append(i)
+        self.length.observe(drafted, accepted)
         finished = []
         end = time.perf_counter()
         for i in sorted(done, reverse=True):  # removing moves the last row: go from the back
@@ -375,13 +452,16 @@ class BatchEngine:
 def generate_batch(lm: LoadedModel, prompts: Sequence[Sequence[int]], gen: GenerationConfig | Sequence[GenerationConfig],
                    batch_size: int = 8, layout: LayoutChoice = "auto",
                    on_step: Callable[[BatchEngine, list[tuple[int, GenerationResult]]], None] | None = None,
+                   drafters: Callable[[], Drafter] | None = None, length: BatchLength | None = None,
                    ) -> list[GenerationResult]:
     """Decode prompts `batch_size` rows at a time (continuous batching: a finished row's slot takes the
-    next prompt at once). One GenerationConfig for all, or one per prompt."""
+    next prompt at once). One GenerationConfig for all, or one per prompt. drafters, length: a method's
+    drafter factory and draft-length rule (engine/methods.py: drafter_factory, length_rule); None: `ar`."""
     gens = [gen] * len(prompts) if isinstance(gen, GenerationConfig) else list(gen)
     if len(gens) != len(prompts):
         raise SpecstackError(f"{len(gens)} generation settings for {len(prompts)} prompts")
     longest = max((len(p) + g.max_new_tokens for p, g in zip(prompts, gens, strict=True)), default=2)
     engine = BatchEngine(lm, max_rows=min(batch_size, max(1, len(prompts))),
-                         max_context=min(lm.config.max_seq_len, longest), layout=layout)
+                         max_context=min(lm.config.max_seq_len, longest), layout=layout, length=length,
+                         drafters=drafters)
     return engine.run([BatchRequest(p, g) for p, g in zip(prompts, gens, strict=True)], on_step)

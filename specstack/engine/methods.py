@@ -3,8 +3,10 @@
 
 A method is one entry of the registry METHODS: a `Method` declaring its name, its integer parameters
 (`Param`: default, bounds, what 0 means, a one-line doc), its own check across parameters, the draft
-sources it reads, the widest target forward it measures before it runs, and its builder
-`(target, params, sources, device) -> Drafter | None` (None: autoregressive decoding). Every parameter
+sources it reads, the widest target forward it measures before it runs, its builder
+`(target, params, sources, device) -> DrafterFactory | None` (None: autoregressive decoding; the factory
+makes one drafter per row, all sharing the draft model and trigram loaded once), and its draft-length
+rule for a step of `rows` rows (`length`, drafting/batch_length.py; one row as many). Every parameter
 has an upper bound, checked with the others before any model is loaded: a draft size is bounded by
 MAX_TREE (validate.py), the most draft tokens the engine verifies per step.
 `parse_method` and `build_drafter` only look entries up: nothing here or in the engine branches on a
@@ -21,12 +23,14 @@ from pathlib import Path
 
 from specstack.config import GenerationConfig, WindowSpec
 from specstack.drafting.base import Drafter
+from specstack.drafting.batch_length import AsProposed, BassLength, BatchLength, CostAwareBatchLength
 from specstack.drafting.draft_length import ChainLength, CostAwareBudget, CostAwareLength, DynamicDraftLength
 from specstack.drafting.katz import KatzTrigram
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.drafting.staged import StagedDrafter
 from specstack.engine.autoregressive import GenerationResult, generate
+from specstack.engine.batch_cost import batch_costs
 from specstack.engine.speculative import speculative_generate
 from specstack.engine.width_cost import width_costs
 from specstack.errors import SpecstackError
@@ -137,7 +141,10 @@ def load_ngram(target: LoadedModel, sources: DraftSources) -> KatzTrigram:
 # The registry
 # ---------------------------------------------------------------------------------------------------
 Params = Mapping[str, int]  # parameter name -> value, every declared parameter present
-Builder = Callable[[LoadedModel, Params, DraftSources, str], Drafter | None]  # (target, params, sources, device)
+DrafterFactory = Callable[[], Drafter]  # a new drafter (one per row), sharing what the builder loaded
+Builder = Callable[[LoadedModel, Params, DraftSources, str], DrafterFactory | None]  # (target, params, sources, device)
+# (target, params, rows) -> the rule sizing each step's drafts (rows: the most rows a step holds)
+LengthRule = Callable[[LoadedModel, Params, int], BatchLength]
 
 
 @dataclass(frozen=True)
@@ -171,6 +178,10 @@ def _no_measure(_params: Params) -> int:
     return 0
 
 
+def as_proposed(_target: LoadedModel, _params: Params, _rows: int) -> BatchLength:
+    return AsProposed()
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -184,6 +195,7 @@ class Method:
     # n > 0: before it runs, the method measures target forwards of widths 1 .. n (its cost curve,
     # engine/width_cost.py), which must fit the target's context after one token of it
     measures: Callable[[Params], int] = _no_measure
+    length: LengthRule = as_proposed
 
     def defaults(self) -> dict[str, int]:
         return {p.name: p.default for p in self.params}
@@ -247,22 +259,49 @@ def check_fits(method: MethodSpec, max_seq_len: int) -> None:
                      "token of context", widest + 1, max_seq_len)
 
 
-def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources,
-                  device: str = "cpu") -> Drafter | None:
+def drafter_factory(method: MethodSpec, target: LoadedModel, sources: DraftSources,
+                    device: str = "cpu") -> DrafterFactory | None:
+    """What makes `method`'s drafters (None: autoregressive): its draft model and trigram are loaded
+    here, once; each call of the factory makes one more drafter (one per row of a batch) sharing them."""
     check_fits(method, target.config.max_seq_len)
     return lookup(method.name).build(target, method.params, sources, device)
 
 
+def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources,
+                  device: str = "cpu") -> Drafter | None:
+    make = drafter_factory(method, target, sources, device)
+    return None if make is None else make()
+
+
+def length_rule(method: MethodSpec, target: LoadedModel, rows: int = 1) -> BatchLength:
+    """The rule sizing each step's drafts for `method` in steps of up to `rows` rows (a fresh one per
+    engine: it learns acceptance rates as it goes)."""
+    return lookup(method.name).length(target, method.params, rows)
+
+
 def run_method(target: LoadedModel, drafter: Drafter | None, prompt_ids: Sequence[int], gen: GenerationConfig,
-               on_text: Callable[[str], None] | None = None) -> GenerationResult:
+               on_text: Callable[[str], None] | None = None, length: BatchLength | None = None) -> GenerationResult:
     if drafter is None:
         return generate(target, prompt_ids, gen, on_text=on_text)
-    return speculative_generate(target, drafter, prompt_ids, gen, on_text=on_text)
+    return speculative_generate(target, drafter, prompt_ids, gen, on_text=on_text, length=length)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The methods
 # ---------------------------------------------------------------------------------------------------
+def batch_cost(target: LoadedModel, rows: int) -> Callable[[int, int], float]:
+    """The target's forward cost per (rows, tokens) for steps of up to `rows` rows, every grid row count
+    it needs measured now (once per machine, then stored: engine/batch_cost.py), so that no step of a
+    timed run stops to measure."""
+    costs = batch_costs(target)
+    r = 1
+    while True:
+        costs.cost(r, r)
+        if r >= rows:
+            return costs.cost
+        r *= 2
+
+
 def tree_measures(p: Params) -> int:
     """cost=1: the forward costs of widths 1 .. budget + 1 (the root and up to `budget` nodes)."""
     return p["budget"] + 1 if p["cost"] else 0
@@ -274,15 +313,38 @@ def tree_budget(target: LoadedModel, p: Params) -> CostAwareBudget | None:
     return CostAwareBudget(width_costs(target, tree_measures(p))) if p["cost"] else None
 
 
-def build_chain(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> Drafter:
+def build_chain(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
     d = resolve_draft(target, sources, device)
-    return ModelDrafter(d.lm, TreeParams.chain(p["k"]), window=d.window)
+    k = max(p["k"], p["max"])  # with BASS's rule the drafter grows up to max, the rule's l limits it
+    return lambda: ModelDrafter(d.lm, TreeParams.chain(k), window=d.window)
 
 
-def build_tree(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> Drafter:
+def chain_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
+    if p["cost"]:  # a draft model's forwards cost time: drafting pauses while no draft token pays
+        return CostAwareBatchLength(batch_cost(target, rows), pause=True)
+    if p["max"]:
+        return BassLength(start=p["k"], cap=p["max"])
+    return AsProposed()
+
+
+def check_chain(p: Params) -> str | None:
+    if p["max"] and p["max"] < p["k"]:
+        return f"BASS's length starts at k and grows to max: need k <= max, got k={p['k']}, max={p['max']}"
+    return None
+
+
+def build_tree(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
     d = resolve_draft(target, sources, device)
-    return ModelDrafter(d.lm, TreeParams(p["width"], p["budget"], p["depth"], p["expand"]), window=d.window,
-                        budget=tree_budget(target, p))
+    shape = TreeParams(p["width"], p["budget"], p["depth"], p["expand"])
+    return lambda: ModelDrafter(d.lm, shape, window=d.window, budget=tree_budget(target, p))
+
+
+def tree_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
+    """cost=1: one row's trees are sized by their CostAwareBudget alone; a batch's steps also by the
+    batch's forward cost (a draft node then costs about what a row does)."""
+    if p["cost"] and rows > 1:
+        return CostAwareBatchLength(batch_cost(target, rows), pause=True)
+    return AsProposed()
 
 
 def ngram_measures(p: Params) -> int:
@@ -290,14 +352,27 @@ def ngram_measures(p: Params) -> int:
     return p["max"] + 1 if p["cost"] else 0
 
 
-def build_ngram(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> Drafter:
-    length: ChainLength | None = None
-    if p["cost"]:  # the target's forward costs of widths 1 .. max + 1 (measured once, then stored)
-        length = CostAwareLength(width_costs(target, ngram_measures(p)))
-    elif p["max"]:
-        length = DynamicDraftLength(start=p["depth"], cap=p["max"])
-    return NgramDrafter(load_ngram(target, sources), widths=(p["width"],) + (1,) * (p["depth"] - 1),
-                        max_n=p["match"], length=length)
+def build_ngram(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
+    trigram = load_ngram(target, sources)
+    costs = width_costs(target, ngram_measures(p)) if p["cost"] else None  # measured once, then stored
+
+    def make() -> Drafter:
+        length: ChainLength | None = None
+        if costs is not None:
+            length = CostAwareLength(costs)
+        elif p["max"]:
+            length = DynamicDraftLength(start=p["depth"], cap=p["max"])
+        return NgramDrafter(trigram, widths=(p["width"],) + (1,) * (p["depth"] - 1), max_n=p["match"], length=length)
+
+    return make
+
+
+def ngram_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
+    """cost=1: one row's chain is sized by its CostAwareLength; a batch's steps also by the batch's forward
+    cost. Proposals cost no target time, so drafting never pauses (a context match may come any step)."""
+    if p["cost"] and rows > 1:
+        return CostAwareBatchLength(batch_cost(target, rows))
+    return AsProposed()
 
 
 def check_ngram(p: Params) -> str | None:
@@ -309,11 +384,12 @@ def check_ngram(p: Params) -> str | None:
     return None
 
 
-def build_staged(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> Drafter:
+def build_staged(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
     d = resolve_draft(target, sources, device)
-    return StagedDrafter(d.lm, NgramDrafter(load_ngram(target, sources)),
-                         TreeParams(p["width"], p["budget"], p["depth"]), window=d.window,
-                         widths=(1,) * p["d2"] if p["d2"] else STAGED_WIDTHS, budget=tree_budget(target, p))
+    trigram = load_ngram(target, sources)
+    return lambda: StagedDrafter(d.lm, NgramDrafter(trigram), TreeParams(p["width"], p["budget"], p["depth"]),
+                                 window=d.window, widths=(1,) * p["d2"] if p["d2"] else STAGED_WIDTHS,
+                                 budget=tree_budget(target, p))
 
 
 # a draft size: no more than MAX_TREE draft tokens are ever verified in one step
@@ -333,11 +409,17 @@ DRAFT = frozenset({"draft", "draft_dtype"})  # the DraftSources fields of a draf
 TRIGRAM = frozenset({"ngram"})
 
 register(Method("ar", "autoregressive decoding: the target alone", lambda target, p, sources, device: None))
-register(Method("chain", "a chain of k draft tokens, verified in one target forward", build_chain,
-                (size("k", 4, "draft tokens per step"),), sources=DRAFT))
+register(Method("chain", "a chain of k draft tokens, verified in one target forward", build_chain, (
+    size("k", 4, "draft tokens per step (with max: the first step's)"),
+    size("max", 0, "M: the chain's length follows BASS's rule, shared by the batch, from k up to M", low=0,
+         zero="a fixed length"),
+    Param("cost", 0, "1: each step verifies the draft tokens that pay for their width, from the batch's measured "
+          "forward cost and the draft's probabilities; drafting pauses while none pays", low=0, high=1,
+          zero="no cost model"),
+), check_chain, sources=DRAFT, length=chain_length))
 register(Method("tree", "a best-first tree from the draft model (Spector & Ré 2023)", build_tree,
                 (WIDTH, BUDGET, DEPTH, size("expand", 4, "nodes the draft expands in one forward"), COST),
-                sources=DRAFT, measures=tree_measures))
+                sources=DRAFT, measures=tree_measures, length=tree_length))
 # a 3-token chain suits the default int4 target, whose forward cost grows with every token; on a bf16
 # target (wide forwards nearly free) width=12,depth=6 accepts more (docs/BENCHMARKS.md)
 register(Method("ngram", "proposals from the trigram and the context (prompt lookup), no draft model", build_ngram, (
@@ -351,10 +433,35 @@ register(Method("ngram", "proposals from the trigram and the context (prompt loo
     # a longer match is both a surer proposal and, for cost=1, sharper evidence
     Param("match", 3, "the longest suffix the context lookup matches", high=MAX_MATCH,
           why="longer suffixes cost match² per token to index"),
-), check_ngram, sources=TRIGRAM, measures=ngram_measures))
+), check_ngram, sources=TRIGRAM, measures=ngram_measures, length=ngram_length))
+# `auto`, the default: the fastest lossless choice measured on these CPUs, for one row and many
+# (docs/BENCHMARKS.md): the cost-aware n-gram chain. Its drafts cost no target time, and its rules verify only
+# the tokens that pay (one row: CostAwareLength over the width costs; a batch: CostAwareBatchLength over the
+# batch's forward costs), so it falls back to plain decoding by itself where speculation does not pay. The
+# draft-model methods run below `ar` at one row here (0.85-0.96 x with the shipped draft) and are not chosen.
+AUTO = "ngram:max=8,cost=1,match=6"
+
+
+def build_auto(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
+    spec = parse_method(AUTO)
+    if sources.ngram is None and default_ngram_path(target.name) is None:  # no trigram: the context alone
+        costs = width_costs(target, ngram_measures(spec.params))
+        return lambda: NgramDrafter(None, widths=(1,), max_n=spec.params["match"], length=CostAwareLength(costs))
+    return build_ngram(target, spec.params, sources, device)
+
+
+def describe(method: MethodSpec) -> str:
+    """The method as the stats line names it: `auto` says what it runs."""
+    return f"auto ({AUTO})" if method.name == "auto" else str(method)
+
+
 register(Method("staged", "the draft's tree with draft2 (the trigram) speculating the draft (Spector & Ré 2023)",
                 build_staged, (WIDTH, BUDGET, DEPTH, COST, size(
                     "d2", 0, "N: draft2's proposal under each spine token is a chain of N tokens (a narrower "
                     "draft forward: on the 2-core CPU it pays, docs/BENCHMARKS.md)", low=0,
                     zero="the paper's tree (widths 12, 7, 4, 1, 1, 1)")),
-                sources=DRAFT | TRIGRAM, measures=tree_measures))
+                sources=DRAFT | TRIGRAM, measures=tree_measures, length=tree_length))
+register(Method("auto", f"the fastest lossless choice measured here: {AUTO} (the trigram and context lookup, "
+                "each step's length by the measured forward cost)", build_auto, sources=TRIGRAM,
+                measures=lambda p: ngram_measures(parse_method(AUTO).params),
+                length=lambda target, p, rows: ngram_length(target, parse_method(AUTO).params, rows)))

@@ -20,6 +20,7 @@ from specstack import interrupt
 from specstack.attention import tree_batch
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import DraftContext, Drafter
+from specstack.drafting.batch_length import AsProposed, BatchLength
 from specstack.engine.session import GenerationResult, open_session
 from specstack.engine.stats import StepStats
 from specstack.models.base import LoadedModel
@@ -46,7 +47,10 @@ def stack_hidden(hidden: dict[int, torch.Tensor], layers: tuple[int, ...]) -> to
 
 def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequence[int],
                          gen: GenerationConfig, on_text: Callable[[str], None] | None = None,
-                         max_tree: int = MAX_TREE) -> GenerationResult:
+                         max_tree: int = MAX_TREE, length: BatchLength | None = None) -> GenerationResult:
+    """length: the draft-length rule of every step (drafting/batch_length.py; the batch's rules with one
+    row). None: the tree as the drafter proposes it."""
+    length = length if length is not None else AsProposed()
     model, cfg = target.model, target.config
     run = open_session(target, prompt_ids, gen, on_text, scratch=max_tree + 1)
     stream, stats, cache, rng = run.stream, run.stats, run.cache, run.generator
@@ -67,11 +71,13 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequ
     while not stream.done:
         interrupt.check()  # Ctrl-C stops the run here, between steps
         step = StepStats()
-        # 1. propose (the tree may not outgrow the room left in the context)
+        # 1. propose (the tree may not outgrow the room left in the context), sized by the length rule
         t = time.perf_counter()
+        ctx.limit = length.limit()
         tree = drafter.propose(ctx)
         room = min(max_tree, cfg.max_seq_len - len(ctx.tokens) - 1)
         tree = tree.truncated(max(0, room))
+        tree = tree.truncated(length.choose([tree], 1, 1)[0])
         step.draft_seconds = time.perf_counter() - t
         # 2. score root + tree in one target forward
         t = time.perf_counter()
@@ -88,6 +94,7 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt_ids: Sequ
         t = time.perf_counter()
         cache.commit_nodes(0, [0] + [a + 1 for a in result.accepted])
         drafter.observe(tree, result, stack_hidden(out.hidden, layers))
+        length.observe([tree], [len(result.accepted)])
         taken = stream.push(result.tokens)
         ctx.tokens.extend(result.tokens)
         step.record(tree, result, taken)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specstack.attention import Layout, build_batch, row_blocks_batch, tree_batch
+from specstack.cache import KVCache
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 
@@ -50,25 +51,30 @@ def forward_steps(lm: LoadedModel, ctx: list[int], max_t: int) -> dict[str, Forw
     return {f"specstack {lm.fmt} chain": chain, f"specstack {lm.fmt} tree": tree}
 
 
-# Tokens per prefill forward when many rows take the same context (bounds the activations of a
-# 64-row prefill: 64 x 256 tokens at once would hold 16k tokens' activations)
+# Tokens per prefill forward of the shared context (bounds the activations of a long context's prefill)
 PREFILL_TOKENS = 4096
 
 
 class RowForwards:
     """Forwards of B rows that all hold the same committed context and leave the cache unchanged: the
     batched engine's step (engine/batched.py) at a fixed context. One cache of `max_rows` rows is
-    prefilled once; `keep(b)` drops rows from the end (O(1): the last row moves nowhere), so a sweep
-    from the most rows down reuses that prefill for every B."""
+    filled once (one row prefilled, its keys/values copied to the others); `keep(b)` drops rows from
+    the end (O(1): the last row moves nowhere), so a sweep from the most rows down reuses that fill
+    for every B."""
 
     def __init__(self, lm: LoadedModel, ctx: list[int], max_rows: int, scratch: int) -> None:
+        if max_rows < 1:
+            raise ValueError(f"need at least one row, got {max_rows}")
         self.model = model = lm.model
         # max_rows allocated up front, as the engine does: B live rows of max_rows, same strides
-        self.cache = model.new_cache(max_rows, len(ctx) + scratch)
-        ids = torch.tensor([ctx] * max_rows, device=model.device)
-        step = max(1, PREFILL_TOKENS // max_rows)
-        for i in range(0, len(ctx), step):  # no logits: they are not timed and would be rows x vocab
-            model.extend(ids[:, i : i + step], self.cache, logit_rows=slice(0, 0))
+        self.cache = model.new_cache(1, len(ctx) + scratch, max_rows=max_rows)
+        ids = torch.tensor([ctx], device=model.device)
+        for i in range(0, len(ctx), PREFILL_TOKENS):  # no logits: they are not timed and would be T x vocab
+            model.extend(ids[:, i : i + PREFILL_TOKENS], self.cache, logit_rows=slice(0, 0))
+        # every row holds the same context, so the rows' keys/values are row 0's: copying them costs
+        # one memory copy a row instead of a prefill a row (16 rows x 256 tokens: 40 s of bf16 on 2 cores)
+        for _ in range(1, max_rows):
+            _copy_row(self.cache, 0)
         self.committed = list(self.cache.lengths)
 
     @property
@@ -114,6 +120,18 @@ class RowForwards:
             return logits
 
         return step
+
+
+def _copy_row(cache: KVCache, src: int) -> None:
+    """Add a row after the live ones holding row `src`'s committed tokens (keys, values, positions)."""
+    row = cache.add_row()
+    n = cache.lengths[src]
+    cache.k[:, row, :, :n] = cache.k[:, src, :, :n]
+    cache.v[:, row, :, :n] = cache.v[:, src, :, :n]
+    cache.slot_pos[row] = cache.slot_pos[src]
+    if cache.feat is not None:
+        cache.feat[row, :n] = cache.feat[src, :n]
+    cache.lengths[row], cache.next_pos[row] = n, cache.next_pos[src]
 
 
 def ragged_tokens(counts: Sequence[int], layout: Layout, vocab_size: int, generator: torch.Generator) -> torch.Tensor:

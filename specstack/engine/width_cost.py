@@ -42,25 +42,33 @@ def width_costs(lm: LoadedModel, widths: int, repeats: int = 5) -> list[float]:
         raise ValueError(f"need widths >= 1, got {widths}")
     path = cache_root() / STORE_NAME
     key = curve_key(lm)
-    store = _read(path)
+    store = read_store(path)
     known = store.get(key)
     if isinstance(known, list) and len(known) >= widths and all(isinstance(c, float) and c > 0 for c in known):
         return known[:widths]
     costs = measure_width_costs(lm, widths, repeats=repeats)
-    store = _read(path)  # another process may have written meanwhile
+    store = read_store(path)  # another process may have written meanwhile
     store[key] = costs
-    _write(path, store)
+    write_store(path, store)
     return costs
 
 
 def curve_key(lm: LoadedModel) -> str:
     """What a width-cost curve depends on (not the weights' values: a forward's time does not)."""
+    return machine_key(lm, MEASURE_VERSION)
+
+
+def machine_key(lm: LoadedModel, *more: object) -> str:
+    """A store key for a measured cost of `lm`'s forwards: the model's shape and weight format, the
+    device, the thread count, the torch version, the CPU, then `more` (JSON values: the measurement's
+    version and settings). Shared by every cost store (width_costs.json, batch_costs.json)."""
     what = [repr(lm.config), lm.fmt, lm.model.device.type, torch.get_num_threads(), torch.__version__, cpu_model(),
-            MEASURE_VERSION]
+            *more]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
 
 
-def _read(path: Path) -> dict[str, object]:
+def read_store(path: Path) -> dict[str, object]:
+    """A cost store's entries; {} when the file is missing or damaged."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -68,7 +76,8 @@ def _read(path: Path) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
-def _write(path: Path, store: dict[str, object]) -> None:
+def write_store(path: Path, store: dict[str, object]) -> None:
+    """Rewrite a cost store whole, atomically; a store that cannot be written is left as it is."""
     try:
         atomic_write_text(path, json.dumps(store, indent=1) + "\n", parents=True)  # a reader never sees half
     except OSError:

@@ -41,9 +41,9 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     real = bench_run.run_method
 
-    def counted(target, drafter, ids, gen):
+    def counted(target, drafter, ids, gen, length=None):
         calls.append("ar" if drafter is None else type(drafter).__name__)
-        return real(target, drafter, ids, gen)
+        return real(target, drafter, ids, gen, length)
 
     monkeypatch.setattr(bench_run, "run_method", counted)
     return calls
@@ -183,8 +183,8 @@ def test_outputs_fields_and_speedups(tiny, bench, tmp_path):
 def test_identical_to_ar_false_when_a_method_differs(tiny, bench, tmp_path, monkeypatch, capsys):
     real = bench_run.run_method
 
-    def altered(target, drafter, ids, gen):  # the speculative method emits one wrong token
-        res = real(target, drafter, ids, gen)
+    def altered(target, drafter, ids, gen, length=None):  # the speculative method emits one wrong token
+        res = real(target, drafter, ids, gen, length)
         if drafter is not None:
             res = replace(res, tokens=res.tokens[:-1] + [(res.tokens[-1] + 1) % target.config.vocab_size])
         return res

@@ -22,7 +22,9 @@ import specstack
 import specstack.models.loading
 from specstack.cli import main
 
-STATS_LINE = re.compile(r"^\d+ tokens in \d+\.\d+ s \(\d+\.\d+ tokens/s; prefill \d+ tokens \d+\.\d+ s\)$")
+# a speculative run adds tau; the last line names the method (`auto` says what it ran), a batch's per-row lines do not
+STATS_LINE = re.compile(r"^\d+ tokens in \d+\.\d+ s \(\d+\.\d+ tokens/s; prefill \d+ tokens \d+\.\d+ s\)"
+                        r"(; tau \d+\.\d+ tokens/forward over \d+ target forwards)?(; method \S.*)?$")
 
 
 @dataclass

@@ -16,7 +16,7 @@ import specstack.cli.generate
 FP32 = ("--dtype", "fp32", "--max-new-tokens", "6")
 HEADER = re.compile(r"^### prompt (\d+), sample (\d+) \(finish: (\w+), (\d+) tokens\)$", re.M)
 TOTAL = re.compile(r"^(\d+) rows: (\d+) tokens in \d+\.\d+ s \(\d+\.\d+ tokens/s; batch size (\d+); "
-                   r"draft \d+\.\d+ s, target \d+\.\d+ s, verify \d+\.\d+ s, overhead \d+\.\d+ s\)$")
+                   r"draft \d+\.\d+ s, target \d+\.\d+ s, verify \d+\.\d+ s, overhead \d+\.\d+ s\); method (\S.*)$")
 PROMPTS = ["hello", "def add(a, b):\n    return", "The quick brown fox jumps over the lazy dog because"]
 FIELDS = {"prompt_index", "sample", "seed", "text", "finish_reason", "new_tokens", "prompt_tokens", "seconds",
           "tokens_per_s"}
@@ -74,7 +74,7 @@ def test_greedy_samples_are_the_single_run(run_cli, tiny_model, stats_line, batc
     assert plain_rows(r.out) == [(1, s, alone) for s in (1, 2, 3)]
     assert r.err.count("specstack: warning: --n 3 with greedy decoding") == 1
     tokens = sum(int(h[3]) for h in HEADER.findall(r.out))
-    assert total(r.err).groups() == ("3", str(tokens), "3")
+    assert total(r.err).groups() == ("3", str(tokens), "3", "auto (ngram:max=8,cost=1,match=6)")
     per_row = [line for line in r.err.splitlines() if line.startswith("prompt 1, sample ")]
     assert len(per_row) == 3 and all(stats_line.match(line.split(": ", 1)[1]) for line in per_row), r.err
 
@@ -180,12 +180,11 @@ def jsonl_file(tmp_path, *lines: str):
     (("--n", "x"), "--n must be an integer"),
     (("--batch-size", "0"), "--batch-size must be >= 1, got 0"),
     (("--batch-size", "99999"), "--batch-size must be <= 1024, got 99999"),
-    (("--n", "2", "--method", "chain"), "method 'chain:k=4' does not run in a batch yet (2 rows)"),
-    (("--n", "2", "--method", "ngram"), "method 'ngram"),
+    (("--n", "2", "--method", "chain:k=8,max=4"), "BASS's length starts at k and grows to max: need k <= max"),
     (("--n", "2", "--show-origins"), "--show-origins and --html show one generation, not 2 rows"),
     (("--n", "3", "--temperature", "1", "--seed", str(2**64 - 2)), "the samples would take seeds up to"),
     (("--per-line",), "--per-line splits a --prompt-file into prompts; --prompt is one prompt"),
-], ids=["n0", "n-negative", "n-text", "batch0", "batch-huge", "chain", "ngram", "origins", "seed-overflow",
+], ids=["n0", "n-negative", "n-text", "batch0", "batch-huge", "bass-bounds", "origins", "seed-overflow",
         "per-line-prompt"])
 def test_bad_counts_fail_before_loading(run_cli, no_model, flags, phrase):
     assert_error(run_cli("generate", "--prompt", "hi", *flags), phrase)

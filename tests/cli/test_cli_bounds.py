@@ -255,7 +255,7 @@ def test_the_warning_comes_with_a_finished_run(run_cli, tiny_model, stats_line):
                 "--draft", "self:1")
     assert r.code == 0, r.err
     first, *_, last = r.err.splitlines()
-    assert first == "specstack: warning: --draft is ignored: method 'ar' does not use it"
+    assert first == "specstack: warning: --draft is ignored: method 'auto' does not use it"
     assert stats_line.match(last)
 
 

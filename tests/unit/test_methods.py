@@ -37,18 +37,19 @@ from specstack.validate import MAX_TREE
 # ---------------------------------------------------------------------------------------------------
 def test_defaults_are_filled_in_and_given_values_kept():
     assert parse_method("ar") == MethodSpec("ar", {})
-    assert parse_method(" chain ") == MethodSpec("chain", {"k": 4})
+    assert parse_method(" chain ") == MethodSpec("chain", {"k": 4, "max": 0, "cost": 0})
     assert parse_method("tree:budget=12, depth=4") == MethodSpec(
         "tree", {"width": 4, "budget": 12, "depth": 4, "expand": 4, "cost": 0})
     assert str(parse_method("staged:d2=3")) == "staged:width=4,budget=36,depth=8,cost=0,d2=3"
-    assert list(METHODS) == ["ar", "chain", "tree", "ngram", "staged"]
+    assert list(METHODS) == ["ar", "chain", "tree", "ngram", "staged", "auto"]
 
 
 @pytest.mark.parametrize("text, message", [
-    ("nope", "unknown method 'nope'; choose from ar, chain, tree, ngram, staged"),
+    ("nope", "unknown method 'nope'; choose from ar, chain, tree, ngram, staged, auto"),
     ("ar:k=1", "method 'ar': bad parameter 'k=1' (parameters: none)"),
-    ("chain:q=1", "method 'chain': bad parameter 'q=1' (parameters: k)"),
-    ("chain:k", "method 'chain': bad parameter 'k' (parameters: k)"),
+    ("chain:q=1", "method 'chain': bad parameter 'q=1' (parameters: k, max, cost)"),
+    ("chain:k", "method 'chain': bad parameter 'k' (parameters: k, max, cost)"),
+    ("chain:k=8,max=4", "method 'chain': BASS's length starts at k and grows to max: need k <= max"),
     ("chain:k=two", "method 'chain': k must be an integer, got 'two'"),
     ("chain:k=0", "method 'chain': k must be >= 1, got 0"),
     ("ngram:depth=0", "method 'ngram': depth must be >= 1, got 0"),
@@ -139,7 +140,7 @@ def test_a_new_method_is_one_registered_entry(registry, tiny_llama):
 
     def build(target, p, sources, device):
         built.append((p["k"], sources, device))
-        return ModelDrafter(target, TreeParams.chain(p["k"]))
+        return lambda: ModelDrafter(target, TreeParams.chain(p["k"]))
 
     register(Method("mirror", "the target drafts for itself", build, (Param("k", 2, "draft tokens", high=6),),
                     check=lambda p: f"k must be even, got {p['k']}" if p["k"] % 2 else None))

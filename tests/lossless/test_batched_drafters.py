@@ -1,0 +1,143 @@
+"""Speculation in a batch (BASS; engine/batched.py, drafting/batch_length.py) is lossless row by row: in
+fp32 every row's greedy output equals that prompt decoded alone, for every drafter (n-gram chains and
+trees, a draft model's chains and trees, staged, MagicDec's window, a SPIRe draft reading the
+target's activations), rows of very different acceptance (a perfect draft, a partial one, a random
+one) side by side, PAD and SPLIT, every draft-length rule, rows joining mid-flight as others leave,
+and drafters reused from a finished row by the next request."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from lossless.test_greedy_equality import RandomProposals
+
+from specstack.config import GenerationConfig
+from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareBatchLength, FixedLength
+from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
+from specstack.drafting.katz import KatzTrigram
+from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.drafting.ngram import NgramDrafter
+from specstack.drafting.staged import StagedDrafter
+from specstack.engine.autoregressive import generate
+from specstack.engine.batched import BatchEngine, BatchRequest
+from specstack.engine.methods import DraftSources, resolve_draft
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+_rnd = random.Random(20)
+PROMPTS = [[_rnd.randrange(3, 257) for _ in range(n)] for n in (1, 40, 3, 17, 6, 25, 2, 9)]
+GEN = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
+_alone: dict[tuple, list[int]] = {}
+
+
+def alone(lm, prompt: list[int], gen: GenerationConfig = GEN) -> list[int]:
+    key = (id(lm), tuple(prompt), gen)
+    if key not in _alone:
+        _alone[key] = generate(lm, prompt, gen).tokens
+    return _alone[key]
+
+
+def cost(rows: int, tokens: int) -> float:
+    """A forward's cost: a row costs 1, a token 0.3 more up to 4 a row, then 0.8 (the int4 CPU's shape)."""
+    return rows + 0.3 * min(tokens - rows, 3 * rows) + 0.8 * max(0, tokens - 4 * rows)
+
+
+RULES = {"proposed": AsProposed, "fixed2": lambda: FixedLength(2), "bass": lambda: BassLength(3, 8),
+         "cost": lambda: CostAwareBatchLength(cost), "cost-pause": lambda: CostAwareBatchLength(cost, pause=True)}
+
+
+def run_batch(lm, drafters, rule, layout, prompts=PROMPTS, max_rows=4, gen=GEN):
+    engine = BatchEngine(lm, max_rows=max_rows, max_context=160, layout=layout, prefill_chunk=16, length=rule)
+    requests = [BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, drafters, strict=True)]
+    return engine, engine.run(requests)
+
+
+def check(lm, prompts, results, what):
+    for i, (p, out) in enumerate(zip(prompts, results, strict=True)):
+        assert out.tokens == alone(lm, p), f"{what}: row {i} (prompt of {len(p)} tokens)"
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("layout", ["pad", "split"])
+def test_draft_models_of_every_quality_side_by_side(tiny, self_drafts, random_draft, rule, layout):
+    """Chains and trees from a perfect draft (the target), a partial one and a random one, and plain rows."""
+    drafts = [tiny.lm, self_drafts[tiny.arch], random_draft, None]
+    shapes = [TreeParams.chain(4), TreeParams(width=2, budget=8, depth=4, expand_per_forward=2)]
+    drafters = [ModelDrafter(drafts[i % 4], shapes[i % 2]) if drafts[i % 4] is not None else None
+                for i in range(len(PROMPTS))]
+    engine, results = run_batch(tiny.lm, drafters, RULES[rule](), layout)
+    check(tiny.lm, PROMPTS, results, f"{rule}, {layout}")
+    if rule != "cost-pause":  # (which may pause every row's drafting for good: low draft probabilities)
+        assert sum(engine.stats.accepted) > 0  # the perfect draft's rows really accepted drafts
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_ngram_rows(tiny, rule):
+    """n-gram chains (BASS's per-row length, the cost-aware length) and the staged paper's proposal tree."""
+    corpus = [[_rnd.randrange(257) for _ in range(300)] for _ in range(2)] + [alone(tiny.lm, p) for p in PROMPTS[:4]]
+    trigram = KatzTrigram.train(corpus, vocab_size=257)
+    lengths = [DynamicDraftLength(2, 8), CostAwareLength([1.0, 1.05, 1.1, 1.15, 2.0, 2.1, 2.2]), None]
+    drafters = [NgramDrafter(trigram, length=lengths[i % 3], max_n=6) for i in range(len(PROMPTS))]
+    engine, results = run_batch(tiny.lm, drafters, RULES[rule](), "auto")
+    check(tiny.lm, PROMPTS, results, rule)
+    assert sum(engine.stats.accepted) > 0
+
+
+@pytest.mark.parametrize("rule", ["proposed", "cost"])
+def test_staged_rows(tiny, self_drafts, rule):
+    drafters = [StagedDrafter(d, RandomProposals(5 + i, tiny.lm if i % 2 else None),
+                              TreeParams(width=3, budget=12, depth=5), widths=(3, 2, 1, 1))
+                for i, d in enumerate([tiny.lm, self_drafts[tiny.arch]] * 3)]
+    _, results = run_batch(tiny.lm, drafters, RULES[rule](), "auto", prompts=PROMPTS[:6])
+    check(tiny.lm, PROMPTS[:6], results, rule)
+
+
+def test_magicdec_window_rows(tiny_llama):
+    small = resolve_draft(tiny_llama.lm, DraftSources(draft="magicdec:6"), "cpu")
+    drafters = [ModelDrafter(small.lm, TreeParams.chain(3), window=small.window) for _ in PROMPTS]
+    _, results = run_batch(tiny_llama.lm, drafters, BassLength(3, 8), "split")
+    check(tiny_llama.lm, PROMPTS, results, "magicdec")
+    assert min(d.cache.lengths[0] for d in drafters[:2]) < len(PROMPTS[1])  # the windows really evicted
+
+
+@pytest.mark.parametrize("rule", ["proposed", "bass", "cost"])
+def test_spire_rows_read_the_target_activations_of_their_own_row(tiny_llama, spire_drafts, rule):
+    """SPIRe drafts take their memories from the batch's target forward (prompt chunks, then each root and
+    accepted path): the perfect one ("spire-exact") has every chain accepted in full, which fails on any
+    row's activations read from another row or position."""
+    kinds = ["spire-exact", "spire", "spire-int8", None]
+    drafters = [ModelDrafter(spire_drafts[kinds[i % 4]], TreeParams.chain(3)) if kinds[i % 4] else None
+                for i in range(len(PROMPTS))]
+    _, results = run_batch(tiny_llama.lm, drafters, RULES[rule](), "auto")
+    check(tiny_llama.lm, PROMPTS, results, rule)
+    for i in (0, 4):  # the exact draft's rows: every verified chain accepted whole
+        steps = results[i].stats.steps
+        assert steps and all(s.accepted == s.tree_size for s in steps), f"row {i}"
+
+
+def test_a_drafter_reused_by_the_next_request_starts_afresh(tiny, self_drafts):
+    """Rows leave (the last row moves into the freed slot) and queued requests join; a drafter that served
+    a finished request serves the next one, reset with the new prompt."""
+    drafter = ModelDrafter(self_drafts[tiny.arch], TreeParams.chain(3))
+    gens = [GenerationConfig(max_new_tokens=n, stop_on_eos=False) for n in (4, 30, 12, 25)]
+    engine = BatchEngine(tiny.lm, max_rows=2, max_context=160, prefill_chunk=8)
+    first = engine.add(BatchRequest(PROMPTS[1], gens[0], drafter=drafter))
+    others = [engine.add(BatchRequest(p, g, drafter=ModelDrafter(self_drafts[tiny.arch], TreeParams.chain(2))))
+              for p, g in zip(PROMPTS[2:4], gens[1:3], strict=True)]
+    while engine.pop_result(first) is None and engine.busy:
+        engine.step()
+    again = engine.add(BatchRequest(PROMPTS[5], gens[3], drafter=drafter))  # the same drafter, a new prompt
+    while engine.busy:
+        engine.step()
+    for h, p, g in zip([*others, again], [PROMPTS[2], PROMPTS[3], PROMPTS[5]], gens[1:], strict=True):
+        assert engine.pop_result(h).tokens == alone(tiny.lm, p, g)
+
+
+def test_cost_rule_turns_speculation_off_when_drafts_do_not_pay(tiny, random_draft):
+    """With every extra token costing as much as a row, a random draft's tokens never pay: after a few
+    steps the rule keeps no node, and with pause the drafters stop drafting (limit 0) except to probe."""
+    rule = CostAwareBatchLength(lambda rows, tokens: float(tokens), pause=True)
+    drafters = [ModelDrafter(random_draft, TreeParams.chain(3)) for _ in PROMPTS[:4]]
+    engine, results = run_batch(tiny.lm, drafters, rule, "auto", prompts=PROMPTS[:4])
+    check(tiny.lm, PROMPTS[:4], results, "cost off")
+    assert sum(engine.stats.drafted[-10:]) == 0

@@ -1,0 +1,61 @@
+"""Sampling losslessness for speculation in a batch (BASS; engine/batched.py): rows that draft chains and
+trees verified by recursive rejection sampling (a draft model's q), and staged trees verified by
+sample-walk, at two sampling settings, all interleaved in the same batches under a draft-length rule
+that changes each step's sizes from what the rows accepted (BASS's shared length, the cost-aware
+choice), emit first-two-token pairs distributed as p(x1) p(x2 | x1) of their own warp.
+
+V = 8 tiny target and draft (lossless/conftest.py); chi-square with pooled cells; the thresholds of a test
+add up to a false-failure probability of 1e-4 for its fixed seeds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from chisq import chi2_pvalue
+from lossless.test_sampling_equivalence import PROMPT, NextTwo, V, exact_pairs
+
+from specstack.config import GenerationConfig, SamplingParams
+from specstack.drafting.batch_length import BassLength, CostAwareBatchLength
+from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.drafting.staged import StagedDrafter
+from specstack.engine.batched import BatchEngine, BatchRequest
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ALPHA = 1e-4
+SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=3)]
+KINDS = {
+    "chain": lambda draft: ModelDrafter(draft, TreeParams.chain(3)),
+    "tree": lambda draft: ModelDrafter(draft, TreeParams(width=2, budget=4, depth=2, expand_per_forward=2)),
+    "staged": lambda draft: StagedDrafter(draft, NextTwo(), TreeParams(width=2, budget=6, depth=3), widths=(2, 1)),
+}
+ROWS = 700  # per (kind, setting)
+RULES = {"bass": lambda: BassLength(start=2, cap=4),
+         "cost": lambda: CostAwareBatchLength(lambda rows, tokens: rows + 0.2 * (tokens - rows))}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_drafting_rows_follow_their_own_sampling_parameters(vocab8, rule):
+    target, draft = vocab8
+    groups = [(kind, s) for kind in KINDS for s in range(len(SETTINGS))]
+    requests, group_of = [], []
+    for i in range(ROWS * len(groups)):
+        kind, s = groups[i % len(groups)]
+        gen = GenerationConfig(max_new_tokens=2, stop_on_eos=False,
+                               sampling=SamplingParams(**SETTINGS[s], seed=70_000 + i))
+        requests.append(BatchRequest(PROMPT, gen, drafter=KINDS[kind](draft)))
+        group_of.append((kind, s))
+    engine = BatchEngine(target, max_rows=48, max_context=24, length=RULES[rule]())
+    results = engine.run(requests)
+    tests = len(groups) * 2
+    for kind, s in groups:
+        rows = [r for r, g in zip(results, group_of, strict=True) if g == (kind, s)]
+        counts = np.zeros((V, V))
+        for out in rows:
+            counts[out.tokens[0], out.tokens[1]] += 1
+        accepted = sum(out.stats.steps[0].accepted for out in rows if out.stats.steps)
+        assert accepted > 0.1 * len(rows), f"{kind}: drafts (almost) never accepted, the test would not exercise them"
+        expected = exact_pairs(target, SamplingParams(**SETTINGS[s]))
+        p_first = chi2_pvalue(counts.sum(1), expected.sum(1))
+        p_pair = chi2_pvalue(counts, expected)
+        assert p_first > ALPHA / tests, f"{kind}, {SETTINGS[s]}: first token p = {p_first:.2e}"
+        assert p_pair > ALPHA / tests, f"{kind}, {SETTINGS[s]}: pairs p = {p_pair:.2e}"

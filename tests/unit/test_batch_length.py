@@ -1,0 +1,111 @@
+"""The batch's draft-length rules (drafting/batch_length.py) and the batch cost-aware choice
+(draft_length.best_prefixes) worked by hand."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareBatchLength, FixedLength
+from specstack.drafting.draft_length import best_prefix, best_prefixes
+from specstack.tree import DraftTree
+
+
+def chain(n: int, confidence: list[float] | None = None) -> DraftTree:
+    tree = DraftTree.chain(list(range(10, 10 + n)))
+    if confidence is not None:
+        tree.confidence = list(confidence)
+    return tree
+
+
+# ---- best_prefixes ---------------------------------------------------------------------------------
+def test_one_row_is_best_prefix():
+    costs = [1.0, 1.1, 1.2, 1.3, 2.0]
+    for gains in ([0.9, 0.8, 0.7, 0.6], [0.05, 0.01], [0.9, 0.85, 0.8, 0.75], []):
+        want = best_prefix(gains, costs)
+        assert best_prefixes([gains], lambda e: costs[e], 1.0) == [want]
+    assert best_prefix([0.9, 0.8, 0.7, 0.6], costs) == 3  # the fourth would cross the jump to 2.0
+
+
+def test_the_batch_takes_the_surest_nodes_of_any_row():
+    # two rows; a forward costs 2 (two rows) + 0.25 a draft node: a node pays while its gain is above
+    # 0.25 * (tokens so far) / (cost so far); row 0 is sure (0.9, 0.8), row 1 unsure (0.3, 0.1)
+    cost = lambda extra: 2.0 + 0.25 * extra  # noqa: E731
+    # rates: none 2/2 = 1; +0.9 -> 2.9/2.25 = 1.289; +0.8 -> 3.7/2.5 = 1.48; +0.3 -> 4.0/2.75 = 1.4545
+    assert best_prefixes([[0.9, 0.8], [0.3, 0.1]], cost, 2.0) == [2, 0]
+    # costlier nodes: only the surest pays (2.9/2.9 = 1.0 is a tie with none: ties keep fewer)
+    assert best_prefixes([[0.9, 0.8], [0.3, 0.1]], lambda e: 2.0 + 0.9 * e, 2.0) == [0, 0]
+    assert best_prefixes([[0.95, 0.8], [0.3, 0.1]], lambda e: 2.0 + 0.9 * e, 2.0) == [1, 0]
+
+
+def test_a_row_is_cut_to_a_prefix_even_when_a_later_node_looks_better():
+    # row 0's second node has a larger gain than its first (tree order): it cannot come before it
+    out = best_prefixes([[0.1, 0.95]], lambda e: 1.0 + 0.05 * e, 1.0)
+    assert out == [2]  # 2.05/1.1 beats 1.1/1.05 and 1/1
+
+
+# ---- the rules -------------------------------------------------------------------------------------
+def test_as_proposed_and_fixed():
+    trees = [chain(5), chain(0), chain(2)]
+    assert AsProposed().limit() is None and AsProposed().choose(trees, 3, 3) == [5, 0, 2]
+    assert FixedLength(3).limit() == 3 and FixedLength(3).choose(trees, 3, 3) == [3, 0, 2]
+
+
+def test_bass_shares_one_length_across_the_batch():
+    rule = BassLength(start=7, cap=12)
+    assert rule.limit() == 7
+    assert rule.choose([chain(9), chain(3)], 2, 2) == [7, 3]
+    rule.observe([chain(7), chain(3)], [7, 1])  # a row accepted all 7: l + 2
+    assert rule.limit() == 9
+    rule.observe([chain(9), chain(9)], [2, 4])  # none did: 9 - ceil(0.9) - 0 = 8, never below 4
+    assert rule.limit() == 8
+    rule.observe([chain(8)], [1])  # a second miss shrinks one more: 8 - 1 - 1
+    assert rule.limit() == 6
+    rule.observe([], [])  # a step without drafts changes nothing
+    assert rule.limit() == 6
+
+
+def test_cost_rule_uses_confidences_and_calibrates_them():
+    cost = lambda rows, tokens: rows + 0.5 * (tokens - rows)  # noqa: E731
+    rule = CostAwareBatchLength(cost)
+    sure, unsure = chain(3, [0.95, 0.9, 0.2]), chain(3, [0.3, 0.1, 0.05])
+    # rates: 2/2; +0.95: 2.95/2.5 = 1.18; +0.9: 3.85/3 = 1.283; +0.3: 4.15/3.5 = 1.186
+    assert rule.choose([sure, unsure], 2, 2) == [2, 0]
+    # the drafter was overconfident: 5 accepted of 20 predicted, so c = (1 + 5) / (1 + 20) = 0.286 (a
+    # pseudo-step each) and 0.95 -> 0.27 no longer pays at 0.5 a node
+    for _ in range(5):
+        rule.observe([chain(4, [1.0, 1.0, 1.0, 1.0])], [1])
+    assert rule.choose([sure, unsure], 2, 2) == [0, 0]
+
+
+def test_cost_rule_learns_depth_rates_for_trees_without_confidences():
+    rule = CostAwareBatchLength(lambda rows, tokens: rows + 0.3 * (tokens - rows))
+    assert rule.rate(1) == 0.5  # the Beta(1, 1) prior
+    for _ in range(20):  # the first node always accepted, the second never
+        rule.observe([chain(3)], [1])
+    assert rule.rate(1) == pytest.approx(21 / 22) and rule.rate(2) == pytest.approx(1 / 22)
+    assert rule.rate(3) == 0.5  # never tried: depth 2 always failed first
+    assert rule.choose([chain(3)], 1, 1) == [1]
+
+
+def test_sampled_trees_are_cut_only_by_what_was_known_before_the_draw():
+    q = torch.full((4,), 0.25)
+    rule = CostAwareBatchLength(lambda rows, tokens: float(tokens))  # every node costs a row: none pays
+    branching = DraftTree([1, 2, 3], [-1, -1, 0], q=[q, q, q], confidence=[0.9, 0.9, 0.9])
+    sampled_chain = DraftTree.chain([1, 2, 3])
+    sampled_chain.q = [q, q, q]
+    sampled_chain.confidence = [1.0, 1.0, 1.0]  # ignored: its tokens were drawn from q
+    assert rule.gains(branching) is None and rule.choose([branching], 1, 1) == [3]  # verified whole
+    assert rule.gains(sampled_chain) == pytest.approx([0.5, 0.25, 0.125])  # learned rates, not confidences
+    assert rule.choose([sampled_chain], 1, 1) == [0]
+
+
+def test_cost_rule_pauses_drafting_then_probes():
+    rule = CostAwareBatchLength(lambda rows, tokens: rows + 0.5 * (tokens - rows), pause=True, quiet=2, probe=3)
+    limits = []
+    for _ in range(9):
+        limits.append(rule.limit())
+        rule.choose([chain(2, [0.1, 0.05]) if limits[-1] is None else chain(0)], 1, 1)
+    # two idle steps, then a probe every third step
+    assert limits == [None, None, None, 0, 0, None, 0, 0, None]
+    rule.choose([chain(2, [1.0, 1.0])], 1, 1)  # a sure draft pays: drafting resumes
+    assert rule.limit() is None
