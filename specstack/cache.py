@@ -88,6 +88,28 @@ class KVCache:
         self.slot_pos[row] = -1
         return row
 
+    def reserve(self, max_rows: int) -> None:
+        """Room for `max_rows` rows (a group of drafters growing one row at a time): the tensors are
+        reallocated once, bigger, and the live rows copied over (O(the live rows' slots))."""
+        if max_rows <= self.max_rows:
+            return
+        n = self.batch_size
+        grown = {}
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            grown[name] = old.new_zeros((old.shape[0], max_rows, *old.shape[2:]))
+            grown[name][:, :n] = old[:, :n]
+        self.k, self.v = grown["k"], grown["v"]
+        self._k_layer, self._v_layer = list(self.k.unbind(0)), list(self.v.unbind(0))
+        if self.feat is not None:
+            feat = self.feat.new_zeros((max_rows, *self.feat.shape[1:]))
+            feat[:n] = self.feat[:n]
+            self.feat = feat
+        slot_pos = self.slot_pos.new_full((max_rows, self.capacity), -1)
+        slot_pos[:n] = self.slot_pos[:n]
+        self.slot_pos = slot_pos
+        self.max_rows = max_rows
+
     def remove_row(self, row: int) -> int | None:
         """Free a row: the last live row moves into its place (O(that row's tokens), never the whole
         cache), so the live rows stay a prefix. Returns the index of the row that moved (now `row`),
@@ -111,8 +133,14 @@ class KVCache:
         return moved
 
     # -- writing (called by the model, once per layer) -------------------------------------------
-    def check_room(self, n_new: int) -> None:
-        need = max(self.lengths, default=0) + n_new
+    def check_room(self, n_new: int, counts: Sequence[int] | None = None) -> None:
+        """Every row has room for its next n_new slots (with counts: row b writes only the first
+        n_new - (t - counts[b]) of them, a packed block of rows of different lengths)."""
+        if counts is None:
+            need = max(self.lengths, default=0) + n_new
+        else:
+            extra = n_new - max(counts, default=0)
+            need = max((n + c + extra for n, c in zip(self.lengths, counts, strict=True)), default=0)
         if need > self.capacity:
             raise SpecstackError(
                 f"KV cache full: {need} slots needed, capacity {self.capacity} "
@@ -137,7 +165,7 @@ class KVCache:
         elif len(counts) != self.batch_size or sum(counts) != positions.numel():
             raise ValueError(f"a packed block of {positions.numel()} tokens for row counts {list(counts)}")
         t = max(counts, default=0)
-        self.check_room(self.scratch + t)
+        self.check_room(self.scratch + t, counts)
         self._offset = self.scratch
         self.scratch += t
         if self.batch_size == 1:

@@ -27,10 +27,21 @@ class DraftContext:
     limit: int | None = None
 
 
+class DraftGroup(Protocol):
+    """Drafters that propose together: a batch's rows drafted by one draft model in one forward per
+    draft step (drafting/batched_chain.py)."""
+
+    def propose_rows(self, drafters: Sequence[Drafter], ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+        """Each drafter's tree (drafters of this group, each with its row's context)."""
+
+
 class Drafter(Protocol):
     # Target hidden layers (0 = embeddings, i = output of block i) this drafter reads for verified
     # tokens (SPIRe's target activations); () for most. The engine asks its forwards for them.
     target_layers: tuple[int, ...]
+    # The group this drafter proposes with, or None (it proposes alone). A batched engine asks a group
+    # for all its rows' trees at once; `propose` alone is the same for one row.
+    group: DraftGroup | None
 
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         """Start a new sequence (e.g. prefill the draft model's cache with the prompt).

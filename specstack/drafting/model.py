@@ -59,6 +59,7 @@ class ModelDrafter:
     # Under sampling, sampled children carry the draft's q and a tree of them is verified by recursive
     # rejection sampling. A subclass whose trees are verified by sample-walk sets this False.
     carries_q = True
+    group = None  # proposes alone
 
     def __init__(self, draft: LoadedModel, params: TreeParams, capacity: int | None = None,
                  window: WindowSpec | None = None, budget: CostAwareBudget | None = None) -> None:

@@ -41,6 +41,7 @@ class NgramDrafter:
     length: ChainLength | None = None
     lookup: ContextLookup = field(init=False)
     _classes: list[Evidence] = field(init=False, default_factory=list)  # of the chain last proposed
+    _proposed: list[int] = field(init=False, default_factory=list)  # its tokens (before the engine cut it)
 
     def __post_init__(self) -> None:
         self.widths = tuple(int(w) for w in self.widths)
@@ -50,6 +51,7 @@ class NgramDrafter:
 
     # ---- Drafter protocol -----------------------------------------------------------------------
     target_layers: tuple[int, ...] = ()  # reads no target activations
+    group = None  # proposes alone
 
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         self.lookup.reset(prompt_ids)
@@ -65,6 +67,7 @@ class NgramDrafter:
         tree, classes = self._grow(ctx.tokens, (1,) * longest)
         n = self.length.choose(classes)
         self._classes = classes[:n]
+        self._proposed = tree.tokens[:n]
         tree = tree.truncated(n)
         # proposals are deterministic: a batch's length rule may size the step by them (lossless)
         tree.confidence = self.length.confidence(self._classes) or [None] * n
@@ -73,7 +76,21 @@ class NgramDrafter:
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
         # the next propose indexes the emitted tokens (ctx.tokens grows by result.tokens)
         if self.length is not None:
-            self.length.observe(self._classes[: len(tree)], len(result.accepted))
+            self.length.observe(*self._shadow(result.tokens))
+
+    def _shadow(self, emitted: Sequence[int]) -> tuple[list[Evidence], int]:
+        """What the emitted tokens say about the chain as proposed, verified or not: a deterministic
+        proposal is accepted exactly when the target's token (greedy, or sampled by sample-walk) equals
+        it, so the proposal's first m tokens, m = its common prefix with the emitted tokens, were right,
+        and its (m+1)-th wrong if the emitted tokens go on past m. A batch's length rule often verifies
+        none of a row's chain (the forward's cost): the rates still learn, from the step's own token.
+        Returns (classes, accepted) for the length rule: the chain up to its first known failure."""
+        m = 0
+        while m < min(len(self._proposed), len(emitted)) and self._proposed[m] == emitted[m]:
+            m += 1
+        if m < len(emitted) and m < len(self._proposed):  # the (m+1)-th proposed token was wrong
+            return self._classes[: m + 1], m
+        return self._classes[:m], m  # right as far as the emitted tokens go
 
     # ---- the proposal tree ----------------------------------------------------------------------
     def proposal_tree(self, context: Sequence[int], widths: Sequence[int] | None = None) -> DraftTree:

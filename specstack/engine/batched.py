@@ -297,28 +297,40 @@ class BatchEngine:
     def _propose(self) -> list[_Block]:
         """1. Each row's block: the pending tokens it reads this step (a prompt row: a chunk within the
         step's prefill budget; a row with a drafter reads its root only with its first tree), then, once
-        the chunk reaches the root, its drafter's tree, sized by the step's length rule."""
+        the chunk reaches the root, its drafter's tree (drafters of one group propose together: one
+        draft forward per draft step for all their rows), sized by the step's length rule."""
         budget = self.prefill_chunk
         limit = self.length.limit()
-        blocks = []
-        for row in self.rows:
+        blocks, drafting = [], []
+        for i, row in enumerate(self.rows):
             n = len(row.pending)
             hold = 1 if row.drafter is not None else 0
             take = 1 if n == 1 else min(n - hold, budget)
             if n > 1:
                 budget -= take
-            tree = DraftTree()
+            blocks.append(_Block(row.pending[:take], DraftTree(), reaches_root=take == n))
             if take == n and row.drafter is not None:  # a tree off the root, as for one row
                 if not row.started:
                     row.drafter.reset(row.request.prompt_ids, self._prompt_hidden(row))
                     row.started, row.hidden = True, []
                 row.ctx.limit = limit
-                room = min(self.max_tree, self.max_context - len(row.ctx.tokens) - 1)
-                tree = row.drafter.propose(row.ctx).truncated(max(0, room))
-            blocks.append(_Block(row.pending[:take], tree, reaches_root=take == n))
+                drafting.append(i)
+        groups: dict[int, list[int]] = {}
+        for i in drafting:
+            group = getattr(self.rows[i].drafter, "group", None)
+            if group is None:
+                blocks[i].tree = self.rows[i].drafter.propose(self.rows[i].ctx)
+            else:
+                groups.setdefault(id(group), []).append(i)
+        for members in groups.values():
+            drafters = [self.rows[i].drafter for i in members]
+            trees = drafters[0].group.propose_rows(drafters, [self.rows[i].ctx for i in members])
+            for i, tree in zip(members, trees, strict=True):
+                blocks[i].tree = tree
+        for i in drafting:  # the tree may not outgrow the room left in the row's context
+            room = min(self.max_tree, self.max_context - len(self.rows[i].ctx.tokens) - 1)
+            blocks[i].tree = blocks[i].tree.truncated(max(0, room))
         # the step's draft length: rows with a drafter keep a prefix of their tree
-        drafting = [i for i, (row, b) in enumerate(zip(self.rows, blocks, strict=True))
-                    if b.reaches_root and row.drafter is not None]
         if drafting:
             keep = self.length.choose([blocks[i].tree for i in drafting], len(blocks),
                                       sum(len(b.chain) for b in blocks))

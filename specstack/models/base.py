@@ -88,9 +88,11 @@ class ReadsTargetActivations(Protocol):
         () when this draft runs every token itself after all (a SPIRe draft without (d))."""
         ...
 
-    def write_memories(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache) -> None:
+    def write_memories(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache,
+                       counts: Sequence[int] | None = None) -> None:
         """Commit verified tokens [1, T] to the cache from the target's hidden states [1, T, L, d]
-        (L = len(target_hidden_layers), in that order)."""
+        (L = len(target_hidden_layers), in that order); counts: the tokens are packed, cache row b
+        taking counts[b] of them (default: all T to the cache's one row)."""
         ...
 
 

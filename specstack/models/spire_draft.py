@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specstack.attention import AttentionBatch, causal_block_mask, unrolled_step_mask, window_mask
+from specstack.attention import AttentionBatch, attend, causal_block_mask, unrolled_step_mask, window_mask
 from specstack.cache import KVCache
 from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
@@ -225,14 +225,16 @@ class SpireDraft(Extends, nn.Module):
         s = max(starts)
         if s == 0:
             return torch.zeros(b, t, d, dtype=self.norm.dtype, device=pos.device)
-        cand = cache.slot_pos[:, :s].unsqueeze(1) == (pos - 1).unsqueeze(-1)
+        # (a packed forward, [1, N] over several rows, never reaches here: only drafts that read the
+        # target's activations have feature input, and their forwards are never packed)
+        cand = cache.slot_pos[:b, :s].unsqueeze(1) == (pos - 1).unsqueeze(-1)  # the live rows
         if min(starts) < s:  # a row whose block starts earlier: its slots from there are this block's own
             slot = torch.arange(s, device=pos.device)
             cand &= slot < torch.tensor(starts, device=pos.device)[:, None, None]
         if batch.mask is not None:
             cand &= batch.mask[:, 0, :, :s]
         idx = cand.int().argmax(-1)
-        feat = torch.gather(cache.feat[:, :s], 1, idx.unsqueeze(-1).expand(b, t, d))
+        feat = torch.gather(cache.feat[:b, :s], 1, idx.unsqueeze(-1).expand(b, t, d))
         return feat * cand.any(-1, keepdim=True)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -273,10 +275,12 @@ class SpireDraft(Extends, nn.Module):
     # -- the engine's forward -------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, cache: KVCache,
-                hidden_layers: Sequence[int] = (), logit_rows: slice = slice(None)) -> ModelOutput:
+                hidden_layers: Sequence[int] = (), logit_rows: slice | torch.Tensor = slice(None)) -> ModelOutput:
         """DecoderModel.forward (models/base.py); the logits' columns are the draft's vocabulary
-        (out.vocab_ids): spreading them over all 49k tokens cost more than the draft's head."""
-        cache.begin_block(batch.positions, batch.append)
+        (out.vocab_ids): spreading them over all 49k tokens cost more than the draft's head. logit_rows:
+        a slice of each row's positions, or a tensor of indices into the flattened B * T tokens
+        (logits [1, len, V'])."""
+        cache.begin_block(batch.positions, batch.append, batch.counts)
         rope = self._rope(batch.positions, self.norm.dtype)
         x = F.embedding(tokens, self.embed).to(self.norm.dtype)
         levels = [x]
@@ -285,30 +289,37 @@ class SpireDraft(Extends, nn.Module):
         for i, blk in enumerate(self.layers):
             q, k, v = blk.qkv_heads(x, rope)
             keys, values = cache.write(i, k, v)
-            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, is_causal=batch.is_causal,
-                                               enable_gqa=self.config.n_kv_heads != self.config.n_heads)
+            b, h, t, d = q.shape  # the one attention call (either layout: padded rows, or packed [1, N])
+            a = attend(q.transpose(1, 2), keys, values, batch).view(b, t, h, d).transpose(1, 2)
             x = blk.finish(x, a)
             levels.append(x)
         if self.spire.feedback:  # later forwards see these tokens through their memories
             cache.write_layers(*self._memories_kv(levels, rope))
         if self.spire.feature_input:
             cache.write_feature(x)
-        return ModelOutput(self._logits(x[:, logit_rows]).float(), {j: levels[j] for j in hidden_layers},
-                           self.vocab_ids)
+        picked = (x.reshape(-1, x.shape[-1]).index_select(0, logit_rows).unsqueeze(0)
+                  if isinstance(logit_rows, torch.Tensor) else x[:, logit_rows])
+        return ModelOutput(self._logits(picked).float(), {j: levels[j] for j in hidden_layers}, self.vocab_ids)
 
     @torch.inference_mode()
-    def write_memories(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache) -> None:
-        """Commit verified tokens [1, T] to the cache from the target's hidden states [1, T, L, d]
-        (no draft pass): their memories are mixed from the target's levels."""
-        t = tokens.shape[1]
-        pos = torch.tensor(cache.next_pos, device=tokens.device).unsqueeze(1) + torch.arange(t, device=tokens.device)
-        cache.begin_block(pos)
+    def write_memories(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache,
+                       counts: Sequence[int] | None = None) -> None:
+        """Commit verified tokens [1, T] to the cache from the target's hidden states [1, T, L, d] (no draft
+        pass): their memories are mixed from the target's levels. counts: the tokens are packed, row b
+        of the cache taking counts[b] of them in order (sum(counts) = T; 0: the row takes none); default
+        all T go to the cache's one row."""
+        dev = tokens.device
+        if counts is None:
+            counts = [tokens.shape[1]] * cache.batch_size
+        pos = torch.cat([torch.arange(n, device=dev) + cache.next_pos[b] for b, n in enumerate(counts)]).unsqueeze(0)
+        packed = cache.batch_size > 1
+        cache.begin_block(pos, counts=counts if packed else None)
         rope = self._rope(pos, self.norm.dtype)
         levels = self._levels_from_target(tokens, hidden)
         cache.write_layers(*self._memories_kv(levels, rope))
         if self.spire.feature_input:
             cache.write_feature(levels[-1])
-        cache.commit_all()
+        cache.commit_prefix(counts)
 
     # -- training -------------------------------------------------------------------------------------
     def train_forward(self, tokens: torch.Tensor, target_hidden: torch.Tensor | None, steps: int) -> list[torch.Tensor]:

@@ -13,6 +13,7 @@ from lossless.test_greedy_equality import RandomProposals
 
 from specstack.config import GenerationConfig
 from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareBatchLength, FixedLength
+from specstack.drafting.batched_chain import ChainGroup
 from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
 from specstack.drafting.katz import KatzTrigram
 from specstack.drafting.model import ModelDrafter, TreeParams
@@ -21,6 +22,7 @@ from specstack.drafting.staged import StagedDrafter
 from specstack.engine.autoregressive import generate
 from specstack.engine.batched import BatchEngine, BatchRequest
 from specstack.engine.methods import DraftSources, resolve_draft
+from specstack.engine.speculative import speculative_generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -141,3 +143,91 @@ def test_cost_rule_turns_speculation_off_when_drafts_do_not_pay(tiny, random_dra
     engine, results = run_batch(tiny.lm, drafters, rule, "auto", prompts=PROMPTS[:4])
     check(tiny.lm, PROMPTS[:4], results, "cost off")
     assert sum(engine.stats.drafted[-10:]) == 0
+
+
+# ---- one draft forward per draft step for every row (drafting/batched_chain.py) --------------------
+@pytest.mark.parametrize("rule", ["proposed", "bass", "cost", "cost-pause"])
+@pytest.mark.parametrize("layout", ["pad", "split"])
+def test_chain_group_rows_of_every_quality(tiny, self_drafts, random_draft, rule, layout):
+    """Three groups (a perfect, a partial and a random draft), their members side by side with plain rows;
+    rows join as others leave, and a member serves the next request once its row is done."""
+    groups = [ChainGroup(d, 4) for d in (tiny.lm, self_drafts[tiny.arch], random_draft)]
+    drafters = [groups[i % 4].member() if i % 4 < 3 else None for i in range(len(PROMPTS))]
+    engine, results = run_batch(tiny.lm, drafters, RULES[rule](), layout, max_rows=3)
+    check(tiny.lm, PROMPTS, results, f"{rule}, {layout}")
+    if rule != "cost-pause":
+        assert sum(engine.stats.accepted) > 0
+    if rule == "proposed":  # the perfect draft's rows accept every chain whole
+        for i in (0, 4):
+            assert all(s.accepted == s.tree_size == 4 for s in results[i].stats.steps[:-1]), f"row {i}"
+
+
+def test_chain_group_alone_is_a_drafter(tiny, self_drafts):
+    """One member (one sequence): the single-sequence engine's chains, lossless, reset for each prompt."""
+    member = ChainGroup(self_drafts[tiny.arch], 3).member()
+    for prompt in PROMPTS[:5]:
+        assert speculative_generate(tiny.lm, member, prompt, GEN).tokens == alone(tiny.lm, prompt)
+
+
+@pytest.mark.parametrize("draft", ["spire-exact", "spire", "spire-int8"])
+def test_chain_group_with_spire_drafts_reads_each_rows_activations(tiny_llama, spire_drafts, draft):
+    """A SPIRe group writes every row's memories from the target's activations in one write per round; the
+    perfect draft accepts every chain whole, which fails on any row's memories from another row."""
+    group = ChainGroup(spire_drafts[draft], 3)
+    drafters = [group.member() if i % 3 else None for i in range(len(PROMPTS))]
+    _, results = run_batch(tiny_llama.lm, drafters, AsProposed(), "auto", max_rows=4)
+    check(tiny_llama.lm, PROMPTS, results, draft)
+    if draft == "spire-exact":
+        for i, out in enumerate(results):
+            if i % 3:
+                assert all(s.accepted == s.tree_size for s in out.stats.steps), f"row {i}"
+
+
+def test_chain_group_with_magicdec_windows(tiny_llama):
+    small = resolve_draft(tiny_llama.lm, DraftSources(draft="magicdec:6"), "cpu")
+    group = ChainGroup(small.lm, 3, small.window)
+    drafters = [group.member() for _ in PROMPTS]
+    _, results = run_batch(tiny_llama.lm, drafters, BassLength(3, 8), "split")
+    check(tiny_llama.lm, PROMPTS, results, "magicdec group")
+    assert min(group.cache.lengths) < len(PROMPTS[1])  # the window really evicted
+
+
+def test_chain_group_up_to_the_context_limit(tiny):
+    """Rows whose context ends within a chain's reach: drafts stop at the model's last position."""
+    max_len = tiny.lm.config.max_seq_len
+    rnd = random.Random(5)
+    prompts = [[rnd.randrange(3, 257) for _ in range(n)] for n in (max_len - 12, max_len - 3, max_len - 1, 40)]
+    group = ChainGroup(tiny.lm, 6)  # a perfect draft: every chain runs to its end
+    engine = BatchEngine(tiny.lm, max_rows=4, max_context=max_len, prefill_chunk=64)
+    results = engine.run([BatchRequest(p, GEN, drafter=group.member()) for p in prompts])
+    for p, out in zip(prompts, results, strict=True):
+        assert out.tokens == alone(tiny.lm, p)
+
+
+@pytest.fixture(scope="module")
+def plain_spire(tiny_models):
+    """A SPIRe draft that runs every token itself (no target activations) with feedback memories and a
+    window: its long pending prompts take the group's packed prefill."""
+    from specstack.config import WindowSpec
+    from specstack.models.base import LoadedModel
+    from specstack.training.prune import build_draft
+
+    target = tiny_models["llama"].lm
+    draft = build_draft(target.model, n_layers=1, keep=[2], window=WindowSpec(1, 12), target_acts=False)
+    draft.eval().requires_grad_(False)
+    return LoadedModel("plain-spire", draft, None, draft.config, "fp32")
+
+
+@pytest.mark.parametrize("draft", ["spire", "plain-spire", "self1"])
+def test_chain_group_drafts_what_a_lone_drafter_drafts(tiny_llama, spire_drafts, self_drafts, plain_spire, draft):
+    """In a batch, a group member proposes the chains a lone ModelDrafter of the same draft proposes for that
+    prompt: every step accepts the same number of tokens (a row reading another row's slots, features
+    or memories, or a wrong position, would change them)."""
+    lm = {"spire": spire_drafts["spire"], "plain-spire": plain_spire, "self1": self_drafts["llama"]}[draft]
+    group = ChainGroup(lm, 3)
+    drafters = [group.member() for _ in PROMPTS]
+    _, results = run_batch(tiny_llama.lm, drafters, AsProposed(), "auto", max_rows=4)
+    for p, out in zip(PROMPTS, results, strict=True):
+        lone = speculative_generate(tiny_llama.lm, ModelDrafter(lm, TreeParams.chain(3)), p, GEN)
+        assert out.tokens == lone.tokens
+        assert [s.accepted for s in out.stats.steps] == [s.accepted for s in lone.stats.steps], f"prompt of {len(p)}"

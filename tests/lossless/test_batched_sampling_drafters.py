@@ -15,6 +15,7 @@ from lossless.test_sampling_equivalence import PROMPT, NextTwo, V, exact_pairs
 
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.batch_length import BassLength, CostAwareBatchLength
+from specstack.drafting.batched_chain import ChainGroup
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.staged import StagedDrafter
 from specstack.engine.batched import BatchEngine, BatchRequest
@@ -59,3 +60,25 @@ def test_drafting_rows_follow_their_own_sampling_parameters(vocab8, rule):
         p_pair = chi2_pvalue(counts, expected)
         assert p_first > ALPHA / tests, f"{kind}, {SETTINGS[s]}: first token p = {p_first:.2e}"
         assert p_pair > ALPHA / tests, f"{kind}, {SETTINGS[s]}: pairs p = {p_pair:.2e}"
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_chain_group_rows_follow_their_own_sampling_parameters(vocab8, rule):
+    """The same for chains drafted for all rows in one draft forward per step (ChainGroup): the engine lends
+    each request a member of the group (its drafter pool), reused as rows finish and new ones join."""
+    target, draft = vocab8
+    group = ChainGroup(draft, 3)
+    requests = [BatchRequest(PROMPT, GenerationConfig(max_new_tokens=2, stop_on_eos=False, sampling=SamplingParams(
+        **SETTINGS[i % 2], seed=90_000 + i))) for i in range(2 * ROWS)]
+    engine = BatchEngine(target, max_rows=48, max_context=24, length=RULES[rule](), drafters=group.member)
+    results = engine.run(requests)
+    assert len(group.members) == 48  # one member a row, lent again and again
+    for s, args in enumerate(SETTINGS):
+        rows = results[s::2]
+        counts = np.zeros((V, V))
+        for out in rows:
+            counts[out.tokens[0], out.tokens[1]] += 1
+        assert sum(out.stats.steps[0].accepted for out in rows) > 0.1 * len(rows)
+        expected = exact_pairs(target, SamplingParams(**args))
+        assert chi2_pvalue(counts.sum(1), expected.sum(1)) > ALPHA / 4, f"{args}: first token"
+        assert chi2_pvalue(counts, expected) > ALPHA / 4, f"{args}: pairs"

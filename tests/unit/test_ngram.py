@@ -360,3 +360,26 @@ def test_bad_model_files_are_clean_errors(tmp_path: Path) -> None:
     m.check_vocab(5)
     with pytest.raises(SpecstackError, match="5 tokens"):
         m.check_vocab(49152)
+
+
+def test_a_chain_cut_by_the_batch_still_teaches_its_length_rule() -> None:
+    """A batch's length rule may verify none of a row's proposed chain; the emitted token still says
+    whether the chain's first token was right (a deterministic proposal is accepted exactly when it
+    equals the target's token), so the rule's rates learn from it."""
+    from specstack.drafting.draft_length import CostAwareLength
+    from specstack.tree import DraftTree
+
+    rule = CostAwareLength([1.0, 1.01, 1.02, 1.03, 1.04])
+    drafter = NgramDrafter(None, max_n=4, length=rule)
+    context = [5, 6, 7, 8, 9, 5, 6, 7]  # the context lookup proposes 8, 9, 5, 6
+    drafter.reset(context)
+    tree = drafter.propose(DraftContext(list(context), SamplingParams()))
+    assert tree.tokens == [8, 9, 5, 6]
+    cls = ("context", 3, 1)  # its first token's evidence: a match of the last 3 tokens, depth 1
+    before = rule.p(cls)
+    drafter.observe(DraftTree(), VerifyResult([], [8]))  # cut to nothing; the target's token was 8: right
+    assert rule.p(cls) > before
+    tree = drafter.propose(DraftContext(context + [8], SamplingParams()))
+    mid = rule.p(("context", 4, 1))
+    drafter.observe(DraftTree(), VerifyResult([], [tree.tokens[0] + 1]))  # wrong
+    assert rule.p(("context", 4, 1)) < mid
