@@ -119,18 +119,28 @@ class KVCache:
         last = self.batch_size - 1
         moved = None
         if row != last:
-            n = self.lengths[last]
-            self.k[:, row, :, :n] = self.k[:, last, :, :n]
-            self.v[:, row, :, :n] = self.v[:, last, :, :n]
-            self.slot_pos[row] = self.slot_pos[last]
-            if self.feat is not None:
-                self.feat[row, :n] = self.feat[last, :n]
-            self.lengths[row], self.next_pos[row] = self.lengths[last], self.next_pos[last]
+            self._copy_row(last, row)
             moved = last
         self.lengths.pop()
         self.next_pos.pop()
         self.batch_size -= 1
         return moved
+
+    def copy_row(self, src: int) -> int:
+        """Add a row after the live ones holding row `src`'s committed tokens; returns its index."""
+        row = self.add_row()
+        self._copy_row(src, row)
+        return row
+
+    def _copy_row(self, src: int, dst: int) -> None:
+        """Row dst becomes row src's committed tokens (keys, values, positions, features): O(its tokens)."""
+        n = self.lengths[src]
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self.slot_pos[dst] = self.slot_pos[src]
+        if self.feat is not None:
+            self.feat[dst, :n] = self.feat[src, :n]
+        self.lengths[dst], self.next_pos[dst] = n, self.next_pos[src]
 
     # -- writing (called by the model, once per layer) -------------------------------------------
     def check_room(self, n_new: int, counts: Sequence[int] | None = None) -> None:

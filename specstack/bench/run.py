@@ -223,18 +223,24 @@ class Results:
         self.done.add((row["task_id"], row["method"], row["repeat"]))
 
 
+def load_targets(model: str, device: str, threads: int | None, dtypes: Sequence[str]) -> tuple[dict[str, LoadedModel], Any, int]:
+    """The target once per weight format (in order of first use), its tokenizer, and the thread count in
+    force (set first when given): what every benchmark run starts from."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    targets = {d: load_model(model, dtype=d, device=device) for d in dict.fromkeys(dtypes)}
+    tok = next(iter(targets.values())).tokenizer
+    if tok is None:
+        raise SpecstackError(f"{model} has no tokenizer: the benchmark needs one to encode its prompts")
+    return targets, tok, torch.get_num_threads()
+
+
 def run_bench(plan: Plan, command: str) -> None:
     """Load, measure and report a checked plan; prints summary.md. command: the line that reproduces it."""
     s = plan.settings
     # 1. models, once per weight format; prompts; drafters and peers, once per method
-    if s.threads is not None:
-        torch.set_num_threads(s.threads)
-    threads = torch.get_num_threads()
-    targets = {d: load_model(s.model, dtype=d, device=s.device) for d in dict.fromkeys(m.dtype for m in plan.methods)}
+    targets, tok, threads = load_targets(s.model, s.device, s.threads, [m.dtype for m in plan.methods])
     first = next(iter(targets.values()))
-    tok = first.tokenizer
-    if tok is None:
-        raise SpecstackError(f"{s.model} has no tokenizer: the benchmark needs one to encode its prompts")
     sharegpt = s.prompts == "sharegpt"
     prompts = select_prompts(iter_prompts(s.prompts), lambda p: encode_prompt(tok, p.text, chat=p.chat),
                              s.limit, first.config.max_seq_len, s.max_new_tokens, skip_long=sharegpt,

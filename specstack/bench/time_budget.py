@@ -44,7 +44,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from specstack import interrupt
@@ -60,6 +59,7 @@ from specstack.bench.humaneval_exec import (
     load_problems,
 )
 from specstack.bench.plan import BenchMethod, check_batch_mode
+from specstack.bench.run import load_targets
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import Drafter
 from specstack.drafting.batch_length import BatchLength
@@ -69,7 +69,6 @@ from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text, check_writable_dir
 from specstack.machine import cpu_model, now, versions
 from specstack.models.base import LoadedModel
-from specstack.models.loading import load_model
 from specstack.prompts import encode_prompt
 
 HUMANEVAL_STOP = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
@@ -415,14 +414,8 @@ def sample_rows(task: str, method: str, gens: Sequence[GenerationConfig], decode
 def run_time_budget(plan: TimeBudgetPlan, command: str) -> dict[str, Any]:
     """Load, decode, test and report a checked plan; prints time_budget.md; returns time_budget.json's content."""
     s = plan.settings
-    if s.threads is not None:
-        torch.set_num_threads(s.threads)
-    threads = torch.get_num_threads()
-    targets = {d: load_model(s.model, dtype=d, device=s.device) for d in dict.fromkeys(m.dtype for m in plan.methods)}
+    targets, tok, threads = load_targets(s.model, s.device, s.threads, [m.dtype for m in plan.methods])
     first = next(iter(targets.values()))
-    tok = first.tokenizer
-    if tok is None:
-        raise SpecstackError(f"{s.model} has no tokenizer: the benchmark needs one to encode its prompts")
     prompts: list[EncodedPrompt] = select_prompts(iter_prompts("humaneval"), lambda p: encode_prompt(tok, p.text),
                                                   s.limit, first.config.max_seq_len, s.max_new_tokens, skip_long=False)
     problems: dict[str, Problem] = load_problems()

@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specstack.attention import Layout, build_batch, row_blocks_batch, tree_batch
-from specstack.cache import KVCache
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 
@@ -74,7 +73,7 @@ class RowForwards:
         # every row holds the same context, so the rows' keys/values are row 0's: copying them costs
         # one memory copy a row instead of a prefill a row (16 rows x 256 tokens: 40 s of bf16 on 2 cores)
         for _ in range(1, max_rows):
-            _copy_row(self.cache, 0)
+            self.cache.copy_row(0)
         self.committed = list(self.cache.lengths)
 
     @property
@@ -122,16 +121,6 @@ class RowForwards:
         return step
 
 
-def _copy_row(cache: KVCache, src: int) -> None:
-    """Add a row after the live ones holding row `src`'s committed tokens (keys, values, positions)."""
-    row = cache.add_row()
-    n = cache.lengths[src]
-    cache.k[:, row, :, :n] = cache.k[:, src, :, :n]
-    cache.v[:, row, :, :n] = cache.v[:, src, :, :n]
-    cache.slot_pos[row] = cache.slot_pos[src]
-    if cache.feat is not None:
-        cache.feat[row, :n] = cache.feat[src, :n]
-    cache.lengths[row], cache.next_pos[row] = n, cache.next_pos[src]
 
 
 def ragged_tokens(counts: Sequence[int], layout: Layout, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
