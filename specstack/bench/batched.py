@@ -89,7 +89,6 @@ class DrafterPool:
 
     def __init__(self, make: Callable[[], Drafter] | None) -> None:
         self.make, self.drafters = make, []
-        self.autoregressive = make is None
 
     def take(self, k: int) -> list[Drafter | None]:
         if self.make is None:
