@@ -13,12 +13,21 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool = False) -> list[int]:
         raise SpecstackError("the prompt is empty")
     check_text(text)
     if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise SpecstackError("--chat: this model's tokenizer has no chat template")
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return encode_chat(tokenizer, [{"role": "user", "content": text}], what="--chat")
     return list(tokenizer(text, add_special_tokens=True).input_ids)
+
+
+def encode_chat(tokenizer: Any, messages: list[dict[str, str]], what: str = "chat") -> list[int]:
+    """A conversation ({"role", "content"} messages) in the model's chat template, ending with the
+    assistant's turn opened (what the model continues): the CLI's --chat and the server's chat route."""
+    if tokenizer is None:
+        raise SpecstackError("this model has no tokenizer: pass token ids instead of text")
+    if not getattr(tokenizer, "chat_template", None):
+        raise SpecstackError(f"{what}: this model's tokenizer has no chat template")
+    for m in messages:
+        check_text(m["content"])
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 
 def check_text(text: str) -> None:

@@ -26,6 +26,7 @@ from specstack.cli import (
     draft_acceptance,
     generate,
     ngram,
+    serve,
     throughput,
     train_draft,
 )
@@ -33,7 +34,7 @@ from specstack.cli.common import PROG, ArgumentParser
 from specstack.errors import SpecstackError
 
 # in the order `specstack --help` lists them
-COMMANDS: tuple[ModuleType, ...] = (generate, bench_forward, bench, bench_ties, ngram, throughput, train_draft,
+COMMANDS: tuple[ModuleType, ...] = (generate, serve, bench_forward, bench, bench_ties, ngram, throughput, train_draft,
                                     draft_acceptance)
 
 

@@ -100,6 +100,7 @@ class BatchStats:
     overhead_seconds: float = 0.0  # admitting, committing, streaming
     drafted: list[int] = field(default_factory=list)  # draft nodes verified in each step (over all rows)
     accepted: list[int] = field(default_factory=list)  # of them, accepted
+    drafting: list[int] = field(default_factory=list)  # rows that verified a draft in each step
 
     def phase_seconds(self) -> dict[str, float]:
         return {"draft": self.draft_seconds, "target": self.target_seconds, "verify": self.verify_seconds,
@@ -244,6 +245,11 @@ class BatchEngine:
     def waiting(self) -> int:
         return len(self.queue)
 
+    def emitted(self) -> dict[int, int]:
+        """Tokens each running request has emitted so far (handle -> count): what a server streams and
+        counts between steps."""
+        return {row.handle: len(row.stream.tokens) for row in self.rows}
+
     def pop_result(self, handle: int) -> GenerationResult | None:
         return self._finished.pop(handle, None)
 
@@ -288,6 +294,7 @@ class BatchEngine:
         st.layouts.append(layout)
         st.drafted.append(sum(len(b.tree) for b in blocks))
         st.accepted.append(sum(len(v.accepted) for v in verdicts.values()))
+        st.drafting.append(sum(1 for b in blocks if len(b.tree)))
         st.draft_seconds += t2 - t1
         st.target_seconds += t3 - t2
         st.verify_seconds += t4 - t3

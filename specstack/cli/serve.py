@@ -1,0 +1,180 @@
+"""`specstack serve`: an OpenAI-compatible HTTP server over the batched engine (DESIGN §8).
+
+FastAPI on uvicorn: the stack the Python serving projects (vLLM, SGLang's HTTP front end) use, well
+kept, with SSE streaming and ASGI disconnect events that let a closed stream cancel its request. The
+socket is bound first, so a port in use fails at once with one error line and `/health` answers 503
+while the model loads in a thread; the engine then runs in its own thread (server/worker.py) and the
+event loop never waits on a forward.
+
+Continuous batching: requests join the running batch between steps and leave when done, each row
+decoding as it would alone. `--method` speculates in every row under its draft-length rule: the
+default `auto` is cost-aware, so it drafts only while the measured cost of a wider forward at the
+step's batch size pays, and turns drafting off under load by itself.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from specstack import validate
+from specstack.cli.common import (
+    PROG,
+    add_checked,
+    add_draft_args,
+    add_model_args,
+    check_model_args,
+    warn_ignored_draft_args,
+)
+from specstack.errors import SpecstackError
+
+if TYPE_CHECKING:
+    from specstack.server.app import ServerState
+
+DEFAULT_MAX_BATCH = 16
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_MAX_CONTEXT = 2048  # the batched engine's per-row default (a row's KV is allocated up front)
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API",
+                              description="Serve the model over an OpenAI-compatible HTTP API (completions, chat, "
+                                          "streaming, models, health, Prometheus metrics) with continuous batching "
+                                          "and speculation that adapts to load.")
+    add_model_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    add_checked(g, "--port", validate.ints(0, 65535), default=8000, help="default: 8000; 0 picks a free port")
+    add_checked(g, "--max-batch", validate.ints(1, validate.MAX_BATCH_SIZE, "each row holds a KV cache of its context"),
+                default=DEFAULT_MAX_BATCH, metavar="B", help=f"rows decoding at once (default {DEFAULT_MAX_BATCH})")
+    add_checked(g, "--max-queue", validate.ints(0, validate.MAX_COUNT), default=DEFAULT_MAX_QUEUE, metavar="Q",
+                help=f"requests waiting for a row beyond the batch; more are refused with 503 (default "
+                     f"{DEFAULT_MAX_QUEUE})")
+    add_checked(g, "--max-context", validate.ints(2, validate.MAX_CONTEXT), default=None, metavar="N",
+                help=f"tokens a request may hold, prompt and completion (default: {DEFAULT_MAX_CONTEXT} or the "
+                     "model's context if shorter)")
+    g.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"), metavar="KEY",
+                   help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECSTACK_API_KEY, else none)")
+    g.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model id clients send and /v1/models lists (default: the --model value)")
+    g.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn's log level (default warning)")
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--method", default="auto", metavar="NAME[:k=v,...]",
+                   help="every request's method unless its body picks another (as `specstack generate --method`; "
+                        "default auto: the cost-aware n-gram chain)")
+    add_draft_args(g)
+    p.set_defaults(func=cmd_serve)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything loads, so a busy port fails at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise SpecstackError(f"--host {host!r}: {e.strerror}") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise SpecstackError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def note(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> None:
+    """Load the model and the method, start the engine thread, and open the routes (the loader thread)."""
+    import torch
+
+    from specstack.engine.batched import BatchEngine, BatchRequest
+    from specstack.engine.methods import DraftSources, describe, drafter_factory, length_rule, parse_method
+    from specstack.models.loading import load_model
+    from specstack.server.worker import EngineWorker
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    lm = load_model(args.model, dtype=dtype, device=args.device)
+    max_context = min(args.max_context or DEFAULT_MAX_CONTEXT, lm.config.max_seq_len)
+    if args.max_context is not None and args.max_context > lm.config.max_seq_len:
+        raise SpecstackError(f"--max-context {args.max_context} is over the model's context of "
+                             f"{lm.config.max_seq_len} tokens")
+    sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram)
+    method = parse_method(args.method)
+    engine = BatchEngine(lm, max_rows=args.max_batch, max_context=max_context,
+                         length=length_rule(method, lm, args.max_batch),
+                         drafters=drafter_factory(method, lm, sources, args.device))
+    # one short request before the first client's: the first forwards of a fresh process are slow
+    engine.run([BatchRequest([lm.config.bos_token_id or 0] * 2)])
+
+    def build(name: str):
+        return drafter_factory(parse_method(name), lm, sources, args.device)
+
+    worker = EngineWorker(engine, state.metrics, args.max_batch + args.max_queue, str(method), build)
+    worker.start()
+    state.ready(worker, lm.tokenizer, lm.config.vocab_size, engine.max_context, describe(method))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    # 1. cheap checks and the socket, before anything heavy
+    dtype = check_model_args(args)
+    from specstack.engine.methods import parse_method
+
+    method = parse_method(args.method)
+    warn_ignored_draft_args(args, method)
+    if args.api_key is not None and not args.api_key.strip():
+        raise SpecstackError("--api-key is empty")
+    sock = bind(args.host, args.port)
+
+    import uvicorn
+
+    from specstack.server.app import ServerState, create_app
+    from specstack.server.metrics import ServerMetrics
+
+    # 2. answer at once (health 503) while the model loads in a thread
+    model_id = args.served_model_name or args.model
+    state = ServerState(model_id, args.api_key, ServerMetrics(model_id))
+    server = uvicorn.Server(uvicorn.Config(create_app(state), log_level=args.log_level, access_log=False,
+                                           timeout_graceful_shutdown=5))
+    failed: list[SpecstackError] = []
+
+    def loader() -> None:
+        try:
+            load_engine(args, dtype, state)
+            note(f"ready: {model_id} (method {state.method}, up to {args.max_batch} rows of "
+                 f"{state.max_context} tokens) on {url_of(sock)}/v1")
+        except SpecstackError as e:
+            failed.append(e)
+            state.load_error = str(e)
+            server.should_exit = True
+        except BaseException as e:  # a bug: stop the server, keep the traceback
+            state.load_error = "the model failed to load"
+            server.should_exit = True
+            raise e
+
+    note(f"listening on {url_of(sock)} (loading {args.model}; /health answers 503 until it is ready)")
+    threading.Thread(target=loader, name="specstack-loader", daemon=True).start()
+    # 3. serve until Ctrl-C / SIGTERM (uvicorn drains open streams for up to 5 s)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if state.worker is not None:
+            state.worker.stop()
+        sock.close()
+    if failed:
+        raise failed[0]
+    return 0

@@ -1,0 +1,74 @@
+"""OpenAI's response bodies and stream chunks for /v1/completions and /v1/chat/completions."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from specstack.server.protocol import Route
+
+
+@dataclass
+class Reply:
+    """One request's answer as it is built: the id, time and model every chunk repeats."""
+
+    route: Route
+    model: str
+    prompt_tokens: int
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.id = ("chatcmpl-" if self.route == "chat" else "cmpl-") + uuid.uuid4().hex
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.route == "chat" else "text_completion"
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": self.prompt_tokens + completion_tokens}
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    # -- whole responses ------------------------------------------------------------------------------
+    def response(self, choices: list[tuple[str, str]], completion_tokens: int) -> dict[str, Any]:
+        """choices: (text, finish_reason) in index order."""
+        if self.route == "chat":
+            items = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": reason} for i, (text, reason) in enumerate(choices)]
+        else:
+            items = [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                     for i, (text, reason) in enumerate(choices)]
+        return {**self._head(self.object), "choices": items, "usage": self.usage(completion_tokens)}
+
+    # -- stream chunks --------------------------------------------------------------------------------
+    def chunk(self, index: int, text: str | None, finish_reason: str | None = None,
+              first: bool = False, usage_field: bool = False) -> str:
+        """One SSE event with one choice's piece of text (`first`: a chat stream's role delta)."""
+        if self.route == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            body = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            body = {**self._head("text_completion"), "choices": [choice]}
+        if usage_field:  # stream_options.include_usage: every chunk has "usage": null but the last
+            body["usage"] = None
+        return sse(body)
+
+    def usage_chunk(self, completion_tokens: int) -> str:
+        obj = "chat.completion.chunk" if self.route == "chat" else "text_completion"
+        return sse({**self._head(obj), "choices": [], "usage": self.usage(completion_tokens)})
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"

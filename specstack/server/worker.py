@@ -1,0 +1,236 @@
+"""The engine thread: one BatchEngine driven step after step, fed by the HTTP handlers.
+
+The event loop never runs a forward: handlers `submit` jobs (one per choice: a prompt's n samples are
+n rows) and `cancel` them through a thread-safe inbox, and get their text back through a `Sink` (the
+handler's own way into its event loop). The thread drains the inbox between steps, so a request joins
+the running batch at the next step and a cancelled one (a client gone) leaves it at the next step too:
+its row is free before the step after. When nothing runs the thread sleeps on the inbox.
+
+Capacity is reserved at submit, under a lock, so a full server answers at once (503) instead of
+queueing without bound: at most `capacity` jobs (the batch's rows plus the queue) are in flight.
+
+Per-request methods: a job may ask for another method than the server's (`speculation` in the body).
+`ar` opts the row out of drafting; any other method lends the row a drafter from that method's own
+pool, built on first use by `build` (a draft model then loads once, in this thread). All rows share
+the server's draft-length rule, which sizes every drafting row's tree for the step's measured cost.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from specstack.config import GenerationConfig
+from specstack.drafting.base import Drafter
+from specstack.engine.batched import BatchEngine, BatchRequest
+from specstack.engine.session import GenerationResult
+from specstack.errors import SpecstackError
+from specstack.server.metrics import ServerMetrics
+
+DrafterFactory = Callable[[], Drafter]
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a job sends its handler: new text (and its token count so far); the last event of a job
+    carries its result, or an error."""
+
+    text: str = ""
+    tokens: int = 0
+    result: GenerationResult | None = None
+    error: str | None = None
+
+    @property
+    def last(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+Sink = Callable[[Event], None]
+
+
+class Overloaded(Exception):
+    """No room for the job: the batch and the queue are full."""
+
+
+@dataclass
+class Job:
+    id: int
+    prompt_ids: list[int]
+    gen: GenerationConfig
+    method: str | None  # None: the server's method; "ar": no drafting
+    sink: Sink
+    arrived: float = field(default_factory=time.perf_counter)
+    handle: int | None = None  # the engine's, once added
+    pieces: list[str] = field(default_factory=list)  # text released in this step, sent after it
+    tokens: int = 0  # tokens sent so far
+    last: float | None = None  # when its tokens last arrived
+    drafter: Drafter | None = None  # lent from a per-method pool
+
+
+class EngineWorker:
+    def __init__(self, engine: BatchEngine, metrics: ServerMetrics, capacity: int, method: str,
+                 build: Callable[[str], DrafterFactory | None]) -> None:
+        """method: the server's method (its drafters are the engine's); build: a method name -> its drafter
+        factory (None: autoregressive), for requests that pick another."""
+        self.engine, self.metrics, self.capacity, self.method, self.build = engine, metrics, capacity, method, build
+        self._inbox: queue.Queue[tuple[str, object]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._next_id = 0
+        self._jobs: dict[int, Job] = {}  # by job id, on the engine thread
+        self._by_handle: dict[int, Job] = {}
+        self._factories: dict[str, DrafterFactory | None] = {}
+        self._pools: dict[str, list[Drafter]] = {}
+        self._thread = threading.Thread(target=self._run, name="specstack-engine", daemon=True)
+
+    # -- called from the event loop -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, jobs: list[tuple[list[int], GenerationConfig, Sink]], method: str | None) -> list[int]:
+        """Queue the jobs of one request, all or none (Overloaded when there is no room for all)."""
+        with self._lock:
+            if self._in_flight + len(jobs) > self.capacity:
+                raise Overloaded()
+            self._in_flight += len(jobs)
+            ids = list(range(self._next_id, self._next_id + len(jobs)))
+            self._next_id += len(jobs)
+        for i, (prompt, gen, sink) in zip(ids, jobs, strict=True):
+            self._inbox.put(("submit", Job(i, prompt, gen, None if method == self.method else method, sink)))
+        return ids
+
+    def cancel(self, ids: list[int]) -> None:
+        """Drop jobs that have not finished (a finished or unknown id is ignored)."""
+        for i in ids:
+            self._inbox.put(("cancel", i))
+
+    def stop(self) -> None:
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    # -- the engine thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            if not self._drain(block=not self.engine.busy):
+                self._fail_all("the server is shutting down")
+                return
+            if not self.engine.busy:
+                continue
+            try:
+                finished = self.engine.step()
+            except Exception:  # a bug: fail what runs, keep serving the next requests
+                traceback.print_exc()
+                self._fail_all("internal error in the engine (see the server's log)")
+                continue
+            self._after_step(finished)
+
+    def _drain(self, block: bool) -> bool:
+        """Take every message waiting (at least one when `block`); False on stop."""
+        while True:
+            try:
+                kind, payload = self._inbox.get(block=block, timeout=None)
+            except queue.Empty:
+                break
+            block = False
+            if kind == "stop":
+                return False
+            if kind == "submit":
+                self._add(payload)  # type: ignore[arg-type]
+            else:
+                self._cancel(payload)  # type: ignore[arg-type]
+        self.metrics.queue(self.engine.running, self.engine.waiting)
+        return True
+
+    def _add(self, job: Job) -> None:
+        try:
+            drafter = self._lend(job.method) if job.method not in (None, "ar") else None
+            request = BatchRequest(job.prompt_ids, job.gen, on_text=job.pieces.append, drafter=drafter,
+                                   speculate=job.method != "ar")
+            job.handle = self.engine.add(request)
+        except SpecstackError as e:  # a method whose draft cannot load, a prompt over the context
+            self._release(job)
+            job.sink(Event(error=str(e)))
+            return
+        job.drafter = drafter
+        self._jobs[job.id] = job
+        self._by_handle[job.handle] = job
+        self.metrics.admitted(len(job.prompt_ids))
+
+    def _lend(self, method: str) -> Drafter | None:
+        if method not in self._factories:
+            self._factories[method] = self.build(method)
+        pool = self._pools.setdefault(method, [])
+        factory = self._factories[method]
+        return pool.pop() if pool else (factory() if factory is not None else None)
+
+    def _release(self, job: Job) -> None:
+        if job.drafter is not None:
+            self._pools[job.method].append(job.drafter)  # type: ignore[index]
+            job.drafter = None
+        self._jobs.pop(job.id, None)
+        if job.handle is not None:
+            self._by_handle.pop(job.handle, None)
+        with self._lock:
+            self._in_flight -= 1
+
+    def _cancel(self, job_id: int) -> None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        if job.handle is not None:
+            self.engine.cancel(job.handle)
+        self._release(job)
+        self.metrics.cancelled()
+
+    def _after_step(self, finished: list[tuple[int, GenerationResult]]) -> None:
+        """Send every job the text its row released in the step; a finished job gets its result too."""
+        now = time.perf_counter()
+        st = self.engine.stats
+        self.metrics.step(st.rows[-1], st.drafted[-1], st.accepted[-1], st.drafting[-1])
+        done = dict(finished)
+        counts = self.engine.emitted() | {h: len(r.tokens) for h, r in finished}
+        for handle, n in counts.items():
+            job = self._by_handle[handle]
+            new = n - job.tokens
+            if new > 0:
+                if job.tokens == 0:
+                    self.metrics.first_token(now - job.arrived)
+                self.metrics.tokens(new, None if job.last is None else now - job.last)
+                job.last, job.tokens = now, n
+            text = "".join(job.pieces)
+            job.pieces.clear()
+            if handle in done:
+                result = self.engine.pop_result(handle)
+                self.metrics.finished(result, finish_reason(result), now - job.arrived)
+                self._release(job)
+                job.sink(Event(text, n, result=result))
+            elif new > 0 or text:
+                job.sink(Event(text, n))
+        self.metrics.queue(self.engine.running, self.engine.waiting)
+
+    def _fail_all(self, message: str) -> None:
+        for job in list(self._jobs.values()):
+            if job.handle is not None:
+                self.engine.cancel(job.handle)
+            self._release(job)
+            job.sink(Event(error=message))
+        while True:  # jobs submitted but not yet taken
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                self._release(payload)  # type: ignore[arg-type]
+                payload.sink(Event(error=message))  # type: ignore[attr-defined]
+
+
+def finish_reason(result: GenerationResult) -> str:
+    """OpenAI's: EOS and a stop string are both `stop`."""
+    return "length" if result.finish_reason == "length" else "stop"
