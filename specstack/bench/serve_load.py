@@ -513,7 +513,7 @@ def run(url: str, model: str | None, api_key: str | None, s: LoadSettings, level
     return asyncio.run(run_async(url.rstrip("/"), model, api_key, s, levels, prompts, progress))
 
 
-def progress_line(label: str, lr: LevelResult) -> str:
+def progress_line(lr: LevelResult) -> str:
     """The one stderr line after a level."""
     s = summarize_level(lr.level, lr.rows, lr.wall_s)
 
@@ -521,5 +521,5 @@ def progress_line(label: str, lr: LevelResult) -> str:
         return "–" if v is None else f"{v:.0f} ms"
 
     tps = "–" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.1f}"
-    return (f"{label} {lr.level.describe()}: {s['ok']} ok, {s['errors']} errors, {s['cancelled']} cancelled in "
+    return (f"{lr.level.describe()}: {s['ok']} ok, {s['errors']} errors, {s['cancelled']} cancelled in "
             f"{lr.wall_s:.1f} s; {tps} tokens/s; TTFT p50 {ms(s['ttft_ms_p50'])}, ITL p50 {ms(s['itl_ms_p50'])}")

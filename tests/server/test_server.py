@@ -1,0 +1,357 @@
+"""`specstack serve` through the real `openai` client: the same greedy text as `specstack generate`,
+streamed or whole, alone or among concurrent requests; n, stop strings, usage; a disconnect frees its
+row; a full server answers 503; bad input gets OpenAI's error shape with the right status; /metrics
+parses and moves; /health says loading, then ok."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import Server, start_server, stop_server, wait_ready
+
+from specstack.cli import main
+
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "Once upon a time",
+           "SELECT * FROM", "class Stack:"]
+TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def alone(server_model_dir: Path, server_tmp: Path) -> dict[tuple[str, bool], str]:
+    """Each prompt's greedy text from `specstack generate` (one sequence, run in this process), raw and chat."""
+    import contextlib
+    import io
+    import os
+
+    os.environ.setdefault("SPECSTACK_CACHE", str(server_tmp / "cache"))
+    out = {}
+    for chat in (False, True):
+        for prompt in PROMPTS:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+                code = main(["generate", "--model", str(server_model_dir), "--dtype", "fp32", "--prompt", prompt,
+                             "--max-new-tokens", str(TOKENS), "--threads", "1", "--jsonl", *(["--chat"] if chat else [])])
+            assert code == 0
+            out[(prompt, chat)] = json.loads(buf.getvalue())["text"]
+    return out
+
+
+def complete(server: Server, prompt: str, stream: bool, **kw: object) -> tuple[str, str, object]:
+    """(text, finish_reason, usage) of one greedy /v1/completions request."""
+    client = server.client()
+    args = {"model": server.model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0, **kw}
+    if not stream:
+        r = client.completions.create(**args)
+        return r.choices[0].text, r.choices[0].finish_reason, r.usage
+    text, reason, usage = [], None, None
+    for chunk in client.completions.create(stream=True, stream_options={"include_usage": True}, **args):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text.append(c.text)
+            reason = c.finish_reason or reason
+    return "".join(text), reason, usage
+
+
+def chat(server: Server, prompt: str, stream: bool) -> str:
+    client = server.client()
+    args = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS,
+            "temperature": 0}
+    if not stream:
+        return client.chat.completions.create(**args).choices[0].message.content
+    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **args)
+                   if c.choices)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output: the same as one sequence decoded alone
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_completions_give_generate_text(tiny_server: Server, alone: dict, stream: bool) -> None:
+    for prompt in PROMPTS[:3]:
+        text, reason, usage = complete(tiny_server, prompt, stream)
+        assert text == alone[(prompt, False)]
+        assert usage.completion_tokens <= TOKENS and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        assert reason == ("length" if usage.completion_tokens == TOKENS else "stop")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_chat_gives_generate_chat_text(tiny_server: Server, alone: dict, stream: bool) -> None:
+    for prompt in PROMPTS[:2]:
+        assert chat(tiny_server, prompt, stream) == alone[(prompt, True)]
+
+
+def test_concurrent_requests_each_get_their_alone_output(tiny_server: Server, alone: dict) -> None:
+    """Twelve requests at once on 4 rows (the rest queue and join as rows free), streamed and whole mixed,
+    each speculating or not: every text is its prompt's text alone."""
+    jobs = [(p, i % 2 == 0, {"extra_body": {"speculation": {"method": "ar"}}} if i % 3 == 0 else {})
+            for i, p in enumerate(PROMPTS * 2)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        texts = list(pool.map(lambda j: complete(tiny_server, j[0], j[1], **j[2])[0], jobs))
+    assert texts == [alone[(p, False)] for p, _, _ in jobs]
+
+
+def test_usage_counts_prompt_and_completion_tokens(tiny_server: Server) -> None:
+    from specstack.models.loading import load_tokenizer
+    from specstack.models.registry import resolve
+
+    ids = load_tokenizer(resolve(tiny_server.model), None)(PROMPTS[0]).input_ids
+    _, reason, usage = complete(tiny_server, PROMPTS[0], False, max_tokens=5, extra_body={"ignore_eos": True})
+    assert (usage.prompt_tokens, usage.completion_tokens, reason) == (len(ids), 5, "length")
+
+
+def test_n_choices_and_seeded_samples(tiny_server: Server) -> None:
+    client = tiny_server.client()
+    r = client.completions.create(model=tiny_server.model, prompt=PROMPTS[1], max_tokens=8, temperature=0, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert len({c.text for c in r.choices}) == 1  # greedy: every choice is the same text
+    assert r.usage.completion_tokens == sum(len(c.text) > 0 for c in r.choices) * (r.usage.completion_tokens // 3)
+    # sampled: choice j uses seed + j, so a request is reproducible and its choices differ
+    kw = {"model": tiny_server.model, "prompt": PROMPTS[1], "max_tokens": 12, "temperature": 1.5, "seed": 7}
+    a = client.completions.create(n=3, **kw)
+    b = client.completions.create(n=3, **kw)
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert len({c.text for c in a.choices}) > 1
+    one = client.completions.create(n=1, **{**kw, "seed": 8})
+    assert one.choices[0].text == a.choices[1].text
+
+
+def test_prompt_list_gives_one_choice_per_prompt(tiny_server: Server, alone: dict) -> None:
+    r = tiny_server.client().completions.create(model=tiny_server.model, prompt=PROMPTS[:2], max_tokens=TOKENS,
+                                                temperature=0)
+    assert [c.text for c in r.choices] == [alone[(p, False)] for p in PROMPTS[:2]]
+
+
+def test_stop_string_cuts_the_text(tiny_server: Server, alone: dict) -> None:
+    full = alone[(PROMPTS[0], False)]
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    assert stop, "the tiny model's text is too short for this test"
+    for stream in (False, True):
+        text, reason, _ = complete(tiny_server, PROMPTS[0], stream, stop=[stop])
+        assert text == full[: full.index(stop)]
+        assert reason == "stop"
+
+
+def test_a_method_per_request_gives_the_same_text(tiny_server: Server, alone: dict) -> None:
+    """Off, or a draft-model chain (the server's --draft self:1) instead of the server's auto: the same text."""
+    for body in ({"speculation": {"enabled": False}}, {"speculation": {"method": "chain:k=3"}},
+                 {"speculation": {"method": "tree:budget=8"}}):
+        for stream in (False, True):
+            assert complete(tiny_server, PROMPTS[3], stream, extra_body=body)[0] == alone[(PROMPTS[3], False)]
+    # a method whose source this server lacks (the tiny model has no trigram) is the request's error
+    r = httpx.post(tiny_server.url + "/completions", json={"prompt": "hi", "speculation": {"method": "staged"}})
+    assert error_of(r, 400)["code"] == "method_unavailable"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rows: a disconnect frees its row; a full server says so
+# ---------------------------------------------------------------------------------------------------
+LONG = 4000  # tokens of a request that runs for seconds on the tiny model (a few thousand tokens/s)
+
+
+@pytest.fixture(scope="module")
+def two_row_server(server_tmp: Path):
+    """Two rows and no queue: a third request while two run is refused. Its model has a long context, so
+    that a request can run long enough to be interrupted."""
+    from fuzzing import build_tiny_checkpoint
+
+    model = build_tiny_checkpoint(server_tmp / "tiny-long", context=LONG + 96)
+    server = start_server(model, server_tmp, "--max-batch", "2", "--max-queue", "0", "--max-context", str(LONG + 96))
+    yield server
+    stop_server(server)
+
+
+def long_stream(server: Server):
+    return httpx.stream("POST", server.url + "/completions", timeout=60,
+                        json={"model": server.model, "prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0,
+                              "stream": True, "ignore_eos": True})
+
+
+def next_data(lines: Iterator[str]) -> str:
+    """The next SSE data line. The caller keeps `lines` (a response's iter_lines()): a line iterator that is
+    dropped closes the connection, which the server rightly takes as the client going away."""
+    for line in lines:
+        if line.startswith("data:"):
+            return line
+    raise AssertionError("the stream ended")
+
+
+def aborted(server: Server) -> float:
+    return server.metrics().get("specstack:request_aborted_total{}", 0)
+
+
+def test_full_server_answers_503_and_a_disconnect_frees_the_row(two_row_server: Server) -> None:
+    server = two_row_server
+    before = aborted(server)
+    with long_stream(server) as a, long_stream(server) as b:
+        lines_a, lines_b = a.iter_lines(), b.iter_lines()
+        assert next_data(lines_a) and next_data(lines_b)  # both rows are decoding
+        refused = httpx.post(server.url + "/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "queue_full"
+        assert refused.headers["retry-after"] == "1"
+        a.close()  # a client goes away mid-stream: its row is free at the next step
+        deadline = time.monotonic() + 10
+        while True:
+            r = httpx.post(server.url + "/completions", json={"prompt": "hi", "max_tokens": 8, "temperature": 0})
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert r.status_code == 200, r.text
+        # ... and the new request joined the batch beside b, which is still decoding: continuous batching
+        assert r.json()["usage"]["completion_tokens"] >= 1
+        assert next_data(lines_b) != "data: [DONE]"
+    deadline = time.monotonic() + 10
+    while (aborted(server) < before + 2 or server.metrics()["specstack:num_requests_running{}"]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert aborted(server) == before + 2  # a, and b closed by the with block
+    assert server.metrics()["specstack:num_requests_running{}"] == 0
+
+
+def test_disconnect_while_waiting_for_a_whole_response_cancels_it(two_row_server: Server) -> None:
+    server = two_row_server
+    before = aborted(server)
+    # a non-streaming request whose client gives up: the server notices the closed connection
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/completions", timeout=0.3,
+                   json={"prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0, "ignore_eos": True})
+    deadline = time.monotonic() + 10
+    while aborted(server) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert aborted(server) == before + 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors: OpenAI's shape, the right status, never a traceback
+# ---------------------------------------------------------------------------------------------------
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()["error"]
+    assert set(body) == {"message", "type", "param", "code"} and body["message"]
+    return body
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "hi", "temperature": -1}, "temperature"),
+    ({"prompt": "hi", "top_p": 0}, "top_p"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "n": 1000}, "n"),
+    ({"prompt": "hi", "stop": [""]}, "stop"),
+    ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "hi", "speculation": {"method": "warp-drive"}}, "speculation"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": 5}, "prompt"),
+    ({}, "prompt"),
+    ({"prompt": [10**9]}, "prompt"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_fields_are_400_naming_the_field(tiny_server: Server, body: dict, param: str) -> None:
+    assert error_of(httpx.post(tiny_server.url + "/completions", json=body), 400)["param"] == param
+
+
+def test_bad_json_and_bad_chat_messages_are_400(tiny_server: Server) -> None:
+    error_of(httpx.post(tiny_server.url + "/completions", content=b'{"prompt": "hi",'), 400)
+    error_of(httpx.post(tiny_server.url + "/completions", content=b"[1, 2]"), 400)
+    for messages in ([], [{"role": "wizard", "content": "x"}], "hello", [{"role": "user", "content": [{"type": "image"}]}]):
+        assert error_of(httpx.post(tiny_server.url + "/chat/completions", json={"messages": messages}), 400)["param"] \
+            == "messages"
+
+
+def test_over_long_prompt_is_400_context_length_exceeded(tiny_server: Server) -> None:
+    long = "word " * 400  # over the 256-token context
+    assert error_of(httpx.post(tiny_server.url + "/completions", json={"prompt": long}), 400)["code"] \
+        == "context_length_exceeded"
+    # a prompt that fits, with max_tokens that does not
+    body = error_of(httpx.post(tiny_server.url + "/completions", json={"prompt": "hi", "max_tokens": 300}), 400)
+    assert body["code"] == "context_length_exceeded" and "256" in body["message"]
+    with pytest.raises(openai.BadRequestError):
+        tiny_server.client().completions.create(model=tiny_server.model, prompt=long)
+
+
+def test_unknown_model_and_route_are_404(tiny_server: Server) -> None:
+    assert error_of(httpx.post(tiny_server.url + "/completions", json={"model": "gpt-9", "prompt": "hi"}), 404)["code"] \
+        == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        tiny_server.client().completions.create(model="gpt-9", prompt="hi")
+    error_of(httpx.get(tiny_server.url + "/nothing-here"), 404)
+
+
+def test_models_lists_the_served_model(tiny_server: Server) -> None:
+    models = tiny_server.client().models.list().data
+    assert [m.id for m in models] == [tiny_server.model]
+
+
+def test_api_key_is_required_when_set(server_model_dir: Path, server_tmp: Path) -> None:
+    server = start_server(server_model_dir, server_tmp, "--max-batch", "1", api_key="s3cret")
+    try:
+        assert error_of(httpx.get(server.url + "/models"), 401)["code"] == "invalid_api_key"
+        bad = httpx.post(server.url + "/completions", json={"prompt": "hi"}, headers={"Authorization": "Bearer no"})
+        error_of(bad, 401)
+        with pytest.raises(openai.AuthenticationError):
+            server.client(api_key="wrong").models.list()
+        r = server.client().completions.create(model=server.model, prompt="hi", max_tokens=2)
+        assert r.usage.completion_tokens <= 2
+        assert httpx.get(server.root + "/health").status_code == 200  # health and metrics need no key
+    finally:
+        stop_server(server)
+
+
+# ---------------------------------------------------------------------------------------------------
+# /metrics and /health
+# ---------------------------------------------------------------------------------------------------
+def test_metrics_parse_and_move_with_requests(tiny_server: Server) -> None:
+    before = tiny_server.metrics()
+    _, _, usage = complete(tiny_server, PROMPTS[4], True)
+    after = tiny_server.metrics()
+
+    def moved(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert moved("specstack:generation_tokens_total{}") == usage.completion_tokens
+    assert moved("specstack:prompt_tokens_total{}") == usage.prompt_tokens
+    assert moved("specstack:time_to_first_token_seconds_count{}") == 1
+    assert moved("specstack:e2e_request_latency_seconds_count{}") == 1
+    assert moved("specstack:inter_token_latency_seconds_count{}") == usage.completion_tokens - 1
+    reasons = [k for k in after if k.startswith("specstack:request_success_total{")]
+    assert sum(moved(k) for k in reasons) == 1
+    origins = [k for k in after if k.startswith("specstack:generation_tokens_by_origin_total{")]
+    assert sum(moved(k) for k in origins) == usage.completion_tokens
+    # what speculation did: accepted tokens never exceed draft tokens; steps were counted
+    assert after["specstack:spec_decode_num_accepted_tokens_total{}"] <= after["specstack:spec_decode_num_draft_tokens_total{}"]
+    assert sum(moved(k) for k in after if k.startswith("specstack:engine_steps_total{")) >= 1
+    assert after["process_resident_memory_bytes{}"] > 0
+
+
+def test_health_is_503_while_loading_then_200(server_model_dir: Path, tmp_path: Path) -> None:
+    """A fresh cache makes the load slow enough to see (it converts the weights and measures the cost
+    of each batch width); requests meanwhile get 503 too."""
+    server = start_server(server_model_dir, tmp_path, "--max-batch", "8", wait=False)
+    try:
+        first = httpx.get(server.root + "/health")
+        early = httpx.post(server.url + "/completions", json={"prompt": "hi"})
+        wait_ready(server)
+        assert first.status_code == 503 and first.json()["status"] == "loading"
+        assert early.status_code in (200, 503)
+        if early.status_code == 503:
+            assert early.json()["error"]["code"] == "loading"
+        assert httpx.get(server.root + "/health").json() == {"status": "ok"}
+    finally:
+        stop_server(server)
+
+
+def test_streams_end_with_done_and_chat_deltas_have_the_role(tiny_server: Server) -> None:
+    with httpx.stream("POST", tiny_server.url + "/chat/completions",
+                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}) as r:
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
