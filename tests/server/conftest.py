@@ -61,11 +61,14 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-def start_server(model_dir: Path, tmp: Path, *flags: str, wait: bool = True, api_key: str | None = None) -> Server:
+def start_server(model: Path | str, tmp: Path, *flags: str, wait: bool = True, api_key: str | None = None,
+                 dtype: str | None = "fp32") -> Server:
+    """`specstack serve --model MODEL` on a free port of 127.0.0.1 (fp32 unless dtype says otherwise: None is
+    the server's default), converted weights cached in tmp."""
     log = tmp / f"serve-{time.monotonic_ns()}.log"
     env = {**os.environ, "SPECSTACK_CACHE": str(tmp / "cache")}
-    argv = [sys.executable, "-m", "specstack.cli", "serve", "--model", str(model_dir), "--dtype", "fp32",
-            "--host", "127.0.0.1", "--port", "0", "--threads", "1", *flags]
+    argv = [sys.executable, "-m", "specstack.cli", "serve", "--model", str(model), "--host", "127.0.0.1", "--port", "0",
+            "--threads", "1", *(["--dtype", dtype] if dtype else []), *flags]
     if api_key is not None:
         argv += ["--api-key", api_key]
     with log.open("wb") as f:
@@ -81,7 +84,7 @@ def start_server(model_dir: Path, tmp: Path, *flags: str, wait: bool = True, api
             raise AssertionError(f"the server did not start:\n{log.read_text(errors='replace')}")
         else:
             time.sleep(0.05)
-    server = Server(process, root, str(model_dir), log, api_key)
+    server = Server(process, root, str(model), log, api_key)
     if wait:
         wait_ready(server)
     return server

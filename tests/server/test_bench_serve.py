@@ -5,6 +5,7 @@ written."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,21 @@ def test_bench_serve_chat_at_a_rate(capsys, tiny_server, short_prompts, tmp_path
     assert code == 0, err
     (lv,) = json.loads((out / "serve.json").read_text())["levels"]
     assert (lv["level"], lv["ok"], lv["output_tokens"]) == ("r20", 4, 32)
+
+
+def test_smoke_load_with_disconnects(capsys, tiny_server, short_prompts, tmp_path):
+    """The load goal's bounded version: 40 streamed requests at concurrency 8, two clients leaving
+    mid-stream; none lost or corrupted, and every row freed."""
+    out = tmp_path / "load"
+    code, _, err = bench_serve(capsys, "--url", tiny_server.url, "--prompts", str(short_prompts), "--concurrency", "8",
+                               "--requests", "40", "--max-tokens", str(MAX_TOKENS), "--ignore-eos",
+                               "--disconnect", "0.05", "--timeout", "120", "--out", str(out))
+    assert code == 0, err
+    (lv,) = json.loads((out / "serve.json").read_text())["levels"]
+    assert (lv["ok"], lv["errors"], lv["cancelled"]) == (38, 0, 2), lv
+    assert lv["output_tokens"] == 38 * MAX_TOKENS
+    assert lv["consistency"]["mismatched"] == 0
+    deadline = time.monotonic() + 10  # the last cancellations reach the engine at its next step
+    while tiny_server.metrics()["specstack:num_requests_running{}"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tiny_server.metrics()["specstack:num_requests_running{}"] == 0
