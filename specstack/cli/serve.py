@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_CONTEXT = 2048  # the batched engine's per-row default (a row's KV is allocated up front)
+# prompt tokens per step: a joining prompt's chunk widens every running stream's step, so a server keeps it
+# smaller than the batch command's 128 (docs/BENCHMARKS.md, "Serving": the p99 inter-token latency)
+DEFAULT_PREFILL_CHUNK = 32
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -56,6 +59,10 @@ def add_parser(subparsers: Any) -> None:
     add_checked(g, "--max-context", validate.ints(2, validate.MAX_CONTEXT), default=None, metavar="N",
                 help=f"tokens a request may hold, prompt and completion (default: {DEFAULT_MAX_CONTEXT} or the "
                      "model's context if shorter)")
+    add_checked(g, "--prefill-chunk", validate.ints(1, validate.MAX_CONTEXT), default=DEFAULT_PREFILL_CHUNK,
+                metavar="N", help=f"prompt tokens read per step over all joining requests (default "
+                                  f"{DEFAULT_PREFILL_CHUNK}): smaller keeps the running streams' inter-token latency "
+                                  "even when requests join, larger gives a lower time to first token")
     g.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"), metavar="KEY",
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECSTACK_API_KEY, else none)")
     g.add_argument("--served-model-name", default=None, metavar="NAME",
@@ -114,7 +121,7 @@ def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> Non
                              f"{lm.config.max_seq_len} tokens")
     sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram)
     method = parse_method(args.method)
-    engine = BatchEngine(lm, max_rows=args.max_batch, max_context=max_context,
+    engine = BatchEngine(lm, max_rows=args.max_batch, max_context=max_context, prefill_chunk=args.prefill_chunk,
                          length=length_rule(method, lm, args.max_batch),
                          drafters=drafter_factory(method, lm, sources, args.device))
     # one short request before the first client's: the first forwards of a fresh process are slow
