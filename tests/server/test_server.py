@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import Server, start_server, stop_server, wait_ready
+from server.servers import Server, start_server, stop_server, wait_ready
 
 from specstack.cli import main
 
@@ -193,6 +193,8 @@ def test_full_server_answers_503_and_a_disconnect_frees_the_row(two_row_server: 
         lines_a, lines_b = a.iter_lines(), b.iter_lines()
         assert next_data(lines_a) and next_data(lines_b)  # both rows are decoding
         refused = httpx.post(server.url + "/completions", json={"prompt": "hi", "max_tokens": 2})
+        never = httpx.post(server.url + "/completions", json={"prompt": "hi", "max_tokens": 2, "n": 3})
+        assert error_of(never, 400)["param"] == "n"  # more choices than the server ever holds: not a retry
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "queue_full"
         assert refused.headers["retry-after"] == "1"
