@@ -30,8 +30,11 @@ LAYOUTS: tuple[Layout, ...] = ("pad", "split")
 
 @dataclass(frozen=True)
 class RowRun:
-    """Rows [start, stop) of a packed block that carry the same number of tokens: one attention call.
-    Their tokens are the packed block's [first, first + (stop - start) * tokens)."""
+    """Rows [start, stop) of a packed block attended in one call. Their tokens are the packed block's
+    [first, first + their count). Either every row carries `tokens` tokens, or (`gather` set) the rows
+    carry short blocks of different sizes, padded to `tokens` queries for the call: a batch whose rows
+    verify drafts of 1, 2, 3 ... tokens in any order would otherwise make one call per stretch of equal
+    rows, in every layer (32 rows: ~20 calls a layer, their dispatch costing more than the attention)."""
 
     start: int
     stop: int
@@ -40,6 +43,10 @@ class RowRun:
     keys: int  # cache slots the run's queries may see (its longest row + its tokens)
     mask: torch.Tensor | None  # [R, 1, tokens, keys]; None: see below (AttentionBatch.mask)
     is_causal: bool = False
+    # padded runs: the packed index of each of the R * tokens queries (a padding query repeats its row's
+    # first token, so its mask row is a real one), and which of them are real, in packed order
+    gather: torch.Tensor | None = None
+    real: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -274,6 +281,14 @@ def row_blocks_batch(cache: KVCache, parents: Sequence[Sequence[int]], layout: L
         stop = r + 1
         while stop < b and counts[stop] == n:
             stop += 1
+        short = stop
+        while short < b and 0 < counts[short] <= PAD_RUN_TOKENS and 0 < n <= PAD_RUN_TOKENS:
+            short += 1
+        if short > stop:  # short blocks of different sizes: one padded call
+            runs.append(_padded_run(cache, parents, counts, range(r, short), first, positions[0]))
+            first += sum(counts[r:short])
+            r = short
+            continue
         if n:
             rows = range(r, stop)
             lens = [cache.lengths[i] for i in rows]
@@ -291,6 +306,33 @@ def row_blocks_batch(cache: KVCache, parents: Sequence[Sequence[int]], layout: L
         r = stop
     return AttentionBatch(positions, None, tuple(counts), runs=tuple(runs))
 
+
+def _padded_run(cache: KVCache, parents: Sequence[Sequence[int]], counts: Sequence[int], rows: range, first: int,
+                positions: torch.Tensor) -> RowRun:
+    """Rows of short blocks (1..PAD_RUN_TOKENS tokens each, packed from `first`) as one call of
+    max(counts) queries a row: row r's query j < counts[r] is its token j; past that it repeats the
+    row's first token (its mask and position), and its output is dropped."""
+    dev = cache.device
+    n = max(counts[i] for i in rows)
+    gather, real, inner = [], [], torch.zeros(len(rows), n, n, dtype=torch.bool)
+    at = first
+    for k, i in enumerate(rows):
+        c = counts[i]
+        inner[k, :c, :c] = ancestor_mask(parents[i])
+        inner[k, c:, 0] = True
+        gather += [at + j for j in range(c)] + [at] * (n - c)
+        real += [k * n + j for j in range(c)]
+        at += c
+    index = torch.tensor(gather, device=dev)
+    pos = positions[index].view(len(rows), n)
+    mask = _slot_mask(cache, rows, inner.to(dev), pos, 0)
+    return RowRun(rows.start, rows.stop, n, first, max(cache.lengths[i] for i in rows) + n, mask,
+                  gather=index, real=torch.tensor(real, device=dev))
+
+
+# Rows carrying up to this many tokens share one padded attention call in SPLIT (RowRun): with at most
+# MATMUL_QUERIES queries a row it runs as two matmuls, where padding a row costs little
+PAD_RUN_TOKENS = 4
 
 # Queries per row up to which CPU attention runs as two batched matmuls (grouped-query heads folded
 # into the query rows) rather than SDPA's flash kernel, which tiles for long query blocks: 16 rows of
@@ -326,9 +368,14 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: Att
     out = q.new_empty(t, h, d)
     for run in batch.runs:
         rows, n = run.stop - run.start, run.tokens
+        kr, vr = keys[run.start : run.stop, :, : run.keys], values[run.start : run.stop, :, : run.keys]
+        if run.gather is not None:  # padded short blocks: gather the queries, keep the real outputs
+            qr = q[0, run.gather].view(rows, n, h, d).transpose(1, 2)
+            a = _attention(qr, kr, vr, run.mask, run.is_causal).transpose(1, 2).reshape(rows * n, h, d)
+            out[run.first : run.first + len(run.real)] = a[run.real]
+            continue
         span = slice(run.first, run.first + rows * n)
         qr = q[0, span].view(rows, n, h, d).transpose(1, 2)
-        a = _attention(qr, keys[run.start : run.stop, :, : run.keys], values[run.start : run.stop, :, : run.keys],
-                       run.mask, run.is_causal)
+        a = _attention(qr, kr, vr, run.mask, run.is_causal)
         out[span] = a.transpose(1, 2).reshape(rows * n, h, d)
     return out.view(t, h * d).to(act)

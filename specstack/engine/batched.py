@@ -306,15 +306,11 @@ class BatchEngine:
         step's prefill budget; a row with a drafter reads its root only with its first tree), then, once
         the chunk reaches the root, its drafter's tree (drafters of one group propose together: one
         draft forward per draft step for all their rows), sized by the step's length rule."""
-        budget = self.prefill_chunk
         limit = self.length.limit()
+        takes = self._prefill_takes()
         blocks, drafting = [], []
-        for i, row in enumerate(self.rows):
+        for i, (row, take) in enumerate(zip(self.rows, takes, strict=True)):
             n = len(row.pending)
-            hold = 1 if row.drafter is not None else 0
-            take = 1 if n == 1 else min(n - hold, budget)
-            if n > 1:
-                budget -= take
             blocks.append(_Block(row.pending[:take], DraftTree(), reaches_root=take == n))
             if take == n and row.drafter is not None:  # a tree off the root, as for one row
                 if not row.started:
@@ -344,6 +340,20 @@ class BatchEngine:
             for i, k in zip(drafting, keep, strict=True):
                 blocks[i].tree = blocks[i].tree.truncated(k)
         return blocks
+
+    def _prefill_takes(self) -> list[int]:
+        """How many pending tokens each row reads this step: a decoding row its root; rows still reading
+        their prompt share the step's prefill budget oldest request first (handles count up in arrival
+        order). In slot order, a new request moved into a freed slot would go ahead of older ones still
+        reading theirs, and under steady load an old one could wait many steps for its first token. A
+        row with a drafter holds its root back for its first tree."""
+        takes = [1 if len(row.pending) == 1 else 0 for row in self.rows]
+        budget = self.prefill_chunk
+        for i in sorted((i for i, t in enumerate(takes) if not t), key=lambda i: self.rows[i].handle):
+            row = self.rows[i]
+            takes[i] = min(len(row.pending) - (row.drafter is not None), budget)
+            budget -= takes[i]
+        return takes
 
     def _prompt_hidden(self, row: _Row) -> torch.Tensor | None:
         """[1, len(prompt) - 1, L, d]: the target's activations of the prompt but its root, for a drafter

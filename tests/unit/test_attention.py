@@ -253,3 +253,36 @@ def test_unrolled_step_masks_of_a_spire_training_forward():
         "1 0 0 0  0 1 0 0  0 0 1 0",
         "1 0 0 0  0 0 1 0  0 0 0 1",
     ]))
+
+
+@pytest.mark.parametrize("window", [None, WindowSpec(sink=1, window=3)])
+def test_split_pads_short_blocks_of_different_sizes_into_one_call(window):
+    """Rows verifying drafts of 1..4 tokens (chains and a tree) in any order attend in one padded call
+    under SPLIT, and every real token's attention equals PAD's (which pads every row to the longest); a
+    prompt chunk longer than PAD_RUN_TOKENS keeps a call of its own."""
+    from specstack.attention import PAD_RUN_TOKENS, attend, row_blocks_batch
+
+    blocks = [[-1], [-1, 0], [-1, 0, 0, 1], [-1], [-1, 0, 1], [-1, 0, 1, 2, 3, 4], [-1, 0]]
+    assert max(len(p) for p in blocks if len(p) <= PAD_RUN_TOKENS) == 4
+    cache = cache_with([3, 6, 2, 9, 4, 5, 7], window=window, block=9)
+    heads, kv, d = CFG.n_heads, CFG.n_kv_heads, CFG.head_dim
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(len(blocks), kv, cache.k.shape[-2], d, generator=g)
+    values = torch.randn(len(blocks), kv, cache.k.shape[-2], d, generator=g)
+    counts = [len(p) for p in blocks]
+    q = torch.randn(1, sum(counts), heads, d, generator=g)
+
+    split = row_blocks_batch(cache, blocks, "split")
+    assert [(r.start, r.stop, r.gather is not None) for r in split.runs] == [(0, 5, True), (5, 6, False), (6, 7, False)]
+    got = attend(q, keys, values, split)
+
+    pad = row_blocks_batch(cache, blocks, "pad")
+    t = max(counts)
+    padded = torch.zeros(len(blocks), t, heads, d)
+    starts = [sum(counts[:i]) for i in range(len(blocks))]
+    for i, (s, c) in enumerate(zip(starts, counts, strict=True)):
+        padded[i, :c] = q[0, s : s + c]
+    used = pad.mask.shape[-1]  # the cache hands PAD its used slots only
+    want = attend(padded, keys[:, :, :used], values[:, :, :used], pad).view(len(blocks), t, heads * d)
+    for i, (s, c) in enumerate(zip(starts, counts, strict=True)):
+        torch.testing.assert_close(got[s : s + c], want[i, :c], rtol=1e-5, atol=1e-6)

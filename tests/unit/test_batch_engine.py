@@ -74,3 +74,23 @@ def test_cache_rows_are_allocated_once_and_reused(tiny_llama):
     assert cache.remove_row(1) is None and cache.lengths == [3]
     assert cache.add_row() == 1 and cache.lengths == [3, 0]
     assert cache.k.data_ptr() == k_ptr
+
+
+def test_prompts_are_read_oldest_request_first(tiny_llama):
+    """The step's prefill budget goes to the oldest request still reading its prompt, whatever its slot:
+    when A leaves, the newest row C moves into A's slot, ahead of B in slot order, yet B (older, and
+    ahead by one chunk) gets its first token first. In slot order C would take every chunk until done."""
+    lm = tiny_llama.lm
+    engine = BatchEngine(lm, max_rows=3, max_context=64, prefill_chunk=4)
+    a = engine.add(BatchRequest([5], GenerationConfig(max_new_tokens=1, stop_on_eos=False)))
+    b = engine.add(BatchRequest(list(range(3, 23)), GEN))
+    c = engine.add(BatchRequest(list(range(4, 24)), GEN))
+    assert [h for h, _ in engine.step()] == [a]  # A decoded at once; B read a chunk, C nothing
+    assert [row.handle for row in engine.rows] == [c, b]  # C took A's slot
+    while not any(engine.emitted().values()):
+        engine.step()
+    assert engine.emitted() == {b: 1, c: 0}
+    while engine.busy:
+        engine.step()
+    for h, p in ((b, list(range(3, 23))), (c, list(range(4, 24)))):
+        assert engine.pop_result(h).tokens == generate(lm, p, GEN).tokens
