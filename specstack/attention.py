@@ -58,7 +58,8 @@ class AttentionBatch:
     - PAD: every row's block padded to the longest (n_valid says how much is real); one attention call;
     - SPLIT: no padding. The rows' tokens are packed into one flat block, positions [1, N] (row 0's
       tokens, then row 1's, ...), `counts` tokens a row, and attention runs once per run of
-      consecutive rows with equal counts (`runs`); the linear layers see N tokens, not B * T."""
+      consecutive rows with equal counts, or of consecutive rows of 1..PAD_RUN_TOKENS tokens padded to
+      the longest of them (`runs`); the linear layers see N tokens, not B * T."""
 
     positions: torch.Tensor
     # None when no mask is needed: with is_causal, a causal block over an empty cache (SDPA's

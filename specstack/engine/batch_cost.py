@@ -4,7 +4,8 @@ draft length in a batch).
 One forward of the batched engine (engine/batched.py) covers `rows` rows; each row carries its root
 (one token) plus its draft's nodes, so the forward carries `tokens` >= `rows` tokens in all, and
 `extras` = tokens - rows of them are draft nodes. In the SPLIT layout the tokens are packed [1, N]:
-the linears see exactly N tokens and attention runs per run of equal rows (attention.row_blocks_batch),
+the linears see exactly N tokens and attention runs per run of equal rows, rows of 1..4 tokens padded
+into one run (attention.row_blocks_batch),
 so the cost depends on how many rows and how many tokens, and (a little) on how the extras are spread;
 here they are spread as evenly as possible, as chains off each row's root.
 

@@ -16,7 +16,7 @@ token, or the prompt's last token). Each step:
      cost-aware choice over the batch's measured forward cost) limits the trees before they are
      proposed and cuts them after;
   3. one target forward scores all rows' blocks, ragged: PAD (padded to the longest block, masked)
-     or SPLIT (packed, attention per run of equal-length rows), see attention.py;
+     or SPLIT (packed, attention per run of equal-length rows; short blocks padded into one), see attention.py;
   4. each row whose block reached its root is verified on its own (speculative.verify: greedy walk,
      sample-walk or RRS with the row's parameters) and commits its own number of tokens; the emitted
      tokens go to the row's stream, its drafter is told the verdict. Finished rows leave.
