@@ -58,8 +58,9 @@ def test_handler_sets_the_flag_then_a_second_ctrl_c_raises_and_is_restored(no_re
         assert interrupt.requested()
     assert signal.getsignal(signal.SIGINT) is before
     assert not interrupt.requested()
-    with pytest.raises(KeyboardInterrupt):  # Python's default is back
-        signal.raise_signal(signal.SIGINT)
+    if before is signal.default_int_handler:  # a job started in the background inherits SIGINT ignored
+        with pytest.raises(KeyboardInterrupt):  # Python's default is back
+            signal.raise_signal(signal.SIGINT)
 
 
 def test_a_ctrl_c_inside_a_finaliser_is_not_lost(no_request, recwarn):
