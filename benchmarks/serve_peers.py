@@ -241,7 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     out = args.out or Path("bench_out") / time.strftime("serve_peers-%Y%m%d-%H%M%S")
     if args.gguf is None:
-        args.gguf = resolve(args.model).path
+        source = resolve(args.model)
+        if source.kind != "gguf":
+            raise SpecstackError(f"--model {args.model} is not a GGUF: give llama-server's weights with --gguf")
+        args.gguf = source.path
     check_writable_dir(out, "--out")
     prompts = [p for _, p in zip(range(args.limit), iter_prompts(args.prompts), strict=False)]
     levels = [serve_load.Level("concurrency", c) for c in args.concurrency]

@@ -282,8 +282,8 @@ def row_blocks_batch(cache: KVCache, parents: Sequence[Sequence[int]], layout: L
         stop = r + 1
         while stop < b and counts[stop] == n:
             stop += 1
-        short = stop
-        while short < b and 0 < counts[short] <= PAD_RUN_TOKENS and 0 < n <= PAD_RUN_TOKENS:
+        short = stop  # the rows of short blocks that follow join this run's call
+        while 0 < n <= PAD_RUN_TOKENS and short < b and 0 < counts[short] <= PAD_RUN_TOKENS:
             short += 1
         if short > stop:  # short blocks of different sizes: one padded call
             runs.append(_padded_run(cache, parents, counts, range(r, short), first, positions[0]))

@@ -211,6 +211,9 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
 
         return put
 
+    if len(encoded) * req.n > worker.capacity:  # would wait for room forever
+        raise bad(f"{len(encoded) * req.n} choices (prompts x n) are more than this server holds at once "
+                  f"({worker.capacity})", "n")
     if req.method is not None:  # a method of its own: built (a draft loaded) before the request queues
         try:
             await asyncio.to_thread(worker.prepare, req.method)
@@ -219,9 +222,6 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
                       "method_unavailable") from None
     jobs = [(ids, req.generation(limit, j), sink(p * req.n + j))
             for p, (ids, limit) in enumerate(zip(encoded, limits, strict=True)) for j in range(req.n)]
-    if len(jobs) > worker.capacity:  # would wait for room forever
-        raise bad(f"{len(jobs)} choices (prompts x n) are more than this server holds at once ({worker.capacity})",
-                  "n")
     try:
         ids = worker.submit(jobs, req.method)
     except Overloaded:

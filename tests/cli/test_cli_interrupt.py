@@ -46,21 +46,25 @@ def test_check_raises_only_once_requested(no_request):
 
 
 def test_handler_sets_the_flag_then_a_second_ctrl_c_raises_and_is_restored(no_request):
-    before = signal.getsignal(signal.SIGINT)
-    with interrupt.handling_sigint():
-        assert signal.getsignal(signal.SIGINT) is not before
-        signal.raise_signal(signal.SIGINT)  # the first Ctrl-C only asks
-        assert interrupt.requested()
-        with pytest.raises(KeyboardInterrupt):  # the impatient second one raises at once
-            signal.raise_signal(signal.SIGINT)
-        with interrupt.handling_sigint():  # nested: a no-op that keeps the pending request
+    # from Python's default handler, whatever this process inherited (a background job starts with
+    # SIGINT ignored), and back to what it was after
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupt.handling_sigint():
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+            signal.raise_signal(signal.SIGINT)  # the first Ctrl-C only asks
             assert interrupt.requested()
-        assert interrupt.requested()
-    assert signal.getsignal(signal.SIGINT) is before
-    assert not interrupt.requested()
-    if before is signal.default_int_handler:  # a job started in the background inherits SIGINT ignored
+            with pytest.raises(KeyboardInterrupt):  # the impatient second one raises at once
+                signal.raise_signal(signal.SIGINT)
+            with interrupt.handling_sigint():  # nested: a no-op that keeps the pending request
+                assert interrupt.requested()
+            assert interrupt.requested()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert not interrupt.requested()
         with pytest.raises(KeyboardInterrupt):  # Python's default is back
             signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_a_ctrl_c_inside_a_finaliser_is_not_lost(no_request, recwarn):
