@@ -18,7 +18,7 @@ import os
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specstack import validate
 from specstack.cli.common import (
@@ -28,14 +28,12 @@ from specstack.cli.common import (
     add_model_args,
     check_model_args,
 )
+from specstack.cluster.deploy import parse_replicas, serve_replicas
 from specstack.errors import SpecstackError
-
-if TYPE_CHECKING:
-    from specstack.server.app import ServerState
+from specstack.server.loader import DEFAULT_MAX_CONTEXT, load_engine
 
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_QUEUE = 256
-DEFAULT_MAX_CONTEXT = 2048  # the batched engine's per-row default (a row's KV is allocated up front)
 # prompt tokens per step: a joining prompt's chunk widens every running stream's step, so a server keeps it
 # smaller than the batch command's 128 (docs/BENCHMARKS.md, "Serving": the p99 inter-token latency)
 DEFAULT_PREFILL_CHUNK = 32
@@ -68,6 +66,16 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="the model id clients send and /v1/models lists (default: the --model value)")
     g.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn's log level (default warning)")
+    g = p.add_argument_group("replicas (Ray Serve: pip install 'specstack[cluster]')")
+    add_checked(g, "--replicas", parse_replicas, default=None, metavar="N|MIN:MAX",
+                help="serve N engines behind one endpoint as a Ray Serve deployment, each with --threads CPU "
+                     "threads pinned to cores of its own (default 1); MIN:MAX autoscales on requests in flight")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="join this Ray cluster (`ray start --head` prints it; 'auto': the one on this machine) "
+                        "instead of starting a local one; implies --replicas 1 unless given")
+    add_checked(g, "--target-ongoing", validate.ints(1, validate.MAX_COUNT), default=None, metavar="N",
+                help="with --replicas MIN:MAX: requests in flight per replica the autoscaler aims at "
+                     "(default: half of --max-batch)")
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--method", default="auto", metavar="NAME[:k=v,...]",
                    help="every request's method unless its body picks another (as `specstack generate --method`; "
@@ -103,38 +111,6 @@ def note(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
-def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> None:
-    """Load the model and the method, start the engine thread, and open the routes (the loader thread)."""
-    import torch
-
-    from specstack.engine.batched import BatchEngine, BatchRequest
-    from specstack.engine.methods import DraftSources, describe, drafter_factory, length_rule, parse_method
-    from specstack.models.loading import load_model
-    from specstack.server.worker import EngineWorker
-
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    lm = load_model(args.model, dtype=dtype, device=args.device)
-    max_context = min(args.max_context or DEFAULT_MAX_CONTEXT, lm.config.max_seq_len)
-    if args.max_context is not None and args.max_context > lm.config.max_seq_len:
-        raise SpecstackError(f"--max-context {args.max_context} is over the model's context of "
-                             f"{lm.config.max_seq_len} tokens")
-    sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram)
-    method = parse_method(args.method)
-    engine = BatchEngine(lm, max_rows=args.max_batch, max_context=max_context, prefill_chunk=args.prefill_chunk,
-                         length=length_rule(method, lm, args.max_batch),
-                         drafters=drafter_factory(method, lm, sources, args.device))
-    # one short request before the first client's: the first forwards of a fresh process are slow
-    engine.run([BatchRequest([lm.config.bos_token_id or 0] * 2)])
-
-    def build(name: str):
-        return drafter_factory(parse_method(name), lm, sources, args.device)
-
-    worker = EngineWorker(engine, state.metrics, args.max_batch + args.max_queue, str(method), build)
-    worker.start()
-    state.ready(worker, lm.tokenizer, lm.config.vocab_size, engine.max_context, describe(method))
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     # 1. cheap checks and the socket, before anything heavy
     dtype = check_model_args(args)
@@ -143,6 +119,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     parse_method(args.method)  # a bad name fails here (the draft flags also serve requests' own methods)
     if args.api_key is not None and not args.api_key.strip():
         raise SpecstackError("--api-key is empty")
+    if args.replicas is not None or args.ray_address is not None:
+        return serve_replicas(args, dtype)
+    if args.target_ongoing is not None:
+        raise SpecstackError("--target-ongoing needs --replicas MIN:MAX")
     sock = bind(args.host, args.port)
 
     import uvicorn

@@ -18,7 +18,7 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +70,12 @@ class ClientGone(Exception):
     """The client closed its connection before its answer was complete."""
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState, routes: Callable[[FastAPI], None] | None = None) -> FastAPI:
+    """The routes over `state`. `routes` adds routes first, so they take a path before the server's own
+    (a Ray Serve replica's /health and /metrics, which answer for all replicas: cluster/replica.py)."""
     app = FastAPI(title="specstack", docs_url=None, redoc_url=None, openapi_url=None)
+    if routes is not None:
+        routes(app)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, e: ApiError) -> JSONResponse:

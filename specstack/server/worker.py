@@ -115,6 +115,17 @@ class EngineWorker:
         for i in ids:
             self._inbox.put(("cancel", i))
 
+    @property
+    def in_flight(self) -> int:
+        """Jobs (rows) taken and not yet finished: decoding in the batch or waiting for a row."""
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread runs (it ends only on stop)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)

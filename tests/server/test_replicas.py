@@ -1,0 +1,177 @@
+"""`specstack serve --replicas 2` on a local Ray instance, through Ray Serve's proxy and the real `openai`
+client: the same greedy text as one server; requests spread over both replicas, each pinned to a core
+of its own; /metrics summed over replicas and per replica; a replica killed mid-run leaves the endpoint
+serving (requests it held are retried or end with a clear error) and is replaced; everything stops
+cleanly, with no Ray process left behind.
+
+The test starts Ray itself (`ray.init` with 2 CPUs, loopback only) and the server joins it with
+`--ray-address`, so the test can kill a replica's actor. One module-scoped deployment serves every test;
+the last one stops it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server.servers import Server, start_server, stop_server
+
+from specstack.cluster.failover import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "Once upon a time"]
+TOKENS = 24
+LONG = 200  # tokens of the requests in flight when a replica is killed
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray binds 127.0.0.1, not the node's address
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A local Ray instance of 2 CPUs on loopback, with the proxy failover installed; its GCS address."""
+    saved = {k: os.environ.get(k) for k in (LOOPBACK_ENV, PROXY_CALLBACK_ENV)}
+    os.environ[LOOPBACK_ENV] = "0"
+    os.environ[PROXY_CALLBACK_ENV] = PROXY_CALLBACK
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, namespace="specstack-test", log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def replicas(ray_cluster: str, server_model_dir: Path, server_tmp: Path) -> Iterator[Server]:
+    """Two replicas of the tiny model, one thread and up to 2 rows each."""
+    server = start_server(server_model_dir, server_tmp, "--replicas", "2", "--ray-address", ray_cluster,
+                          "--max-batch", "2")
+    yield server
+    stop_server(server)
+
+
+def health(server: Server) -> dict:
+    r = httpx.get(server.root + "/health", timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample called `name` in Prometheus text, by its labels (model_name left out)."""
+    return {tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name")): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name}
+
+
+def complete(server: Server, prompt: str, stream: bool, tokens: int = TOKENS) -> str:
+    client = server.client()
+    args = {"model": server.model, "prompt": prompt, "max_tokens": tokens, "temperature": 0}
+    if not stream:
+        return client.completions.create(**args).choices[0].text
+    return "".join(c.choices[0].text for c in client.completions.create(stream=True, **args) if c.choices)
+
+
+def chat(server: Server, prompt: str, stream: bool) -> str:
+    client = server.client()
+    args = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS,
+            "temperature": 0}
+    if not stream:
+        return client.chat.completions.create(**args).choices[0].message.content
+    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **args)
+                   if c.choices)
+
+
+def test_replicas_give_one_servers_greedy_text(replicas: Server, tiny_server: Server) -> None:
+    calls = [(f, p, s) for f in (complete, chat) for p in PROMPTS for s in (False, True)]
+    with ThreadPoolExecutor(8) as pool:  # concurrent, so both replicas answer some
+        through_proxy = list(pool.map(lambda c: c[0](replicas, c[1], c[2]), calls))
+    alone = [f(tiny_server, p, s) for f, p, s in calls]
+    assert through_proxy == alone
+    models = replicas.client().models.list().data
+    assert [m.id for m in models] == [replicas.model]
+
+
+def test_requests_spread_over_both_pinned_replicas(replicas: Server) -> None:
+    h = health(replicas)
+    assert len(h["replicas"]) == 2 and {r["status"] for r in h["replicas"]} == {"ok"}
+    assert len({r["pid"] for r in h["replicas"]}) == 2
+    assert sorted(c for r in h["replicas"] for c in r["cores"]) == [0, 1]  # a core of its own each
+    before = samples(httpx.get(replicas.root + "/metrics/replicas").text, "specstack:request_success_total")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: complete(replicas, PROMPTS[i % 4], False), range(16)))
+    deadline = time.monotonic() + 10  # the other replica's numbers are up to a second old
+    while True:
+        per = samples(httpx.get(replicas.root + "/metrics/replicas").text, "specstack:request_success_total")
+        done = {dict(k)["replica"]: v - before.get(k, 0) for k, v in per.items()}
+        if sum(done.values()) == 16 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sum(done.values()) == 16 and len(done) == 2 and min(done.values()) >= 4, done  # P2C: both get work
+    total = samples(httpx.get(replicas.root + "/metrics").text, "specstack:request_success_total")
+    assert sum(total.values()) == sum(per.values())  # /metrics: one server's series, summed
+    assert all("replica" not in dict(k) for k in total)
+
+
+def replica_actor(replica_id: str):
+    import ray
+
+    return ray.get_actor(f"SERVE_REPLICA::specstack#specstack#{replica_id}", namespace="serve")
+
+
+def test_killing_a_replica_keeps_the_endpoint_serving(replicas: Server, tiny_server: Server) -> None:
+    import ray
+
+    expected = {p: complete(tiny_server, p, False, LONG) for p in PROMPTS}
+    victim = health(replicas)["replicas"][0]["replica"]
+    jobs = [(PROMPTS[i % 4], i % 3 == 0) for i in range(12)]  # whole requests, and every third a stream
+
+    def run(job: tuple[str, bool]) -> str | Exception:
+        try:
+            return complete(replicas, job[0], job[1], LONG)
+        except openai.APIError as e:
+            return e
+
+    with ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(run, j) for j in jobs]
+        time.sleep(0.3)  # every request taken, both replicas decoding, most still queued
+        ray.kill(replica_actor(victim), no_restart=True)
+        results = [f.result() for f in futures]
+    for (prompt, stream), r in zip(jobs, results, strict=True):
+        if isinstance(r, Exception):  # only a stream that had begun on the killed replica may fail
+            assert stream and "replica serving this request stopped" in str(r), r
+        else:
+            assert r == expected[prompt], (stream, r)
+    assert sum(isinstance(r, str) for r, (_, s) in zip(results, jobs, strict=True) if not s) == 8  # retried
+    deadline = time.monotonic() + 45  # Ray replaces the replica
+    while True:
+        ids = {r["replica"] for r in health(replicas)["replicas"]}
+        if len(ids) == 2 and victim not in ids or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(ids) == 2 and victim not in ids, ids
+    assert complete(replicas, PROMPTS[0], True, LONG) == expected[PROMPTS[0]]
+
+
+def test_stopping_leaves_no_replica_running(replicas: Server, ray_cluster: str) -> None:
+    import ray
+
+    stop_server(replicas)  # SIGTERM: the deployment is deleted, the command exits 0
+    assert replicas.process.returncode == 0, replicas.stderr()
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    assert not [n for n in names if n.startswith("SERVE_REPLICA::specstack") or n.endswith("-board")], names
+    r = httpx.get(replicas.root + "/health", timeout=5)  # the proxy still runs (the test's Ray); the app is gone
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text  # OpenAI-shaped
+    ps = subprocess.run(["pgrep", "-f", "ServeReplica:specstack"], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", ps.stdout
