@@ -63,6 +63,7 @@ class ServerConfig:
     memory: list[dict[str, Any]] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     note: str | None = None
+    probes: dict[str, Any] = field(default_factory=dict)  # what `after` measured while it was up
 
 
 def free_port() -> int:
@@ -112,8 +113,10 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def measure(config: ServerConfig, levels: Sequence[serve_load.Level], prompts: list[Any],
-            settings: serve_load.LoadSettings, slots: int, out: Path, startup: float) -> None:
-    """Start the server, run `levels` against it, stop it; the summaries, rows and memory go to `config`."""
+            settings: serve_load.LoadSettings, slots: int, out: Path, startup: float,
+            after: Callable[[str], dict[str, Any]] | None = None) -> None:
+    """Start the server, run `levels` against it, then `after(root)` if given, and stop it; the summaries,
+    rows, memory and what `after` returned go to `config`."""
     port = free_port()
     argv = config.argv(port, slots)
     log = out / f"{config.label.replace(' ', '_')}-{slots}.log"
@@ -131,6 +134,8 @@ def measure(config: ServerConfig, levels: Sequence[serve_load.Level], prompts: l
         result = serve_load.run(f"http://127.0.0.1:{port}/v1", None, None, settings, levels, prompts, progress)
         config.levels += [lr.summary(result.greedy) for lr in result.levels]
         config.rows += [serve_load.row_dict(r) for r in result.rows()]
+        if after is not None:
+            config.probes.update(after(f"http://127.0.0.1:{port}"))
     finally:
         stop(proc)
 

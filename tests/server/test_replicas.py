@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server.servers import Server, start_server, stop_server
 
-from specstack.cluster.failover import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+from specstack.cluster.deploy import PROXY_ENV
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "Once upon a time"]
 TOKENS = 24
@@ -33,10 +33,10 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray binds 127.0.0.1, 
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """A local Ray instance of 2 CPUs on loopback, with the proxy failover installed; its GCS address."""
-    saved = {k: os.environ.get(k) for k in (LOOPBACK_ENV, PROXY_CALLBACK_ENV)}
-    os.environ[LOOPBACK_ENV] = "0"
-    os.environ[PROXY_CALLBACK_ENV] = PROXY_CALLBACK
+    """A local Ray instance of 2 CPUs on loopback, its proxy with the failover middleware; its GCS address."""
+    env = {LOOPBACK_ENV: "0", **PROXY_ENV["ray"]}  # as `specstack serve --replicas` sets them for its own Ray
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, namespace="specstack-test", log_to_driver=False)

@@ -1,0 +1,170 @@
+"""Replicas side by side (issue 22): `specstack serve --replicas` through Ray Serve's proxy on this machine,
+against one replica and against one server without Ray; and what the proxy costs a request.
+
+The configurations, each started as a process on 127.0.0.1 and driven by bench-serve's load (the same
+prompts and levels for all; greedy, ignore_eos: exactly --max-tokens tokens a request):
+- `serve --threads 1` (no Ray): one engine, the baseline of the proxy's cost;
+- `serve --replicas 1 --threads 1`: the same engine behind Ray Serve's proxy;
+- `serve --replicas 2 --threads 1`: two engines, each pinned to a core of its own;
+- `serve --replicas 1 --threads 2`: one engine on both cores (what the cores give without replicas);
+- the one- and two-replica ones again with `--proxy haproxy` (Ray Serve's HAProxy ingress).
+Every server gets --max-batch the largest level, as serve_peers.py gives ours.
+
+The proxy's cost: after the load, --probes requests one after another (max_tokens 1, whole responses)
+to each server; the median time of one through `--replicas 1 --threads 1` (each proxy) minus the median
+of the same engine without Ray is that proxy's overhead per request.
+
+Output (--out DIR, default bench_out/serve_replicas-TIME): serve_replicas.json (settings, machine, per
+configuration its command, level summaries, probe latencies; ratios to one replica with one thread),
+serve_replicas.md (the table, the ratios, the proxy's cost), serve_replicas.png, each server's log.
+
+    python benchmarks/serve_replicas.py --concurrency 1,4,8,16 --limit 12 --max-tokens 128 [--probes 50]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_peers, a script beside this one
+from serve_peers import ServerConfig, measure  # noqa: E402
+
+from specstack.bench import serve_load, serve_report  # noqa: E402
+from specstack.bench.datasets import iter_prompts  # noqa: E402
+from specstack.cli.common import sizes  # noqa: E402
+from specstack.errors import SpecstackError  # noqa: E402
+from specstack.files import atomic_write_text, check_writable_dir  # noqa: E402
+from specstack.validate import MAX_BATCH_SIZE  # noqa: E402
+
+BASELINE = "1 replica x 1 thread"  # the row every ratio divides by
+DIRECT = "no Ray, 1 thread"  # the same engine without the proxy: the proxy's cost is the difference
+HAPROXY = "(haproxy)"  # --proxy haproxy: Ray Serve's HAProxy ingress instead of its Python proxy
+
+
+def configs(args: argparse.Namespace, top: int) -> list[ServerConfig]:
+    ours = [sys.executable, "-m", "specstack.cli", "serve", "--model", args.model, "--host", "127.0.0.1",
+            "--max-batch", str(top), "--max-queue", str(args.max_queue), "--method", args.method]
+
+    def server(*flags: str):
+        return lambda port, _slots: [*ours, *flags, "--port", str(port)]
+
+    return [ServerConfig(DIRECT, server("--threads", "1")),
+            ServerConfig(BASELINE, server("--replicas", "1", "--threads", "1")),
+            ServerConfig("2 replicas x 1 thread", server("--replicas", "2", "--threads", "1")),
+            ServerConfig("1 replica x 2 threads", server("--replicas", "1", "--threads", "2")),
+            ServerConfig(f"{BASELINE} {HAPROXY}", server("--replicas", "1", "--threads", "1", "--proxy", "haproxy")),
+            ServerConfig(f"2 replicas x 1 thread {HAPROXY}",
+                         server("--replicas", "2", "--threads", "1", "--proxy", "haproxy"))]
+
+
+def probe(count: int):
+    """`after` for measure: `count` one-token requests in a row; their latencies in ms."""
+    def run(root: str) -> dict[str, Any]:
+        model = httpx.get(root + "/v1/models", timeout=10).json()["data"][0]["id"]
+        body = {"model": model, "prompt": "def add(a, b):", "max_tokens": 1, "temperature": 0}
+        ms = []
+        with httpx.Client(timeout=60) as http:
+            for _ in range(count + 3):  # the first three warm the connection and the path
+                t0 = time.perf_counter()
+                http.post(root + "/v1/completions", json=body).raise_for_status()
+                ms.append((time.perf_counter() - t0) * 1e3)
+        ms = ms[3:]
+        return {"probe_ms": ms, "probe_p50_ms": statistics.median(ms)}
+    return run
+
+
+def ratios(servers: Sequence[ServerConfig]) -> dict[str, dict[str, float | None]]:
+    base = {lv["level"]: lv["tokens_per_s"] for lv in next(s for s in servers if s.label == BASELINE).levels}
+    return {s.label: {lv["level"]: (lv["tokens_per_s"] / base[lv["level"]]
+                                    if lv["tokens_per_s"] and base.get(lv["level"]) else None) for lv in s.levels}
+            for s in servers}
+
+
+def render_md(doc: dict[str, Any]) -> str:
+    s = doc["settings"]
+    lines = ["# Replicas side by side", "", f"`{doc['command']}`", "",
+             f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores), {doc['machine']['date']}; prompts "
+             f"{s['prompts']} (first {s['limit']}), max_tokens {s['max_tokens']} exactly (ignore_eos), temperature 0, "
+             f"method {s['method']}.", ""]
+    tables = [serve_report.level_table(v["levels"], k).splitlines() for k, v in doc["servers"].items()]
+    lines += tables[0][:2] + [row for t in tables for row in t[2:]]
+    labels = list(doc["ratios"])
+    levels = [lv["level"] for lv in doc["servers"][BASELINE]["levels"]]
+    lines += ["", f"Total tokens/s over {BASELINE}'s at each level:", "",
+              "| level | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    for lv in levels:
+        cells = [doc["ratios"][k].get(lv) for k in labels]
+        lines.append(f"| {lv} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
+    p = doc["proxy"]
+    lines += ["", f"One-token requests one after another ({s['probes']} each), median ms: "
+              + ", ".join(f"{k} {v['probe_p50_ms']:.1f}" for k, v in doc["servers"].items()),
+              "", f"The proxy's cost per request ({BASELINE} minus {DIRECT}): Ray Serve's proxy "
+              f"{p['overhead_ms']['ray']:.1f} ms, its HAProxy ingress {p['overhead_ms']['haproxy']:.1f} ms", ""]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=lambda t: sizes(MAX_BATCH_SIZE, "1,4,8,16")("--concurrency", t),
+                    default=[1, 4, 8, 16])
+    ap.add_argument("--prompts", default="humaneval")
+    ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument("--requests", type=int, default=None, help="per level (default: max(prompts, 4 x C))")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--method", default="auto")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--max-queue", type=int, default=256)
+    ap.add_argument("--probes", type=int, default=50, help="one-token requests per server for the proxy's cost")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    ap.add_argument("--startup-timeout", type=float, default=300.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    try:
+        return run(args)
+    except SpecstackError as e:
+        print(f"serve_replicas: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    out = args.out or Path("bench_out") / time.strftime("serve_replicas-%Y%m%d-%H%M%S")
+    check_writable_dir(out, "--out")
+    prompts = [p for _, p in zip(range(args.limit), iter_prompts(args.prompts), strict=False)]
+    levels = [serve_load.Level("concurrency", c) for c in args.concurrency]
+    settings = serve_load.LoadSettings(max_tokens=args.max_tokens, ignore_eos=True, seed=args.seed,
+                                       timeout=args.timeout, requests=args.requests)
+    servers = configs(args, max(args.concurrency))
+    out.mkdir(parents=True, exist_ok=True)
+    for config in servers:
+        measure(config, levels, prompts, settings, max(args.concurrency), out, args.startup_timeout,
+                after=probe(args.probes))
+    by = {s.label: s for s in servers}
+    direct = by[DIRECT].probes["probe_p50_ms"]
+    overhead = {"ray": by[BASELINE].probes["probe_p50_ms"] - direct,
+                "haproxy": by[f"{BASELINE} {HAPROXY}"].probes["probe_p50_ms"] - direct}
+    doc = {"command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]), "machine": serve_report.machine(),
+           "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                        "out": str(out)},
+           "servers": {s.label: {"commands": s.commands, "levels": s.levels, "rows": s.rows, **s.probes}
+                       for s in servers},
+           "ratios": ratios(servers), "proxy": {"overhead_ms": overhead}}
+    atomic_write_text(out / "serve_replicas.json", json.dumps(doc, indent=1) + "\n")
+    md = render_md(doc)
+    atomic_write_text(out / "serve_replicas.md", md)
+    serve_report.plot_levels({s.label: s.levels for s in servers}, out / "serve_replicas.png",
+                             "Replicas behind Ray Serve's proxy, one machine")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
