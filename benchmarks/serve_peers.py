@@ -213,15 +213,37 @@ def render_md(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", type=lambda t: sizes(MAX_BATCH_SIZE, "1,2,4,8,16")("--concurrency", t),
-                    default=[1, 2, 4, 8, 16])
-    ap.add_argument("--methods", default=None, help="more `specstack serve --method` values besides ar and auto, ';'-separated")
+def add_load_args(ap: argparse.ArgumentParser, concurrency: str) -> None:
+    """The load's flags, shared by the scripts that start servers and drive them (load_plan reads them)."""
+    ap.add_argument("--concurrency", type=lambda t: sizes(MAX_BATCH_SIZE, concurrency)("--concurrency", t),
+                    default=[int(c) for c in concurrency.split(",")])
     ap.add_argument("--prompts", default="humaneval")
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--requests", type=int, default=None, help="per level (default: max(prompts, 4 x C))")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-queue", type=int, default=256)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    ap.add_argument("--startup-timeout", type=float, default=300.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None)
+
+
+def load_plan(args: argparse.Namespace, name: str) -> tuple[Path, list[Any], list[serve_load.Level],
+                                                             serve_load.LoadSettings]:
+    """The output folder (checked), the prompts, the levels and the load's settings of add_load_args' flags."""
+    out = args.out or Path("bench_out") / time.strftime(f"{name}-%Y%m%d-%H%M%S")
+    check_writable_dir(out, "--out")
+    prompts = [p for _, p in zip(range(args.limit), iter_prompts(args.prompts), strict=False)]
+    levels = [serve_load.Level("concurrency", c) for c in args.concurrency]
+    settings = serve_load.LoadSettings(max_tokens=args.max_tokens, ignore_eos=True, seed=args.seed,
+                                       timeout=args.timeout, requests=args.requests)
+    return out, prompts, levels, settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_load_args(ap, "1,2,4,8,16")
+    ap.add_argument("--methods", default=None, help="more `specstack serve --method` values besides ar and auto, ';'-separated")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="smollm2-135m", help="our server's --model (the registry entry of the GGUF)")
     ap.add_argument("--gguf", type=Path, default=None,
@@ -230,11 +252,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--llama-spec-type", default="ngram-simple", help="llama-server's draft-free speculation ('none': skip)")
     ap.add_argument("--llama-cache-prompt", action="store_true", help="keep llama-server's prompt cache on")
     ap.add_argument("--ctx", type=int, default=2048, help="llama-server's context per slot")
-    ap.add_argument("--max-queue", type=int, default=256)
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    ap.add_argument("--startup-timeout", type=float, default=300.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
         return run(args)
@@ -244,17 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = args.out or Path("bench_out") / time.strftime("serve_peers-%Y%m%d-%H%M%S")
     if args.gguf is None:
         source = resolve(args.model)
         if source.kind != "gguf":
             raise SpecstackError(f"--model {args.model} is not a GGUF: give llama-server's weights with --gguf")
         args.gguf = source.path
-    check_writable_dir(out, "--out")
-    prompts = [p for _, p in zip(range(args.limit), iter_prompts(args.prompts), strict=False)]
-    levels = [serve_load.Level("concurrency", c) for c in args.concurrency]
-    settings = serve_load.LoadSettings(max_tokens=args.max_tokens, ignore_eos=True, seed=args.seed,
-                                       timeout=args.timeout, requests=args.requests)
+    out, prompts, levels, settings = load_plan(args, "serve_peers")
     servers, notes = configs(args, max(args.concurrency))
     for note in notes:
         print(f"serve_peers: {note}", file=sys.stderr)

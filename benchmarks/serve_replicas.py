@@ -6,13 +6,12 @@ prompts and levels for all; greedy, ignore_eos: exactly --max-tokens tokens a re
 - `serve --threads 1` (no Ray): one engine, the baseline of the proxy's cost;
 - `serve --replicas 1 --threads 1`: the same engine behind Ray Serve's proxy;
 - `serve --replicas 2 --threads 1`: two engines, each pinned to a core of its own;
-- `serve --replicas 1 --threads 2`: one engine on both cores (what the cores give without replicas);
-- the one- and two-replica ones again with `--proxy haproxy` (Ray Serve's HAProxy ingress).
+- `serve --replicas 1 --threads 2`: one engine on both cores (what the cores give without replicas).
 Every server gets --max-batch the largest level, as serve_peers.py gives ours.
 
 The proxy's cost: after the load, --probes requests one after another (max_tokens 1, whole responses)
-to each server; the median time of one through `--replicas 1 --threads 1` (each proxy) minus the median
-of the same engine without Ray is that proxy's overhead per request.
+to each server; the median time of one through `--replicas 1 --threads 1` minus the median of the same
+engine without Ray is the proxy's overhead per request.
 
 Output (--out DIR, default bench_out/serve_replicas-TIME): serve_replicas.json (settings, machine, per
 configuration its command, level summaries, probe latencies; ratios to one replica with one thread),
@@ -35,18 +34,14 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_peers, a script beside this one
-from serve_peers import ServerConfig, measure  # noqa: E402
+from serve_peers import ServerConfig, add_load_args, load_plan, measure  # noqa: E402
 
-from specstack.bench import serve_load, serve_report  # noqa: E402
-from specstack.bench.datasets import iter_prompts  # noqa: E402
-from specstack.cli.common import sizes  # noqa: E402
+from specstack.bench import serve_report  # noqa: E402
 from specstack.errors import SpecstackError  # noqa: E402
-from specstack.files import atomic_write_text, check_writable_dir  # noqa: E402
-from specstack.validate import MAX_BATCH_SIZE  # noqa: E402
+from specstack.files import atomic_write_text  # noqa: E402
 
 BASELINE = "1 replica x 1 thread"  # the row every ratio divides by
 DIRECT = "no Ray, 1 thread"  # the same engine without the proxy: the proxy's cost is the difference
-HAPROXY = "(haproxy)"  # --proxy haproxy: Ray Serve's HAProxy ingress instead of its Python proxy
 
 
 def configs(args: argparse.Namespace, top: int) -> list[ServerConfig]:
@@ -59,10 +54,7 @@ def configs(args: argparse.Namespace, top: int) -> list[ServerConfig]:
     return [ServerConfig(DIRECT, server("--threads", "1")),
             ServerConfig(BASELINE, server("--replicas", "1", "--threads", "1")),
             ServerConfig("2 replicas x 1 thread", server("--replicas", "2", "--threads", "1")),
-            ServerConfig("1 replica x 2 threads", server("--replicas", "1", "--threads", "2")),
-            ServerConfig(f"{BASELINE} {HAPROXY}", server("--replicas", "1", "--threads", "1", "--proxy", "haproxy")),
-            ServerConfig(f"2 replicas x 1 thread {HAPROXY}",
-                         server("--replicas", "2", "--threads", "1", "--proxy", "haproxy"))]
+            ServerConfig("1 replica x 2 threads", server("--replicas", "1", "--threads", "2"))]
 
 
 def probe(count: int):
@@ -106,27 +98,16 @@ def render_md(doc: dict[str, Any]) -> str:
     p = doc["proxy"]
     lines += ["", f"One-token requests one after another ({s['probes']} each), median ms: "
               + ", ".join(f"{k} {v['probe_p50_ms']:.1f}" for k, v in doc["servers"].items()),
-              "", f"The proxy's cost per request ({BASELINE} minus {DIRECT}): Ray Serve's proxy "
-              f"{p['overhead_ms']['ray']:.1f} ms, its HAProxy ingress {p['overhead_ms']['haproxy']:.1f} ms", ""]
+              "", f"The proxy's cost per request ({BASELINE} minus {DIRECT}): {p['overhead_ms']:.1f} ms", ""]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", type=lambda t: sizes(MAX_BATCH_SIZE, "1,4,8,16")("--concurrency", t),
-                    default=[1, 4, 8, 16])
-    ap.add_argument("--prompts", default="humaneval")
-    ap.add_argument("--limit", type=int, default=12)
-    ap.add_argument("--requests", type=int, default=None, help="per level (default: max(prompts, 4 x C))")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    add_load_args(ap, "1,4,8,16")
     ap.add_argument("--method", default="auto")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--max-queue", type=int, default=256)
     ap.add_argument("--probes", type=int, default=50, help="one-token requests per server for the proxy's cost")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    ap.add_argument("--startup-timeout", type=float, default=300.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
         return run(args)
@@ -136,21 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = args.out or Path("bench_out") / time.strftime("serve_replicas-%Y%m%d-%H%M%S")
-    check_writable_dir(out, "--out")
-    prompts = [p for _, p in zip(range(args.limit), iter_prompts(args.prompts), strict=False)]
-    levels = [serve_load.Level("concurrency", c) for c in args.concurrency]
-    settings = serve_load.LoadSettings(max_tokens=args.max_tokens, ignore_eos=True, seed=args.seed,
-                                       timeout=args.timeout, requests=args.requests)
+    out, prompts, levels, settings = load_plan(args, "serve_replicas")
     servers = configs(args, max(args.concurrency))
     out.mkdir(parents=True, exist_ok=True)
     for config in servers:
         measure(config, levels, prompts, settings, max(args.concurrency), out, args.startup_timeout,
                 after=probe(args.probes))
     by = {s.label: s for s in servers}
-    direct = by[DIRECT].probes["probe_p50_ms"]
-    overhead = {"ray": by[BASELINE].probes["probe_p50_ms"] - direct,
-                "haproxy": by[f"{BASELINE} {HAPROXY}"].probes["probe_p50_ms"] - direct}
+    overhead = by[BASELINE].probes["probe_p50_ms"] - by[DIRECT].probes["probe_p50_ms"]
     doc = {"command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]), "machine": serve_report.machine(),
            "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                         "out": str(out)},

@@ -28,7 +28,7 @@ from specstack.cli.common import (
     add_model_args,
     check_model_args,
 )
-from specstack.cluster.deploy import PROXY_ENV, parse_replicas, serve_replicas
+from specstack.cluster.deploy import parse_replicas, serve_replicas
 from specstack.errors import SpecstackError
 from specstack.server.loader import DEFAULT_MAX_CONTEXT, load_engine
 
@@ -73,11 +73,6 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="join this Ray cluster (`ray start --head` prints it; 'auto': the one on this machine) "
                         "instead of starting a local one; implies --replicas 1 unless given")
-    g.add_argument("--proxy", choices=sorted(PROXY_ENV), default="ray",
-                   help="what stands in front of the replicas: ray (default: Ray Serve's proxy with failover: a "
-                        "request whose replica died before answering is retried, a cut stream ends with an "
-                        "error event) or haproxy (Ray Serve's HAProxy ingress, experimental: less overhead a "
-                        "request, least-connections routing; a cut stream just ends)")
     add_checked(g, "--target-ongoing", validate.ints(1, validate.MAX_COUNT), default=None, metavar="N",
                 help="with --replicas MIN:MAX: requests in flight per replica the autoscaler aims at "
                      "(default: half of --max-batch)")

@@ -22,6 +22,7 @@ import httpx
 
 SERVER_CONTEXT = 256
 URL_LINE = re.compile(r"listening on (http://\S+)")
+TOKENS = 24  # max_tokens of the requests the tests compare
 
 
 @dataclass
@@ -113,3 +114,30 @@ def stop_server(server: Server) -> None:
             server.process.wait()
             raise AssertionError(f"the server did not stop on SIGTERM:\n{server.stderr()}") from None
     assert "Traceback" not in server.stderr(), server.stderr()
+
+
+def complete(server: Server, prompt: str, stream: bool, **kw: object) -> tuple[str, str, object]:
+    """(text, finish_reason, usage) of one greedy /v1/completions request."""
+    client = server.client()
+    args = {"model": server.model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0, **kw}
+    if not stream:
+        r = client.completions.create(**args)
+        return r.choices[0].text, r.choices[0].finish_reason, r.usage
+    text, reason, usage = [], None, None
+    for chunk in client.completions.create(stream=True, stream_options={"include_usage": True}, **args):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text.append(c.text)
+            reason = c.finish_reason or reason
+    return "".join(text), reason, usage
+
+
+def chat(server: Server, prompt: str, stream: bool) -> str:
+    client = server.client()
+    args = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS,
+            "temperature": 0}
+    if not stream:
+        return client.chat.completions.create(**args).choices[0].message.content
+    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **args)
+                   if c.choices)

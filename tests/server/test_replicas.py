@@ -21,12 +21,11 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server.servers import Server, start_server, stop_server
+from server.servers import TOKENS, Server, chat, complete, start_server, stop_server
 
-from specstack.cluster.deploy import PROXY_ENV
+from specstack.cluster.deploy import RAY_ENV
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "Once upon a time"]
-TOKENS = 24
 LONG = 200  # tokens of the requests in flight when a replica is killed
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray binds 127.0.0.1, not the node's address
 
@@ -34,7 +33,7 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray binds 127.0.0.1, 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
     """A local Ray instance of 2 CPUs on loopback, its proxy with the failover middleware; its GCS address."""
-    env = {LOOPBACK_ENV: "0", **PROXY_ENV["ray"]}  # as `specstack serve --replicas` sets them for its own Ray
+    env = {LOOPBACK_ENV: "0", **RAY_ENV}  # as `specstack serve --replicas` sets them for its own Ray
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     import ray
@@ -75,26 +74,12 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
             for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name}
 
 
-def complete(server: Server, prompt: str, stream: bool, tokens: int = TOKENS) -> str:
-    client = server.client()
-    args = {"model": server.model, "prompt": prompt, "max_tokens": tokens, "temperature": 0}
-    if not stream:
-        return client.completions.create(**args).choices[0].text
-    return "".join(c.choices[0].text for c in client.completions.create(stream=True, **args) if c.choices)
-
-
-def chat(server: Server, prompt: str, stream: bool) -> str:
-    client = server.client()
-    args = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS,
-            "temperature": 0}
-    if not stream:
-        return client.chat.completions.create(**args).choices[0].message.content
-    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **args)
-                   if c.choices)
+def text(server: Server, prompt: str, stream: bool, tokens: int = TOKENS) -> str:
+    return complete(server, prompt, stream, max_tokens=tokens)[0]
 
 
 def test_replicas_give_one_servers_greedy_text(replicas: Server, tiny_server: Server) -> None:
-    calls = [(f, p, s) for f in (complete, chat) for p in PROMPTS for s in (False, True)]
+    calls = [(f, p, s) for f in (text, chat) for p in PROMPTS for s in (False, True)]
     with ThreadPoolExecutor(8) as pool:  # concurrent, so both replicas answer some
         through_proxy = list(pool.map(lambda c: c[0](replicas, c[1], c[2]), calls))
     alone = [f(tiny_server, p, s) for f, p, s in calls]
@@ -110,7 +95,7 @@ def test_requests_spread_over_both_pinned_replicas(replicas: Server) -> None:
     assert sorted(c for r in h["replicas"] for c in r["cores"]) == [0, 1]  # a core of its own each
     before = samples(httpx.get(replicas.root + "/metrics/replicas").text, "specstack:request_success_total")
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: complete(replicas, PROMPTS[i % 4], False), range(16)))
+        list(pool.map(lambda i: text(replicas, PROMPTS[i % 4], False), range(16)))
     deadline = time.monotonic() + 10  # the other replica's numbers are up to a second old
     while True:
         per = samples(httpx.get(replicas.root + "/metrics/replicas").text, "specstack:request_success_total")
@@ -133,13 +118,13 @@ def replica_actor(replica_id: str):
 def test_killing_a_replica_keeps_the_endpoint_serving(replicas: Server, tiny_server: Server) -> None:
     import ray
 
-    expected = {p: complete(tiny_server, p, False, LONG) for p in PROMPTS}
+    expected = {p: text(tiny_server, p, False, LONG) for p in PROMPTS}
     victim = health(replicas)["replicas"][0]["replica"]
     jobs = [(PROMPTS[i % 4], i % 3 == 0) for i in range(12)]  # whole requests, and every third a stream
 
     def run(job: tuple[str, bool]) -> str | Exception:
         try:
-            return complete(replicas, job[0], job[1], LONG)
+            return text(replicas, job[0], job[1], LONG)
         except openai.APIError as e:
             return e
 
@@ -161,7 +146,7 @@ def test_killing_a_replica_keeps_the_endpoint_serving(replicas: Server, tiny_ser
             break
         time.sleep(0.5)
     assert len(ids) == 2 and victim not in ids, ids
-    assert complete(replicas, PROMPTS[0], True, LONG) == expected[PROMPTS[0]]
+    assert text(replicas, PROMPTS[0], True, LONG) == expected[PROMPTS[0]]
 
 
 def test_stopping_leaves_no_replica_running(replicas: Server, ray_cluster: str) -> None:

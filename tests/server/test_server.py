@@ -13,13 +13,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server.servers import Server, start_server, stop_server, wait_ready
+from server.servers import TOKENS, Server, chat, complete, start_server, stop_server, wait_ready
 
 from specstack.cli import main
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "Once upon a time",
            "SELECT * FROM", "class Stack:"]
-TOKENS = 24
 
 
 @pytest.fixture(scope="module")
@@ -31,42 +30,15 @@ def alone(server_model_dir: Path, server_tmp: Path) -> dict[tuple[str, bool], st
 
     os.environ.setdefault("SPECSTACK_CACHE", str(server_tmp / "cache"))
     out = {}
-    for chat in (False, True):
+    for as_chat in (False, True):
         for prompt in PROMPTS:
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
                 code = main(["generate", "--model", str(server_model_dir), "--dtype", "fp32", "--prompt", prompt,
-                             "--max-new-tokens", str(TOKENS), "--threads", "1", "--jsonl", *(["--chat"] if chat else [])])
+                             "--max-new-tokens", str(TOKENS), "--threads", "1", "--jsonl", *(["--chat"] if as_chat else [])])
             assert code == 0
-            out[(prompt, chat)] = json.loads(buf.getvalue())["text"]
+            out[(prompt, as_chat)] = json.loads(buf.getvalue())["text"]
     return out
-
-
-def complete(server: Server, prompt: str, stream: bool, **kw: object) -> tuple[str, str, object]:
-    """(text, finish_reason, usage) of one greedy /v1/completions request."""
-    client = server.client()
-    args = {"model": server.model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0, **kw}
-    if not stream:
-        r = client.completions.create(**args)
-        return r.choices[0].text, r.choices[0].finish_reason, r.usage
-    text, reason, usage = [], None, None
-    for chunk in client.completions.create(stream=True, stream_options={"include_usage": True}, **args):
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for c in chunk.choices:
-            text.append(c.text)
-            reason = c.finish_reason or reason
-    return "".join(text), reason, usage
-
-
-def chat(server: Server, prompt: str, stream: bool) -> str:
-    client = server.client()
-    args = {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": TOKENS,
-            "temperature": 0}
-    if not stream:
-        return client.chat.completions.create(**args).choices[0].message.content
-    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **args)
-                   if c.choices)
 
 
 # ---------------------------------------------------------------------------------------------------
