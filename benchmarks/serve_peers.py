@@ -131,9 +131,10 @@ def measure(config: ServerConfig, levels: Sequence[serve_load.Level], prompts: l
             config.memory.append({"level": lr.level.name, **proc_memory(proc.pid)})
             print(f"[{config.label}] {serve_load.progress_line(lr)}", file=sys.stderr, flush=True)
 
-        result = serve_load.run(f"http://127.0.0.1:{port}/v1", None, None, settings, levels, prompts, progress)
-        config.levels += [lr.summary(result.greedy) for lr in result.levels]
-        config.rows += [serve_load.row_dict(r) for r in result.rows()]
+        if levels:
+            result = serve_load.run(f"http://127.0.0.1:{port}/v1", None, None, settings, levels, prompts, progress)
+            config.levels += [lr.summary(result.greedy) for lr in result.levels]
+            config.rows += [serve_load.row_dict(r) for r in result.rows()]
         if after is not None:
             config.probes.update(after(f"http://127.0.0.1:{port}"))
     finally:

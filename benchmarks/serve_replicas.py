@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_peers, a script beside this one
 from serve_peers import ServerConfig, add_load_args, load_plan, measure  # noqa: E402
@@ -57,19 +58,40 @@ def configs(args: argparse.Namespace, top: int) -> list[ServerConfig]:
             ServerConfig("1 replica x 2 threads", server("--replicas", "1", "--threads", "2"))]
 
 
+def server_e2e(root: str) -> tuple[float, float]:
+    """The server's own e2e latency histogram: (sum of seconds, count), from /metrics."""
+    total = count = 0.0
+    for fam in text_string_to_metric_families(httpx.get(root + "/metrics", timeout=10).text):
+        for s in fam.samples:
+            if s.name == "specstack:e2e_request_latency_seconds_sum":
+                total += s.value
+            elif s.name == "specstack:e2e_request_latency_seconds_count":
+                count += s.value
+    return total, count
+
+
 def probe(count: int):
-    """`after` for measure: `count` one-token requests in a row; their latencies in ms."""
+    """`after` for measure: `count` one-token requests in a row; their latencies in ms, and the mean the
+    server itself measured for them (arrival to last token), so that the client's time splits into the
+    engine's and the way there and back."""
     def run(root: str) -> dict[str, Any]:
         model = httpx.get(root + "/v1/models", timeout=10).json()["data"][0]["id"]
         body = {"model": model, "prompt": "def add(a, b):", "max_tokens": 1, "temperature": 0}
         ms = []
         with httpx.Client(timeout=60) as http:
-            for _ in range(count + 3):  # the first three warm the connection and the path
+            for _ in range(3):  # warm the connection and the path
+                http.post(root + "/v1/completions", json=body).raise_for_status()
+            time.sleep(1.5)  # replicas publish their metrics every second
+            before = server_e2e(root)
+            for _ in range(count):
                 t0 = time.perf_counter()
                 http.post(root + "/v1/completions", json=body).raise_for_status()
                 ms.append((time.perf_counter() - t0) * 1e3)
-        ms = ms[3:]
-        return {"probe_ms": ms, "probe_p50_ms": statistics.median(ms)}
+            time.sleep(1.5)
+            after = server_e2e(root)
+        served = (after[0] - before[0]) / max(after[1] - before[1], 1) * 1e3
+        return {"probe_ms": ms, "probe_p50_ms": statistics.median(ms), "probe_mean_ms": statistics.mean(ms),
+                "probe_server_mean_ms": served}
     return run
 
 
@@ -86,19 +108,23 @@ def render_md(doc: dict[str, Any]) -> str:
              f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores), {doc['machine']['date']}; prompts "
              f"{s['prompts']} (first {s['limit']}), max_tokens {s['max_tokens']} exactly (ignore_eos), temperature 0, "
              f"method {s['method']}.", ""]
-    tables = [serve_report.level_table(v["levels"], k).splitlines() for k, v in doc["servers"].items()]
-    lines += tables[0][:2] + [row for t in tables for row in t[2:]]
-    labels = list(doc["ratios"])
-    levels = [lv["level"] for lv in doc["servers"][BASELINE]["levels"]]
-    lines += ["", f"Total tokens/s over {BASELINE}'s at each level:", "",
-              "| level | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
-    for lv in levels:
-        cells = [doc["ratios"][k].get(lv) for k in labels]
-        lines.append(f"| {lv} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
+    if any(v["levels"] for v in doc["servers"].values()):  # not with --probe-only
+        tables = [serve_report.level_table(v["levels"], k).splitlines() for k, v in doc["servers"].items()]
+        lines += tables[0][:2] + [row for t in tables for row in t[2:]]
+        labels = list(doc["ratios"])
+        levels = [lv["level"] for lv in doc["servers"][BASELINE]["levels"]]
+        lines += ["", f"Total tokens/s over {BASELINE}'s at each level:", "",
+                  "| level | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+        for lv in levels:
+            cells = [doc["ratios"][k].get(lv) for k in labels]
+            lines.append(f"| {lv} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
     p = doc["proxy"]
-    lines += ["", f"One-token requests one after another ({s['probes']} each), median ms: "
-              + ", ".join(f"{k} {v['probe_p50_ms']:.1f}" for k, v in doc["servers"].items()),
-              "", f"The proxy's cost per request ({BASELINE} minus {DIRECT}): {p['overhead_ms']:.1f} ms", ""]
+    lines += ["", f"One-token requests one after another ({s['probes']} each), ms:", "",
+              "| server | client p50 | client mean | server's own mean | the way there and back |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {k} | {v['probe_p50_ms']:.1f} | {v['probe_mean_ms']:.1f} | {v['probe_server_mean_ms']:.1f} | "
+              f"{v['probe_mean_ms'] - v['probe_server_mean_ms']:.1f} |" for k, v in doc["servers"].items()]
+    lines += ["", f"The proxy's cost per request ({BASELINE} minus {DIRECT}, client p50): {p['overhead_ms']:.1f} ms; "
+              f"of it the way there and back: {p['transport_ms']:.1f} ms", ""]
     return "\n".join(lines)
 
 
@@ -108,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--method", default="auto")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--probes", type=int, default=50, help="one-token requests per server for the proxy's cost")
+    ap.add_argument("--probe-only", action="store_true", help="no load levels: the proxy's cost alone")
     args = ap.parse_args(argv)
     try:
         return run(args)
@@ -118,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     out, prompts, levels, settings = load_plan(args, "serve_replicas")
+    if args.probe_only:
+        levels = []
     servers = configs(args, max(args.concurrency))
     out.mkdir(parents=True, exist_ok=True)
     for config in servers:
@@ -125,17 +154,19 @@ def run(args: argparse.Namespace) -> int:
                 after=probe(args.probes))
     by = {s.label: s for s in servers}
     overhead = by[BASELINE].probes["probe_p50_ms"] - by[DIRECT].probes["probe_p50_ms"]
+    transport = [by[k].probes["probe_mean_ms"] - by[k].probes["probe_server_mean_ms"] for k in (BASELINE, DIRECT)]
     doc = {"command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]), "machine": serve_report.machine(),
            "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                         "out": str(out)},
            "servers": {s.label: {"commands": s.commands, "levels": s.levels, "rows": s.rows, **s.probes}
                        for s in servers},
-           "ratios": ratios(servers), "proxy": {"overhead_ms": overhead}}
+           "ratios": ratios(servers), "proxy": {"overhead_ms": overhead, "transport_ms": transport[0] - transport[1]}}
     atomic_write_text(out / "serve_replicas.json", json.dumps(doc, indent=1) + "\n")
     md = render_md(doc)
     atomic_write_text(out / "serve_replicas.md", md)
-    serve_report.plot_levels({s.label: s.levels for s in servers}, out / "serve_replicas.png",
-                             "Replicas behind Ray Serve's proxy, one machine")
+    if levels:
+        serve_report.plot_levels({s.label: s.levels for s in servers}, out / "serve_replicas.png",
+                                 "Replicas behind Ray Serve's proxy, one machine")
     print(md)
     return 0
 
