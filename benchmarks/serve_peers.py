@@ -181,9 +181,9 @@ def configs(args: argparse.Namespace, top: int) -> tuple[list[ServerConfig], lis
     return out, notes
 
 
-def ratios(servers: Sequence[ServerConfig]) -> dict[str, dict[str, float | None]]:
-    """Per server and level: its tokens/s over llama-server's at that level (empty without llama-server)."""
-    base = next((s for s in servers if s.label == BASELINE), None)
+def ratios(servers: Sequence[ServerConfig], baseline: str = BASELINE) -> dict[str, dict[str, float | None]]:
+    """Per server and level: its tokens/s over the baseline's at that level (empty without the baseline)."""
+    base = next((s for s in servers if s.label == baseline), None)
     if base is None:
         return {}
     ref = {lv["level"]: lv["tokens_per_s"] for lv in base.levels}
@@ -192,23 +192,36 @@ def ratios(servers: Sequence[ServerConfig]) -> dict[str, dict[str, float | None]
             for s in servers}
 
 
-def render_md(doc: dict[str, Any]) -> str:
+def header(doc: dict[str, Any], title: str, knob: str) -> list[str]:
+    """A report's first lines: its title, command, machine and load settings (`knob`: what else it fixed)."""
     s = doc["settings"]
-    lines = ["# Serving side by side", "", f"`{doc['command']}`", "",
-             f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores), {doc['machine']['date']}; prompts "
-             f"{s['prompts']} (first {s['limit']}), max_tokens {s['max_tokens']} exactly (ignore_eos), temperature 0, "
-             f"threads {s['threads']}.", ""]
-    table = [serve_report.level_table(v["levels"], k).splitlines() for k, v in doc["servers"].items() if v["levels"]]
-    if table:
-        lines += table[0][:2] + [row for t in table for row in t[2:]]
+    return [f"# {title}", "", f"`{doc['command']}`", "",
+            f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores), {doc['machine']['date']}; prompts "
+            f"{s['prompts']} (first {s['limit']}), max_tokens {s['max_tokens']} exactly (ignore_eos), temperature 0, "
+            f"{knob}.", ""]
+
+
+def level_tables(servers: dict[str, Any]) -> list[str]:
+    """Every server's levels in one markdown table."""
+    tables = [serve_report.level_table(v["levels"], k).splitlines() for k, v in servers.items() if v["levels"]]
+    return tables[0][:2] + [row for t in tables for row in t[2:]] if tables else []
+
+
+def ratio_table(ratios: dict[str, dict[str, float | None]], levels: Sequence[str], baseline: str) -> list[str]:
+    labels = list(ratios)
+    lines = ["", f"Total tokens/s over {baseline}'s at each level:", "",
+             "| level | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    for lv in levels:
+        cells = [ratios[k].get(lv) for k in labels]
+        lines.append(f"| {lv} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
+    return lines
+
+
+def render_md(doc: dict[str, Any]) -> str:
+    lines = header(doc, "Serving side by side", f"threads {doc['settings']['threads']}") + level_tables(doc["servers"])
     if doc["ratios"]:
-        labels = list(doc["ratios"])
         levels = [lv["level"] for lv in doc["servers"][BASELINE]["levels"]]
-        lines += ["", f"Total tokens/s over {BASELINE}'s at each level:", "",
-                  "| level | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
-        for lv in levels:
-            cells = [doc["ratios"][k].get(lv) for k in labels]
-            lines.append(f"| {lv} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
+        lines += ratio_table(doc["ratios"], levels, BASELINE)
     for note in doc["notes"]:
         lines += ["", f"Note: {note}"]
     return "\n".join(lines) + "\n"

@@ -35,7 +35,16 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_peers, a script beside this one
-from serve_peers import ServerConfig, add_load_args, load_plan, measure  # noqa: E402
+from serve_peers import (  # noqa: E402
+    ServerConfig,
+    add_load_args,
+    header,
+    level_tables,
+    load_plan,
+    measure,
+    ratio_table,
+    ratios,
+)
 
 from specstack.bench import serve_report  # noqa: E402
 from specstack.errors import SpecstackError  # noqa: E402
@@ -95,29 +104,12 @@ def probe(count: int):
     return run
 
 
-def ratios(servers: Sequence[ServerConfig]) -> dict[str, dict[str, float | None]]:
-    base = {lv["level"]: lv["tokens_per_s"] for lv in next(s for s in servers if s.label == BASELINE).levels}
-    return {s.label: {lv["level"]: (lv["tokens_per_s"] / base[lv["level"]]
-                                    if lv["tokens_per_s"] and base.get(lv["level"]) else None) for lv in s.levels}
-            for s in servers}
-
-
 def render_md(doc: dict[str, Any]) -> str:
-    s = doc["settings"]
-    lines = ["# Replicas side by side", "", f"`{doc['command']}`", "",
-             f"{doc['machine']['cpu']} ({doc['machine']['cores']} cores), {doc['machine']['date']}; prompts "
-             f"{s['prompts']} (first {s['limit']}), max_tokens {s['max_tokens']} exactly (ignore_eos), temperature 0, "
-             f"method {s['method']}.", ""]
+    lines = header(doc, "Replicas side by side", f"method {doc['settings']['method']}") + level_tables(doc["servers"])
     if any(v["levels"] for v in doc["servers"].values()):  # not with --probe-only
-        tables = [serve_report.level_table(v["levels"], k).splitlines() for k, v in doc["servers"].items()]
-        lines += tables[0][:2] + [row for t in tables for row in t[2:]]
-        labels = list(doc["ratios"])
         levels = [lv["level"] for lv in doc["servers"][BASELINE]["levels"]]
-        lines += ["", f"Total tokens/s over {BASELINE}'s at each level:", "",
-                  "| level | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
-        for lv in levels:
-            cells = [doc["ratios"][k].get(lv) for k in labels]
-            lines.append(f"| {lv} | " + " | ".join("–" if c is None else f"{c:.2f}" for c in cells) + " |")
+        lines += ratio_table(doc["ratios"], levels, BASELINE)
+    s = doc["settings"]
     p = doc["proxy"]
     lines += ["", f"One-token requests one after another ({s['probes']} each), ms:", "",
               "| server | client p50 | client mean | server's own mean | the way there and back |", "|---|---:|---:|---:|---:|"]
@@ -160,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                         "out": str(out)},
            "servers": {s.label: {"commands": s.commands, "levels": s.levels, "rows": s.rows, **s.probes}
                        for s in servers},
-           "ratios": ratios(servers), "proxy": {"overhead_ms": overhead, "transport_ms": transport[0] - transport[1]}}
+           "ratios": ratios(servers, BASELINE), "proxy": {"overhead_ms": overhead, "transport_ms": transport[0] - transport[1]}}
     atomic_write_text(out / "serve_replicas.json", json.dumps(doc, indent=1) + "\n")
     md = render_md(doc)
     atomic_write_text(out / "serve_replicas.md", md)
