@@ -65,10 +65,15 @@ def parse_replicas(name: str, value: object) -> ReplicaCount:
     return count
 
 
-def free_port(host: str) -> int:
-    """A port free on `host` now (Ray's proxy binds a port it is told; `--port 0` asks us to pick)."""
+def free_port(host: str, port: int = 0) -> int:
+    """`port` if it is free on `host` now, or (0) a free one: Ray's proxy binds the port it is told, and
+    would fail on a busy one only after Ray and the replicas have started."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy binds: a listener still blocks
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise SpecstackError(f"cannot listen on {host}:{port}: {e.strerror}") from None
         return s.getsockname()[1]
 
 
@@ -145,7 +150,7 @@ def serve_replicas(args: argparse.Namespace, dtype: str) -> int:
 
         cpus = available_cores()
         check_cpus(count, threads, cpus, "this machine")
-    port = args.port or free_port(args.host)
+    port = free_port(args.host, args.port)
     note(f"starting Ray ({args.ray_address or 'a local instance'}) and {count} replica(s) of {args.model}")
     # Ray's processes take these from our environment (a local instance; a cluster from `ray start`'s)
     for key, value in RAY_ENV.items():

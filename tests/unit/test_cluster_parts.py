@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -12,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specstack.cluster import failover
 from specstack.cluster.aggregate import label, merge
-from specstack.cluster.deploy import ReplicaCount, check_cpus, parse_replicas
+from specstack.cluster.deploy import ReplicaCount, check_cpus, free_port, parse_replicas
 from specstack.cluster.failover import Failover
 from specstack.cluster.replica import cores_for
 from specstack.errors import SpecstackError
@@ -34,6 +35,16 @@ def test_replicas_that_cannot_fit_the_cpus_are_refused() -> None:
     with pytest.raises(SpecstackError, match="needs 4 CPUs; this machine has 2"):
         check_cpus(ReplicaCount(2, 2), 2, 2, "this machine")
     check_cpus(ReplicaCount(0, 8), 2, 2, "this machine")  # autoscaling starts with one
+
+
+def test_a_busy_port_fails_before_ray_starts() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(SpecstackError, match=f"cannot listen on 127.0.0.1:{port}"):
+            free_port("127.0.0.1", port)
+    assert free_port("127.0.0.1", 0) > 0
 
 
 def test_each_replica_on_a_node_gets_cores_of_its_own() -> None:
