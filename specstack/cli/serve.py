@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import sys
 import threading
 from typing import Any
 
 from specstack import validate
 from specstack.cli.common import (
-    PROG,
     add_checked,
     add_draft_args,
     add_model_args,
@@ -30,6 +27,7 @@ from specstack.cli.common import (
 )
 from specstack.cluster.deploy import parse_replicas, serve_replicas
 from specstack.errors import SpecstackError
+from specstack.server.listen import bind, note, url_of
 from specstack.server.loader import DEFAULT_MAX_CONTEXT, load_engine
 
 DEFAULT_MAX_BATCH = 16
@@ -84,33 +82,6 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before anything loads, so a busy port fails at once."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise SpecstackError(f"--host {host!r}: {e.strerror}") from None
-    family, _, _, _, address = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError as e:
-        sock.close()
-        raise SpecstackError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    return sock
-
-
-def url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
-
-def note(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     # 1. cheap checks and the socket, before anything heavy
     dtype = check_model_args(args)
@@ -119,10 +90,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     parse_method(args.method)  # a bad name fails here (the draft flags also serve requests' own methods)
     if args.api_key is not None and not args.api_key.strip():
         raise SpecstackError("--api-key is empty")
+    if args.target_ongoing is not None and (args.replicas is None or args.replicas.fixed):
+        raise SpecstackError("--target-ongoing needs --replicas MIN:MAX (autoscaling)")
     if args.replicas is not None or args.ray_address is not None:
         return serve_replicas(args, dtype)
-    if args.target_ongoing is not None:
-        raise SpecstackError("--target-ongoing needs --replicas MIN:MAX")
     sock = bind(args.host, args.port)
 
     import uvicorn

@@ -18,13 +18,13 @@ import argparse
 import os
 import signal
 import socket
-import sys
 import threading
 from dataclasses import dataclass
 
 from specstack.cluster.board import NAMESPACE, ReplicaBoard, board_name
 from specstack.cluster.failover import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from specstack.errors import SpecstackError
+from specstack.server.listen import bind, note, url_of
 
 APP = "specstack"  # the Ray Serve application and deployment name
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -63,22 +63,6 @@ def parse_replicas(name: str, value: object) -> ReplicaCount:
     if not (0 <= count.min <= count.max and 1 <= count.max <= 1024) or (count.fixed and count.min < 1):
         raise SpecstackError(f"{name} {value!r}: need 1 <= N <= 1024, or 0 <= MIN <= MAX with 1 <= MAX <= 1024")
     return count
-
-
-def free_port(host: str, port: int = 0) -> int:
-    """`port` if it is free on `host` now, or (0) a free one: Ray's proxy binds the port it is told, and
-    would fail on a busy one only after Ray and the replicas have started."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy binds: a listener still blocks
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise SpecstackError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-        return s.getsockname()[1]
-
-
-def note(message: str) -> None:
-    print(f"specstack: {message}", file=sys.stderr, flush=True)
 
 
 def deployment_options(args: argparse.Namespace, count: ReplicaCount) -> dict[str, object]:
@@ -138,8 +122,6 @@ def serve_replicas(args: argparse.Namespace, dtype: str) -> int:
     from specstack.cluster.replica import Replica
 
     count: ReplicaCount = args.replicas or ReplicaCount(1, 1)
-    if args.target_ongoing is not None and count.fixed:
-        raise SpecstackError("--target-ongoing needs --replicas MIN:MAX (autoscaling)")
     threads = args.threads or 1
     if os.path.exists(args.model):  # the replicas do not run in this directory
         args.model = os.path.abspath(args.model)
@@ -150,7 +132,9 @@ def serve_replicas(args: argparse.Namespace, dtype: str) -> int:
 
         cpus = available_cores()
         check_cpus(count, threads, cpus, "this machine")
-    port = free_port(args.host, args.port)
+    listener = bind(args.host, args.port)  # a busy port fails here, not after Ray and the replicas start;
+    url, port = url_of(listener), listener.getsockname()[1]  # `--port 0` picks one. Ray's proxy binds it
+    listener.close()
     note(f"starting Ray ({args.ray_address or 'a local instance'}) and {count} replica(s) of {args.model}")
     # Ray's processes take these from our environment (a local instance; a cluster from `ray start`'s)
     for key, value in RAY_ENV.items():
@@ -174,7 +158,6 @@ def serve_replicas(args: argparse.Namespace, dtype: str) -> int:
                     logging_config={"log_level": args.log_level.upper(), "enable_access_log": False})
         deployment = serve.deployment(serve.ingress()(Replica), **deployment_options(args, count))
         serve.run(deployment.bind(args, dtype, board_name(APP)), name=APP, route_prefix="/", blocking=False)
-        url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{port}"
         note(f"listening on {url} ({count} replica(s), {threads} thread(s) each, behind Ray Serve's proxy)")
         note(f"ready: {args.served_model_name or args.model} on {url}/v1 (Ray at "
              f"{ray.get_runtime_context().gcs_address})")

@@ -9,8 +9,8 @@ replicas answer exactly as one server would. What a replica adds:
 - **`/health`, `/metrics` for all replicas.** Any replica may get the request, so each publishes a
   Snapshot to the board (board.py) and answers from everyone's: `/metrics` summed as one server's,
   `/metrics/replicas` side by side, `/health` listing each replica with its rows in flight.
-- **Ray Serve's hooks.** `check_health` fails when the engine thread has died, so Ray replaces the
-  replica; `record_routing_stats` reports rows in flight.
+- **Ray Serve's health hook.** `check_health` fails when the engine thread has died, so Ray replaces
+  the replica.
 """
 from __future__ import annotations
 
@@ -82,10 +82,6 @@ class Replica:
         worker = self.state.worker
         if worker is None or not worker.alive:
             raise RuntimeError("the engine thread has stopped")
-
-    def record_routing_stats(self) -> dict[str, float]:
-        worker = self.state.worker
-        return {"rows_in_flight": worker.in_flight if worker else 0}
 
     def __del__(self) -> None:  # a graceful stop (serve.delete, a scale-down): leave the board now
         stop = getattr(self, "_stop", None)

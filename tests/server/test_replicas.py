@@ -134,11 +134,11 @@ def test_killing_a_replica_keeps_the_endpoint_serving(replicas: Server, tiny_ser
         ray.kill(replica_actor(victim), no_restart=True)
         results = [f.result() for f in futures]
     for (prompt, stream), r in zip(jobs, results, strict=True):
-        if isinstance(r, Exception):  # only a stream that had begun on the killed replica may fail
+        if isinstance(r, Exception):  # only a stream that had begun on the killed replica may fail: a whole
+            # request it held must have been retried (without the failover it would be a 500 here)
             assert stream and "replica serving this request stopped" in str(r), r
         else:
             assert r == expected[prompt], (stream, r)
-    assert sum(isinstance(r, str) for r, (_, s) in zip(results, jobs, strict=True) if not s) == 8  # retried
     deadline = time.monotonic() + 45  # Ray replaces the replica
     while True:
         ids = {r["replica"] for r in health(replicas)["replicas"]}

@@ -13,10 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specstack.cluster import failover
 from specstack.cluster.aggregate import label, merge
-from specstack.cluster.deploy import ReplicaCount, check_cpus, free_port, parse_replicas
+from specstack.cluster.deploy import ReplicaCount, check_cpus, parse_replicas
 from specstack.cluster.failover import Failover
 from specstack.cluster.replica import cores_for
 from specstack.errors import SpecstackError
+from specstack.server.listen import bind, url_of
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -38,13 +39,18 @@ def test_replicas_that_cannot_fit_the_cpus_are_refused() -> None:
 
 
 def test_a_busy_port_fails_before_ray_starts() -> None:
+    """deploy.py binds the port with the one server's `bind` before Ray starts, then hands it to Ray's proxy."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
         with pytest.raises(SpecstackError, match=f"cannot listen on 127.0.0.1:{port}"):
-            free_port("127.0.0.1", port)
-    assert free_port("127.0.0.1", 0) > 0
+            bind("127.0.0.1", port)
+    picked = bind("127.0.0.1", 0)  # --port 0: a free one
+    try:
+        assert url_of(picked) == f"http://127.0.0.1:{picked.getsockname()[1]}"
+    finally:
+        picked.close()
 
 
 def test_each_replica_on_a_node_gets_cores_of_its_own() -> None:
