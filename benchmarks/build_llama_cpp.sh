@@ -4,7 +4,8 @@
 # baseline for specstack benchmarks. Re-runnable: steps already done are skipped.
 #
 #   usage: benchmarks/build_llama_cpp.sh [DIR]   (default: $HOME/.cache/specstack/llama_cpp)
-#   env:   LLAMA_CPP_PY_VERSION (default 0.3.36), JOBS (default 2)
+#   env:   LLAMA_CPP_PY_VERSION (default 0.3.36), JOBS (default 2),
+#          LLAMA_CPP_EXTRA (more targets, e.g. "llama-speculative llama-bench llama-lookup")
 set -euo pipefail
 
 DIR="${1:-$HOME/.cache/specstack/llama_cpp}"
@@ -46,8 +47,11 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
         -DLLAMA_OPENSSL=OFF
 fi
 
-# 3. Build only the two binaries we need (~7-10 min on 2 cores; no-op if up to date).
-cmake --build "$BUILD" --target llama-batched-bench llama-server -j "$JOBS"
+# 3. Build only the binaries we need (~7-10 min on 2 cores; no-op if up to date). The speculative
+#    peers of `specstack bench` (llamacpp-spec, llamacpp-pld) need LLAMA_CPP_EXTRA's targets.
+# shellcheck disable=SC2086
+cmake --build "$BUILD" --target llama-batched-bench llama-server ${LLAMA_CPP_EXTRA:-} -j "$JOBS"
 
 echo "$BIN/llama-batched-bench"
 echo "$BIN/llama-server"
+for t in ${LLAMA_CPP_EXTRA:-}; do echo "$BIN/$t"; done

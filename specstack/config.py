@@ -7,16 +7,41 @@ from typing import Literal
 from specstack import validate
 from specstack.errors import SpecstackError
 
-Arch = Literal["llama", "gpt2"]
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
 DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Shape of one decoder. `arch` picks the block flavour (DESIGN §3)."""
+class BlockFeatures:
+    """What a decoder block is made of (DESIGN §3): the model is assembled from these, never from its
+    family's name. Defaults are Llama's. A family's features are in models/architectures.py."""
 
-    arch: Arch
+    norm: Literal["rms", "layer"] = "rms"  # layer: LayerNorm with a bias
+    activation: Literal["swiglu", "gelu_tanh"] = "swiglu"  # swiglu: a gate and an up projection
+    position: Literal["rope", "learned"] = "rope"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # an RMSNorm over each head of q and k before the rotation (Qwen3)
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("norm", self.norm, ("rms", "layer")),
+                                     ("activation", self.activation, ("swiglu", "gelu_tanh")),
+                                     ("position", self.position, ("rope", "learned"))):
+            if value not in allowed:
+                raise SpecstackError(f"block feature {name} must be one of {', '.join(allowed)}, got {value!r}")
+
+    @property
+    def gated(self) -> bool:
+        return self.activation == "swiglu"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of one decoder. `arch` names its family (models/architectures.py); `block` says what its
+    blocks are made of (DESIGN §3)."""
+
+    arch: str
     vocab_size: int
     d_model: int
     n_layers: int
@@ -30,8 +55,11 @@ class ModelConfig:
     tie_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    block: BlockFeatures = field(default_factory=BlockFeatures)
 
     def __post_init__(self) -> None:
+        if isinstance(self.block, dict):  # from a JSON record (asdict of a config)
+            object.__setattr__(self, "block", BlockFeatures(**self.block))
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if self.n_heads % self.n_kv_heads:

@@ -25,6 +25,12 @@ from pathlib import Path
 from specstack.errors import SpecstackError
 
 
+def cache_root() -> Path:
+    """Where specstack keeps what it builds (converted weights, assembled GGUFs, measured curves):
+    SPECSTACK_CACHE, else ~/.cache/specstack."""
+    return Path(os.environ.get("SPECSTACK_CACHE", Path.home() / ".cache" / "specstack"))
+
+
 def _reason(e: OSError) -> str:
     return e.strerror or str(e)
 

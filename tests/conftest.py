@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random transformers models (Llama with GQA, GPT-2), saved as checkpoints and
+"""Shared fixtures: tiny random transformers models (Llama with GQA, GPT-2, Qwen2, Qwen3), saved as checkpoints and
 loaded back through specstack's own loader, so every parity test compares the two implementations
 on exactly the same weights."""
 from __future__ import annotations
@@ -56,9 +56,53 @@ def _gpt2(path: Path) -> torch.nn.Module:
     return GPT2LMHeadModel(cfg).float().eval()
 
 
+def _qwen2(path: Path) -> torch.nn.Module:
+    """Llama plus q/k/v biases (models/architectures.py); biases drawn as widely as the weights, so a
+    dropped or misplaced bias moves logits far past the tolerance."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, max_position_embeddings=MAX_POS, rope_theta=1e6, rms_norm_eps=1e-6,
+        initializer_range=INIT_RANGE, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    torch.manual_seed(2468)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    _random_biases(model)
+    return model
+
+
+def _qwen3(path: Path) -> torch.nn.Module:
+    """q/k norms over each head, an explicit head size (d_model != heads x head_dim), tied embeddings."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, intermediate_size=96, max_position_embeddings=MAX_POS, rms_norm_eps=1e-6,
+        initializer_range=INIT_RANGE, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(1357)
+    model = Qwen3ForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # norm weights start at 1: spread them so a missing q/k norm shows
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def _random_biases(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, INIT_RANGE)
+
+
+BUILDERS = {"llama": _llama, "gpt2": _gpt2, "qwen2": _qwen2, "qwen3": _qwen3}
+
+
 def _build(arch: str, root: Path) -> TinyModel:
     path = root / arch
-    hf = {"llama": _llama, "gpt2": _gpt2}[arch](path)
+    hf = BUILDERS[arch](path)
     hf.save_pretrained(str(path))
     lm = load_model(str(path), dtype="fp32", use_cache=False, tokenizer=False)
     return TinyModel(arch, hf, lm, path)
@@ -68,7 +112,7 @@ def _build(arch: str, root: Path) -> TinyModel:
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyModel]:
     torch.set_num_threads(min(2, torch.get_num_threads()))
     root = tmp_path_factory.mktemp("tiny-models")
-    return {arch: _build(arch, root) for arch in ("llama", "gpt2")}
+    return {arch: _build(arch, root) for arch in BUILDERS}
 
 
 @pytest.fixture(scope="session")
@@ -81,8 +125,8 @@ def tiny_gpt2(tiny_models: dict[str, TinyModel]) -> TinyModel:
     return tiny_models["gpt2"]
 
 
-@pytest.fixture(params=["llama", "gpt2"])
+@pytest.fixture(params=list(BUILDERS))
 def tiny(request: pytest.FixtureRequest, tiny_models: dict[str, TinyModel]) -> TinyModel:
-    """Each parity test runs on both block flavours."""
+    """Each parity test runs on every family of the architecture table."""
     return tiny_models[request.param]
 

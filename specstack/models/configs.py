@@ -15,33 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from specstack import validate
-from specstack.config import ModelConfig
+from specstack.config import BlockFeatures, ModelConfig
 from specstack.errors import SpecstackError
+from specstack.models import architectures
+from specstack.models.architectures import GGUF_HEAD_DIM_KEYS, GGUF_KEYS, Family
 
 SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len")
 FIELDS = frozenset(f.name for f in fields(ModelConfig))
-
-# ModelConfig field -> the key holding it, per kind of file (what error messages name)
-HF_LLAMA_KEYS = {
-    "vocab_size": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
-    "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size",
-    "max_seq_len": "max_position_embeddings", "head_dim": "head_dim", "norm_eps": "rms_norm_eps",
-    "rope_theta": "rope_theta", "bos_token_id": "bos_token_id", "eos_token_ids": "eos_token_id",
-}
-HF_GPT2_KEYS = {
-    "vocab_size": "vocab_size", "d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
-    "n_kv_heads": "n_head", "d_ff": "n_inner", "max_seq_len": "n_positions", "norm_eps": "layer_norm_epsilon",
-    "bos_token_id": "bos_token_id", "eos_token_ids": "eos_token_id",
-}
-GGUF_KEYS = {
-    "vocab_size": "llama.vocab_size", "d_model": "llama.embedding_length", "n_layers": "llama.block_count",
-    "n_heads": "llama.attention.head_count", "n_kv_heads": "llama.attention.head_count_kv",
-    "d_ff": "llama.feed_forward_length", "max_seq_len": "llama.context_length",
-    "head_dim": "llama.rope.dimension_count", "norm_eps": "llama.attention.layer_norm_rms_epsilon",
-    "rope_theta": "llama.rope.freq_base", "bos_token_id": "tokenizer.ggml.bos_token_id",
-    "eos_token_ids": "tokenizer.ggml.eos_token_id",
-}
-
 
 def file_error(where: str, problem: str) -> SpecstackError:
     """The one form of a malformed-file error."""
@@ -82,9 +62,20 @@ def checked_fields(f: Mapping[str, Any], names: Mapping[str, str] | None = None)
     unknown = sorted(set(f) - FIELDS)
     if unknown:
         validate.fail(", ".join(unknown), "is not a field of a model's config")
-    if f.get("arch") not in ("llama", "gpt2"):
-        validate.fail(n("arch"), f"must be llama or gpt2, got {validate.shown(f.get('arch'))}")
+    fam = architectures.BY_NAME.get(f.get("arch"))  # type: ignore[arg-type]
+    if fam is None:
+        validate.fail(n("arch"), f"must be one of {', '.join(architectures.BY_NAME)}, got "
+                                 f"{validate.shown(f.get('arch'))}")
     out = dict(f)
+    block = f.get("block", fam.block)
+    if isinstance(block, Mapping):
+        try:
+            block = BlockFeatures(**block)
+        except TypeError as e:
+            validate.fail(n("block"), f"is not a block's features ({e})")
+    if not isinstance(block, BlockFeatures):
+        validate.fail(n("block"), f"must be a block's features, got {validate.shown(block)}")
+    out["block"] = block
     for key in SIZES:
         if f.get(key) is None:
             validate.fail(n(key), "is missing")
@@ -97,9 +88,9 @@ def checked_fields(f: Mapping[str, Any], names: Mapping[str, str] | None = None)
     if not head_dim and d % heads:
         validate.fail(n("d_model"), f"({d}) must be a multiple of {n('n_heads')} ({heads})")
     head_dim = head_dim or d // heads
-    if out["arch"] == "llama" and head_dim % 2:
+    if block.position == "rope" and head_dim % 2:
         validate.fail("the head size", f"must be even (rotary embeddings turn pairs), got {head_dim}")
-    if out["arch"] == "gpt2" and heads * head_dim != d:  # GPT-2 splits its fused qkv in d_model rows each
+    if fam.hf_layout == "gpt2" and heads * head_dim != d:  # GPT-2 splits its fused qkv in d_model rows each
         validate.fail(n("n_heads"), f"x head size must be {n('d_model')} ({d}), got {heads} x {head_dim}")
     for key in ("norm_eps", "rope_theta"):
         if key in f:
@@ -132,28 +123,33 @@ def _eos_ids(eos: Any) -> Any:
 
 
 def config_from_hf(cfg: Mapping[str, Any], where: str) -> ModelConfig:
-    """The config of a transformers checkpoint (llama, mistral or gpt2) from its config.json's object."""
+    """The config of a transformers checkpoint from its config.json's object (a family of the
+    architecture table)."""
     mt = cfg.get("model_type")
-    if mt in ("llama", "mistral"):
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise file_error(where, f"{mt} checkpoints with biases are not supported")
+    fam = architectures.BY_HF_TYPE.get(mt) if isinstance(mt, str) else None
+    if fam is None:
+        raise file_error(where, f"unsupported model type {mt!r}: specstack runs {architectures.names()} models")
+    for key, what in fam.hf_unsupported.items():
+        if cfg.get(key):
+            raise file_error(where, f"{mt} checkpoints with {what} ({key}) are not supported")
+    f: dict[str, Any] = {k: cfg.get(key) for k, key in fam.hf_keys.items()}
+    f.update(arch=fam.name, block=fam.block)
+    defaults: dict[str, Any] = dict(fam.hf_defaults)
+    if fam.block.position == "rope":
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise file_error(where, f"rope_scaling must be an object, got {rope!r}")
         if rope.get("rope_type", "default") not in ("default", None):
             raise file_error(where, f"rope scaling {rope.get('rope_type')!r} is not supported")
-        f = {k: cfg.get(key) for k, key in HF_LLAMA_KEYS.items()}
-        f.update(arch="llama", tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                 rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)), head_dim=f["head_dim"] or 0)
-        defaults = {"n_kv_heads": f["n_heads"], "max_seq_len": 2048, "norm_eps": 1e-6}
-        return model_config(_filled(f, defaults), where, HF_LLAMA_KEYS)
-    if mt == "gpt2":
-        f = {k: cfg.get(key) for k, key in HF_GPT2_KEYS.items()}
-        f.update(arch="gpt2", tie_embeddings=True)
+        f["rope_theta"] = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        f["head_dim"] = f.get("head_dim") or 0
+        f["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+        defaults["n_kv_heads"] = f["n_heads"]
+    else:  # GPT-2: tied, its MLP four times its width unless n_inner says otherwise
+        f["tie_embeddings"] = True
         d = f["d_model"]
-        defaults = {"d_ff": 4 * d if type(d) is int else None, "norm_eps": 1e-5}  # else d_model's error
-        return model_config(_filled(f, defaults), where, HF_GPT2_KEYS)
-    raise file_error(where, f"unsupported model type {mt!r}: specstack runs llama/mistral and gpt2 models")
+        defaults["d_ff"] = 4 * d if type(d) is int else None  # else d_model's error
+    return model_config(_filled(f, defaults), where, fam.hf_keys)
 
 
 def _filled(f: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,20 +191,35 @@ def _field(reader: Any, key: str) -> Any:
     return None if f is None else f.contents()
 
 
-def config_from_gguf(reader: Any, where: str) -> ModelConfig:
-    """The config in a GGUF reader's metadata (llama only); `where` names the file in errors."""
+def gguf_family(reader: Any, where: str) -> Family:
+    """The family of a GGUF file, from its general.architecture."""
     arch = _field(reader, "general.architecture")
     if arch is None:
         raise file_error(where, "its metadata has no general.architecture: not a model's GGUF")
-    if arch != "llama":
-        raise file_error(where, f"unsupported GGUF architecture {arch!r}: only llama GGUF files are supported")
-    f = {k: _field(reader, key) for k, key in GGUF_KEYS.items()}
+    fam = architectures.BY_NAME.get(arch) if isinstance(arch, str) else None
+    if fam is None or not fam.gguf:
+        raise file_error(where, f"unsupported GGUF architecture {arch!r}: specstack reads "
+                                f"{architectures.names('gguf')} GGUF files")
+    return fam
+
+
+def config_from_gguf(reader: Any, where: str) -> ModelConfig:
+    """The config in a GGUF reader's metadata; `where` names the file in errors."""
+    fam = gguf_family(reader, where)
+    keys = {k: key.format(a=fam.name) for k, key in GGUF_KEYS.items()}
+    f: dict[str, Any] = {k: _field(reader, key) for k, key in keys.items()}
+    head_keys = [key.format(a=fam.name) for key in GGUF_HEAD_DIM_KEYS]
+    keys["head_dim"] = next((key for key in head_keys if _field(reader, key) is not None), head_keys[0])
+    f["head_dim"] = _field(reader, keys["head_dim"]) or 0
     tokens = _field(reader, "tokenizer.ggml.tokens")
     names = {t.name for t in reader.tensors}
-    f.update(arch="llama", tie_embeddings="output.weight" not in names, head_dim=f["head_dim"] or 0)
-    defaults = {"vocab_size": len(tokens) if isinstance(tokens, list) else None, "n_kv_heads": f["n_heads"],
+    f.update(arch=fam.name, block=fam.block, tie_embeddings="output.weight" not in names)
+    # no vocab_size key (llama.cpp writes none for qwen2): the embedding's rows, else the tokenizer's count
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight" and len(t.shape) == 2), None)
+    vocab = int(embd.shape[1]) if embd is not None else len(tokens) if isinstance(tokens, list) else None
+    defaults = {"vocab_size": vocab, "n_kv_heads": f["n_heads"],
                 "max_seq_len": 2048, "norm_eps": 1e-5, "rope_theta": 10000.0}
-    return model_config(_filled(f, defaults), where, GGUF_KEYS)
+    return model_config(_filled(f, defaults), where, keys)
 
 
 def read_gguf_config(path: Path) -> ModelConfig:

@@ -1,8 +1,9 @@
 """Draft specs: where a draft comes from, parsed once from what the user wrote (`--draft`).
 
 The forms (DraftSpec.kind):
-    default           the trained draft shipped for the target (models/registry.py); `resolved` turns
-                      it into the file's path
+    default           the draft registered for the target (models/registry.py): a trained draft shipped
+                      in specstack/data, or a registered model (the 0.5B for Qwen2.5-Coder-1.5B);
+                      `resolved` turns it into that file's path or that model's name
     self:N            the target's first N blocks with its final norm and head
     magicdec:W        the target itself, drafting with a sliding-window KV of 1 sink + W positions
     FILE.safetensors  a trained draft (`specstack train-draft`)        kind "file"
@@ -65,6 +66,9 @@ class DraftSpec:
         any other spec unchanged."""
         if self.kind != DraftKind.DEFAULT:
             return self
+        entry = MODELS.get(model_name)
+        if entry is not None and entry.draft_model:
+            return DraftSpec(DraftKind.MODEL, source=entry.draft_model)
         found = default_draft_path(model_name)
         if found is None:
             raise SpecstackError(f"no trained draft ships for {model_name}: pass --draft (a model, a file from "
@@ -78,9 +82,9 @@ def fallback_draft(n_layers: int) -> DraftSpec:
 
 
 def shipped_draft(model_name: str) -> DraftSpec | None:
-    """`default` when the registry names a trained draft for the model, else None."""
+    """`default` when the registry names a draft (trained or a model) for the model, else None."""
     entry = MODELS.get(model_name)
-    return DraftSpec(DraftKind.DEFAULT) if entry is not None and entry.draft else None
+    return DraftSpec(DraftKind.DEFAULT) if entry is not None and (entry.draft or entry.draft_model) else None
 
 
 def choose_draft(given: str | None, n_layers: int, model_name: str | None = None) -> DraftSpec:

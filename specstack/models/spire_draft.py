@@ -58,8 +58,11 @@ class SpireConfig:
     feature_input: bool = False  # (e) EAGLE-style: the previous token's top-level feature joins the input
 
     def __post_init__(self) -> None:
-        if self.model.arch != "llama":
-            raise SpecstackError("SPIRe drafts are Llama-style blocks: the target must be a llama model")
+        b = self.model.block
+        if (b.norm, b.activation, b.position, b.qkv_bias, b.o_bias, b.mlp_bias, b.qk_norm) != (
+                "rms", "swiglu", "rope", False, False, False, False):
+            raise SpecstackError("SPIRe drafts are Llama blocks (RMSNorm, SwiGLU, RoPE, no biases): the target's "
+                                 f"{self.model.arch} blocks are not")
         if self.target_layers and len(self.target_layers) != self.model.n_layers:
             raise SpecstackError(f"target_layers {self.target_layers}: one target layer per draft block "
                                  f"({self.model.n_layers}) is needed")

@@ -1,13 +1,13 @@
-"""One decoder for Llama-style (RMSNorm, RoPE, GQA, SwiGLU) and GPT-2-style (LayerNorm, learned
-positions, biases, GELU) blocks. QKV and gate/up projections are fused at load time, so a layer
-is four matrix products. Everything a forward needs beyond the tokens comes in an AttentionBatch
+"""One decoder, its blocks assembled from the config's BlockFeatures (norm, activation, biases, q/k
+norm, positions: Llama, Qwen2, Qwen3 and GPT-2 blocks alike; models/architectures.py). QKV and
+gate/up projections are fused at load time, so a layer is four matrix products. Everything a forward needs beyond the tokens comes in an AttentionBatch
 (positions and the mask from attention.py); keys/values go to the cache's scratch slots and stay
 invisible until the caller commits them.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -19,24 +19,11 @@ from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
 from specstack.models.bound import BoundModule, Forward
-from specstack.models.quant import QLinear, activation_dtype, native_bf16
-
-
-@dataclass
-class Q4Weight:
-    """4-bit codes with per-32 scale d and min m (w = d * q + m), as stored by GGUF Q4_1."""
-
-    q: torch.Tensor  # [out, in] uint8 in 0..15
-    d: torch.Tensor  # [out, in // 32]
-    m: torch.Tensor  # [out, in // 32]
-
-    def dequantize(self) -> torch.Tensor:
-        n, k = self.q.shape
-        g = self.q.float().view(n, k // 32, 32) * self.d.float()[..., None] + self.m.float()[..., None]
-        return g.view(n, k)
-
+from specstack.models.quant import Q4Weight, QLinear, activation_dtype, native_bf16
 
 Weight = torch.Tensor | Q4Weight
+# the linear layers of a block, by name (a model's per-layer formats are keyed "layers.{i}.{name}")
+LINEARS = ("qkv", "o", "up", "down")
 
 
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +50,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Norm(BoundModule):
-    """RMSNorm (llama) or LayerNorm (gpt2) (bound: see models/bound.py)."""
+    """RMSNorm or LayerNorm with a bias (bound: see models/bound.py)."""
 
     def __init__(self, dim: int, eps: float, rms: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -80,18 +67,29 @@ class Norm(BoundModule):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, fmt: str, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, fmt: str, layer: int, formats: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.cfg, self.layer = cfg, layer
-        llama = cfg.arch == "llama"
+        f = cfg.block
+        rms = f.norm == "rms"
         act = activation_dtype(fmt)
-        bias = not llama
-        self.attn_norm = Norm(cfg.d_model, cfg.norm_eps, llama, act)
-        self.qkv = QLinear(cfg.d_model, cfg.q_dim + 2 * cfg.kv_dim, fmt, bias)
-        self.o = QLinear(cfg.q_dim, cfg.d_model, fmt, bias)
-        self.mlp_norm = Norm(cfg.d_model, cfg.norm_eps, llama, act)
-        self.up = QLinear(cfg.d_model, (2 if llama else 1) * cfg.d_ff, fmt, bias)  # llama: [gate | up]
-        self.down = QLinear(cfg.d_ff, cfg.d_model, fmt, bias)
+
+        def fmt_of(name: str) -> str:
+            return (formats or {}).get(f"layers.{layer}.{name}", fmt)
+
+        def linear(name: str, n_in: int, n_out: int, bias: bool) -> QLinear:
+            return QLinear(n_in, n_out, fmt_of(name), bias, activation=act)
+
+        self.attn_norm = Norm(cfg.d_model, cfg.norm_eps, rms, act)
+        self.qkv = linear("qkv", cfg.d_model, cfg.q_dim + 2 * cfg.kv_dim, f.qkv_bias)
+        self.o = linear("o", cfg.q_dim, cfg.d_model, f.o_bias)
+        self.mlp_norm = Norm(cfg.d_model, cfg.norm_eps, rms, act)
+        self.up = linear("up", cfg.d_model, (2 if f.gated else 1) * cfg.d_ff, f.mlp_bias)  # gated: [gate | up]
+        self.down = linear("down", cfg.d_ff, cfg.d_model, f.mlp_bias)
+        # q/k norm: one RMSNorm over each head of q and one over each head of k, before the rotation
+        self.q_norm = Norm(cfg.head_dim, cfg.norm_eps, True, act) if f.qk_norm else None
+        self.k_norm = Norm(cfg.head_dim, cfg.norm_eps, True, act) if f.qk_norm else None
+        self.gated = f.gated
         # plain references to the submodules (nn.Module.__getattr__ costs ~1 us a lookup, 30 layers a
         # step); they are set here once and never reassigned
         self.parts = (self.attn_norm, self.qkv, self.o, self.mlp_norm, self.up, self.down)
@@ -108,6 +106,8 @@ class Block(nn.Module):
         qkv = qkv_proj.forward(attn_norm.forward(x))
         hd, nq, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         qk = qkv[:, : cfg.q_dim + cfg.kv_dim].view(b, t, nq + nkv, hd)
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm.forward(qk[:, :, :nq]), self.k_norm.forward(qk[:, :, nq:])], dim=2)
         if rope is not None:  # rotate q and k heads in one go
             qk = apply_rope(qk, *rope)
         k = qk[:, :, nq:].transpose(1, 2)
@@ -115,7 +115,7 @@ class Block(nn.Module):
         keys, values = cache.write(self.layer, k, v)
         x = x + o_proj.forward(attend(qk[:, :, :nq], keys, values, batch))
         h = up_proj.forward(mlp_norm.forward(x))
-        if cfg.arch == "llama":
+        if self.gated:
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
@@ -126,23 +126,27 @@ class Block(nn.Module):
 class Transformer(Extends, nn.Module):
     """The target, and a draft of the target's kind (a DecoderModel: models/base.py)."""
 
-    def __init__(self, cfg: ModelConfig, fmt: str = "fp32") -> None:
+    def __init__(self, cfg: ModelConfig, fmt: str = "fp32", formats: Mapping[str, str] | None = None) -> None:
+        """formats: the layers whose format differs from `fmt` ("layers.{i}.qkv", ..., "head"): a GGUF
+        type the int4 kernels cannot take exactly gets int8 there (models/gguf_quants.py)."""
         super().__init__()
         self.config, self.fmt = cfg, fmt
+        self.formats = dict(formats or {})
         act = activation_dtype(fmt)
         self.act_dtype = act
         self.embed = nn.Parameter(torch.zeros(cfg.vocab_size, cfg.d_model, dtype=act), requires_grad=False)
         self.pos_embed = (
             nn.Parameter(torch.zeros(cfg.max_seq_len, cfg.d_model, dtype=act), requires_grad=False)
-            if cfg.arch == "gpt2" else None
+            if cfg.block.position == "learned" else None
         )
-        self.layers = nn.ModuleList(Block(cfg, fmt, i) for i in range(cfg.n_layers))
-        self.norm = Norm(cfg.d_model, cfg.norm_eps, cfg.arch == "llama", act)
+        self.layers = nn.ModuleList(Block(cfg, fmt, i, self.formats) for i in range(cfg.n_layers))
+        self.norm = Norm(cfg.d_model, cfg.norm_eps, cfg.block.norm == "rms", act)
         # int4 keeps the unembedding in int8, as GGUF files do (Q8_0 embeddings): a 4-bit head costs
         # visible logit fidelity. (fp32 activations would give fp32 logits, fewer bf16 ties, but the
         # int8 kernel is 10x slower with them: 10 ms instead of 1 ms for this head.)
-        self.head = QLinear(cfg.d_model, cfg.vocab_size, "int8" if fmt == "int4" else fmt)
-        if cfg.arch == "llama":
+        head_fmt = self.formats.get("head", "int8" if fmt == "int4" else fmt)
+        self.head = QLinear(cfg.d_model, cfg.vocab_size, head_fmt, activation=act)
+        if cfg.block.position == "rope":
             cos, signed_sin = rope_tables(cfg)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_signed_sin", signed_sin, persistent=False)
@@ -187,24 +191,29 @@ class Transformer(Extends, nn.Module):
         self.embed.copy_(dense("embed", (cfg.vocab_size, cfg.d_model)))
         if self.pos_embed is not None:
             self.pos_embed.copy_(dense("pos_embed", (cfg.max_seq_len, cfg.d_model)))
-        gpt2 = cfg.arch == "gpt2"
+        f = cfg.block
 
-        def biases(prefix: str, *names: str) -> list[str] | None:  # llama blocks have none
-            return [prefix + n + ".bias" for n in names] if gpt2 else None
+        def biases(prefix: str, on: bool, *names: str) -> list[str] | None:
+            return [prefix + n + ".bias" for n in names] if on else None
 
+        def norm(module: Norm, name: str, dim: int) -> None:
+            module.weight.copy_(dense(name + ".weight", (dim,)))
+            if module.bias is not None:
+                module.bias.copy_(dense(name + ".bias", (dim,)))
+
+        up_names = ("gate", "up") if f.gated else ("up",)
         for i, blk in enumerate(self.layers):
             p = f"layers.{i}."
-            for norm, name in ((blk.attn_norm, "attn_norm"), (blk.mlp_norm, "mlp_norm")):
-                norm.weight.copy_(dense(p + name + ".weight", (cfg.d_model,)))
-                if gpt2:
-                    norm.bias.copy_(dense(p + name + ".bias", (cfg.d_model,)))
-            linear(blk.qkv, [p + "q", p + "k", p + "v"], biases(p, "q", "k", "v"))
-            linear(blk.o, [p + "o"], biases(p, "o"))
-            linear(blk.up, [p + "gate", p + "up"] if not gpt2 else [p + "up"], biases(p, "up"))
-            linear(blk.down, [p + "down"], biases(p, "down"))
-        self.norm.weight.copy_(dense("norm.weight", (cfg.d_model,)))
-        if gpt2:
-            self.norm.bias.copy_(dense("norm.bias", (cfg.d_model,)))
+            norm(blk.attn_norm, p + "attn_norm", cfg.d_model)
+            norm(blk.mlp_norm, p + "mlp_norm", cfg.d_model)
+            if blk.q_norm is not None:
+                norm(blk.q_norm, p + "q_norm", cfg.head_dim)
+                norm(blk.k_norm, p + "k_norm", cfg.head_dim)
+            linear(blk.qkv, [p + "q", p + "k", p + "v"], biases(p, f.qkv_bias, "q", "k", "v"))
+            linear(blk.o, [p + "o"], biases(p, f.o_bias, "o"))
+            linear(blk.up, [p + n for n in up_names], biases(p, f.mlp_bias, *up_names))
+            linear(blk.down, [p + "down"], biases(p, f.mlp_bias, "down"))
+        norm(self.norm, "norm", cfg.d_model)
         linear(self.head, ["head" if "head" in weights else "embed"], None)
         unused = set(weights) - used
         if unused:
@@ -241,7 +250,7 @@ class Transformer(Extends, nn.Module):
         rope = None
         if self.pos_embed is not None:
             x = x + F.embedding(pos.reshape(-1), self.pos_embed)
-        else:
+        else:  # rotary
             rope = (self.rope_cos[pos].unsqueeze(2).to(x.dtype), self.rope_signed_sin[pos].unsqueeze(2).to(x.dtype))
         hidden: dict[int, torch.Tensor] = {}
         if 0 in hidden_layers:
@@ -266,7 +275,7 @@ class Transformer(Extends, nn.Module):
         if not 1 <= n <= self.config.n_layers:
             raise SpecstackError(f"self-draft: {n} layers requested, the model has {self.config.n_layers}")
         with torch.device("meta"):  # the skeleton allocates nothing: every tensor in it is replaced below
-            model = Transformer(replace(self.config, n_layers=n), self.fmt)
+            model = Transformer(replace(self.config, n_layers=n), self.fmt, self.formats)
         for name, part in (*self.named_parameters(recurse=False), *self.named_buffers(recurse=False),
                            *self.named_children()):
             setattr(model, name, part)

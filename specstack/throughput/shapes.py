@@ -157,7 +157,7 @@ def from_config(config: ModelConfig, name: str, fmt: str = "fp8") -> ModelShape:
     """A loaded (or configured) model, head included."""
     return shape(name, layers=config.n_layers, d_model=config.d_model, heads=config.n_heads,
                  kv_heads=config.n_kv_heads, head_dim=config.head_dim, d_ff=config.d_ff,
-                 vocab=config.vocab_size, gated=config.arch != "gpt2", fmt=fmt)
+                 vocab=config.vocab_size, gated=config.block.gated, fmt=fmt)
 
 
 def read_config(model: str) -> ModelConfig:

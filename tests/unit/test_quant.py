@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specstack.errors import SpecstackError
-from specstack.models.loading import _gguf_tensor, load_model
-from specstack.models.quant import QLinear
-from specstack.models.transformer import Q4Weight
+from specstack.models.gguf_quants import read_tensor
+from specstack.models.loading import load_model
+from specstack.models.quant import Q4Weight, QLinear
 
 QT = gguf.GGMLQuantizationType
 U = 2.0**-8  # unit roundoff of bf16 (8 significant bits): |bf16(x) - x| <= U * |x|
@@ -134,7 +134,7 @@ def test_set_int4_with_gguf_q4_1_blocks():
     w = rand(16, 128, seed=11).numpy()
     blocks = gguf.quants.quantize(w, QT.Q4_1)
     t = _write_and_read(blocks, QT.Q4_1)
-    qw = _gguf_tensor(t)
+    qw = read_tensor(t, want_codes=True)
     ref = qw.dequantize()
     lin = QLinear(128, 16, "int4").set_int4(qw.q, qw.d, qw.m)
     d = qw.d.repeat_interleave(32, dim=1)
@@ -172,7 +172,7 @@ def _write_and_read(data: np.ndarray, qtype: QT | None, tmp: Path | None = None)
 def test_gguf_q4_1_tensor_stays_4_bit_and_matches_gguf_dequantize(tmp_path):
     w = rand(6, 96, seed=12).numpy()
     blocks = gguf.quants.quantize(w, QT.Q4_1)
-    qw = _gguf_tensor(_write_and_read(blocks, QT.Q4_1, tmp_path))
+    qw = read_tensor(_write_and_read(blocks, QT.Q4_1, tmp_path), want_codes=True)
     assert isinstance(qw, Q4Weight)
     assert qw.q.shape == (6, 96) and qw.d.shape == (6, 3) and qw.m.shape == (6, 3)
     assert int(qw.q.min()) >= 0 and int(qw.q.max()) <= 15
@@ -190,14 +190,14 @@ def test_gguf_other_tensors_are_dequantised_in_row_major_shape(tmp_path, qtype):
         data, expected, qtype = w.astype(np.float16), w.astype(np.float16).astype(np.float32), None
     else:
         data, expected = w, w
-    t = _gguf_tensor(_write_and_read(data, qtype, tmp_path))
+    t = read_tensor(_write_and_read(data, qtype, tmp_path), want_codes=True)
     assert isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.shape == (5, 64)
     assert torch.equal(t, torch.from_numpy(np.asarray(expected, dtype=np.float32)).reshape(5, 64))
 
 
 def test_gguf_1d_tensor(tmp_path):
     w = rand(64, seed=14).numpy()
-    t = _gguf_tensor(_write_and_read(w, None, tmp_path))
+    t = read_tensor(_write_and_read(w, None, tmp_path), want_codes=True)
     assert t.shape == (64,) and torch.equal(t, torch.from_numpy(w))
 
 

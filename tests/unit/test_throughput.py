@@ -92,9 +92,10 @@ def test_llama_3_70b_with_embeddings_is_70_6_billion():
 
 def test_gpt2_small_from_its_config_is_124_million():
     from specstack.config import ModelConfig
+    from specstack.models.architectures import family
 
     cfg = ModelConfig(arch="gpt2", vocab_size=50257, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12,
-                      d_ff=3072, max_seq_len=1024, tie_embeddings=True)
+                      d_ff=3072, max_seq_len=1024, tie_embeddings=True, block=family("gpt2").block)
     s = from_config(cfg, "gpt2")
     assert s.body_params == 12 * 12 * 768 * 768  # 4 d² attention + 8 d² MLP per block
     assert close(s.params + 1024 * 768, 124.4e6, 0.002)  # plus learned positions: GPT-2 small's 124 M

@@ -1,0 +1,115 @@
+"""GGUF quant types as a table: what each type's blocks become in each weight format (DESIGN §3).
+
+The int4 kernels compute w = (q - 8) * scale + zero per group of 32 inputs. Three GGUF types are that
+layout already, so their 4-bit codes are packed as they are (`Q4Weight`), without a detour through
+floats; the only change is the kernel's bf16 rounding of each group's scale and zero:
+- Q4_0: w = d * (q - 8) per 32: scale d, zero 0.
+- Q4_1: w = d * q + m per 32: scale d, zero m + 8 d.
+- Q4_K: super-blocks of 256 under (d, dmin), each 32-weight sub-block with a 6-bit scale sc and min mn:
+  w = d sc q - dmin mn, so a sub-block is a Q4_1 group with d' = d sc, m' = -dmin mn.
+Every other type (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, the rest gguf can dequantise) holds more than 4 bits
+of precision, so the int4 format gives its layers int8 (per output channel): more bytes than int4, far
+less error than requantising 5-8 bits into 4 (docs/BENCHMARKS.md, "Quant types", measures each choice).
+bf16 and fp32 take every type dequantised. A fused layer (q|k|v, gate|up) takes the widest format any
+of its parts needs.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from specstack.models.quant import Q4Weight
+
+FORMAT_ORDER = ("int4", "int8", "bf16", "fp32")  # narrowest first: a fused layer takes the widest part's
+
+
+def _fp16(b: np.ndarray) -> np.ndarray:
+    """Little-endian float16 stored as 2 uint8 along the last axis -> float32 (drops that axis)."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _q4_0(blocks: np.ndarray, rows: int, cols: int) -> Q4Weight:
+    b = blocks.reshape(rows, cols // 32, 18)
+    d, qs = _fp16(b[..., 0:2]), b[..., 2:18]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)  # low nibbles first
+    return _q4(q, d, -8 * d)
+
+
+def _q4_1(blocks: np.ndarray, rows: int, cols: int) -> Q4Weight:
+    b = blocks.reshape(rows, cols // 32, 20)
+    d, m, qs = _fp16(b[..., 0:2]), _fp16(b[..., 2:4]), b[..., 4:20]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
+    return _q4(q, d, m)
+
+
+def _q4_k(blocks: np.ndarray, rows: int, cols: int) -> Q4Weight:
+    b = blocks.reshape(rows, cols // 256, 144)
+    d, dmin = _fp16(b[..., 0:2]), _fp16(b[..., 2:4])  # [rows, S]
+    s = b[..., 4:16].reshape(rows, cols // 256, 3, 4)  # the 12 bytes of eight 6-bit (scale, min) pairs
+    lo, hi, mix = s[..., 0, :], s[..., 1, :], s[..., 2, :]
+    sc = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)  # [rows, S, 8]
+    mn = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=-1)
+    qs = b[..., 16:144].reshape(rows, cols // 256, 4, 32)  # 4 chunks of 64 weights: low nibbles, then high
+    q = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(rows, cols)  # sub-block 2c = low, 2c + 1 = high
+    scale = (d[..., None] * sc.astype(np.float32)).reshape(rows, cols // 32)
+    zero_m = -(dmin[..., None] * mn.astype(np.float32)).reshape(rows, cols // 32)
+    return _q4(q, scale, zero_m)
+
+
+def _q4(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> Q4Weight:
+    return Q4Weight(torch.from_numpy(np.ascontiguousarray(q, dtype=np.uint8)), torch.from_numpy(d), torch.from_numpy(m))
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """One GGUF tensor type: the layer format it gives in each requested format, and its 4-bit codes
+    when the int4 kernels take them exactly."""
+
+    name: str
+    formats: Mapping[str, str]  # requested weight format -> the format its layers get
+    int4_codes: Any = None  # (blocks, rows, cols) -> Q4Weight, for the types int4 packs exactly
+
+    def format_for(self, requested: str) -> str:
+        return self.formats.get(requested, requested)
+
+
+_SAME = {"int4": "int4", "int8": "int8", "bf16": "bf16", "fp32": "fp32"}
+_WIDE = {"int4": "int8", "int8": "int8", "bf16": "bf16", "fp32": "fp32"}
+QUANT_TYPES: Mapping[str, QuantType] = {
+    q.name: q for q in (
+        QuantType("F32", _SAME), QuantType("F16", _SAME), QuantType("BF16", _SAME),
+        QuantType("Q4_0", _SAME, _q4_0), QuantType("Q4_1", _SAME, _q4_1), QuantType("Q4_K", _SAME, _q4_k),
+        QuantType("Q5_0", _WIDE), QuantType("Q5_1", _WIDE), QuantType("Q5_K", _WIDE), QuantType("Q6_K", _WIDE),
+        QuantType("Q8_0", _WIDE),
+    )
+}
+OTHER = QuantType("other", _WIDE)  # any other type gguf dequantises (Q2_K, Q3_K, IQ*): never requantised to 4 bits
+
+
+def quant_type(name: str) -> QuantType:
+    return QUANT_TYPES.get(name, OTHER)
+
+
+def layer_format(requested: str, part_types: list[str]) -> str:
+    """The format of a layer built from parts of these GGUF types (or "F32" for a float source), when
+    the model is asked for `requested`: the widest any part needs."""
+    return max((quant_type(t).format_for(requested) for t in part_types), key=FORMAT_ORDER.index)
+
+
+def read_tensor(t: Any, want_codes: bool) -> Q4Weight | torch.Tensor:
+    """One GGUF tensor as [rows, cols] (or [cols]): its 4-bit codes when `want_codes` and the type packs
+    exactly, else dequantised to fp32."""
+    import gguf
+
+    rows = int(t.shape[-1]) if len(t.shape) > 1 else 1
+    cols = int(t.shape[0])
+    codes = QUANT_TYPES.get(t.tensor_type.name, OTHER).int4_codes
+    if want_codes and codes is not None:
+        return codes(np.asarray(t.data, dtype=np.uint8), rows, cols)
+    w = gguf.quants.dequantize(t.data, t.tensor_type)
+    w = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a writable copy: GGUF data is a read-only map
+    return w.reshape(rows, cols) if len(t.shape) > 1 else w.reshape(cols)
