@@ -30,8 +30,9 @@ TASK_ID = "llama-batched-bench"  # the rows' task: random tokens, no prompt of t
 CTX_ROUND = 256  # llama.cpp pads contexts to 256; each sequence gets n_ctx / max B of it
 
 
-def find_binary(bin_dir: Path | None) -> tuple[Path | None, str]:
+def find_binary(bin_dir: Path | None, binary: str = BINARY) -> tuple[Path | None, str]:
     """(the binary, "") or (None, why it was not found)."""
+    BINARY = binary  # noqa: N806  (the one name the messages below use)
     if bin_dir is None and os.environ.get(ENV_BIN_DIR):
         bin_dir = Path(os.environ[ENV_BIN_DIR])
     if bin_dir is not None:

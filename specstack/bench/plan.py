@@ -26,12 +26,17 @@ from specstack.files import check_writable_dir
 PEER_PARAMS: dict[str, dict[str, int]] = {
     "hf": {}, "hf-pld": {"tokens": 10}, "hf-assisted": {}, "llamacpp": {}, "llamacpp-pld": {"tokens": 10},
     "llamacpp-batched": {},
+    # llama-server with the draft model (bench/llama_server.py): draft max, p-min in percent
+    "llamacpp-spec": {"max": 16, "pmin": 80},
+    # llama-server's draft-free n-gram speculation: lookup n-gram size, tokens drafted
+    "llamacpp-ngram": {"n": 3, "max": 16},
 }
+SERVER_PEERS = ("llamacpp-spec", "llamacpp-ngram")  # run through llama-server (bench/llama_server.py)
 BATCH_PEERS = ("hf", "llamacpp-batched")  # the peers that decode many sequences at once
 BATCH_ONLY = ("llamacpp-batched",)
 LAYOUTS = ("auto", "pad", "split")  # engine.batched's LAYOUT_CHOICES (plan stays importable without it)
 RESUME_KEYS = ("model", "prompts", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "dtype", "device",
-               "draft", "draft_dtype", "ngram", "batch_sizes")
+               "draft", "draft_dtype", "ngram", "batch_sizes", "draft_vocab")
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,7 @@ class BenchSettings:
     repeats: int  # runs of every (prompt, method)
     threads: int | None  # torch and llama.cpp threads; None: torch's choice
     batch_sizes: tuple[int, ...] | None = None  # batch mode: rows decoded at once; None: one sequence at a time
+    draft_vocab: int | None = None  # FR-Spec: the draft's head over the K most frequent tokens
 
     @property
     def sampling(self) -> SamplingParams:

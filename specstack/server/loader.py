@@ -33,7 +33,7 @@ def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> Non
     if args.max_context is not None and args.max_context > lm.config.max_seq_len:
         raise SpecstackError(f"--max-context {args.max_context} is over the model's context of "
                              f"{lm.config.max_seq_len} tokens")
-    sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram)
+    sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram, args.draft_vocab)
     method = parse_method(args.method)
     engine = BatchEngine(lm, max_rows=args.max_batch, max_context=max_context, prefill_chunk=args.prefill_chunk,
                          length=length_rule(method, lm, args.max_batch),

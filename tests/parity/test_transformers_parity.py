@@ -7,10 +7,18 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import BUILDERS, TinyModel  # noqa: I001  (tests/ is on the path: pyproject's pythonpath)
 
 from specstack.attention import build_batch, tree_batch
 from specstack.config import GenerationConfig
 from specstack.engine.autoregressive import generate
+
+
+@pytest.fixture(params=list(BUILDERS))
+def tiny(request: pytest.FixtureRequest, tiny_models: dict[str, TinyModel]) -> TinyModel:
+    """Every parity test runs on every family of the architecture table (models/architectures.py)."""
+    return tiny_models[request.param]
+
 
 ATOL = 1e-4
 RTOL = 1e-4
