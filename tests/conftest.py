@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from families import ALL_FAMILIES, ENGINE_FAMILIES
 
 from specstack.models.base import LoadedModel
 from specstack.models.loading import load_model
@@ -98,6 +99,7 @@ def _random_biases(model: torch.nn.Module) -> None:
 
 
 BUILDERS = {"llama": _llama, "gpt2": _gpt2, "qwen2": _qwen2, "qwen3": _qwen3}
+assert tuple(BUILDERS) == ALL_FAMILIES
 
 
 def _build(arch: str, root: Path) -> TinyModel:
@@ -123,11 +125,6 @@ def tiny_llama(tiny_models: dict[str, TinyModel]) -> TinyModel:
 @pytest.fixture(scope="session")
 def tiny_gpt2(tiny_models: dict[str, TinyModel]) -> TinyModel:
     return tiny_models["gpt2"]
-
-
-# the families every engine test runs on (qwen2: the real pair's); the parity tests run on all of
-# BUILDERS (tests/parity/test_transformers_parity.py), keeping the suite's time in CI's budget
-ENGINE_FAMILIES = ("llama", "gpt2", "qwen2")
 
 
 @pytest.fixture(params=ENGINE_FAMILIES)

@@ -241,7 +241,7 @@ def build_method(args: argparse.Namespace, method: MethodSpec, lm: LoadedModel, 
     from specstack.engine.methods import DraftSources, describe, drafter_factory, length_rule
 
     sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram, args.draft_vocab)
-    return Built(drafter_factory(method, lm, sources, args.device), length_rule(method, lm, rows), describe(method))
+    return Built(drafter_factory(method, lm, sources, args.device), length_rule(method, lm, rows), describe(method, lm.name))
 
 
 def run_generation(lm: LoadedModel, prompt_ids: list[int], gen: GenerationConfig,

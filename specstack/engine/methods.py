@@ -42,7 +42,7 @@ from specstack.models.base import LoadedModel
 from specstack.models.draft_file import load_draft_file
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, shipped_draft
 from specstack.models.loading import load_model
-from specstack.models.registry import default_ngram_path, token_rank_path
+from specstack.models.registry import MODELS, default_ngram_path, token_rank_path
 from specstack.models.transformer import Transformer
 from specstack.validate import MAX_TREE, VERIFIED, bounded_int, fits_context
 
@@ -289,6 +289,7 @@ def drafter_factory(method: MethodSpec, target: LoadedModel, sources: DraftSourc
                     device: str = "cpu") -> DrafterFactory | None:
     """What makes `method`'s drafters (None: autoregressive): its draft model and trigram are loaded
     here, once; each call of the factory makes one more drafter (one per row of a batch) sharing them."""
+    method = resolved_auto(method, target.name)
     check_fits(method, target.config.max_seq_len)
     return lookup(method.name).build(target, method.params, sources, device)
 
@@ -302,6 +303,7 @@ def build_drafter(method: MethodSpec, target: LoadedModel, sources: DraftSources
 def length_rule(method: MethodSpec, target: LoadedModel, rows: int = 1) -> BatchLength:
     """The rule sizing each step's drafts for `method` in steps of up to `rows` rows (a fresh one per
     engine: it learns acceptance rates as it goes)."""
+    method = resolved_auto(method, target.name)
     return lookup(method.name).length(target, method.params, rows)
 
 
@@ -479,9 +481,24 @@ def build_auto(target: LoadedModel, p: Params, sources: DraftSources, device: st
     return build_ngram(target, spec.params, sources, device)
 
 
-def describe(method: MethodSpec) -> str:
+def auto_text(model_name: str | None) -> str:
+    """What `auto` runs for a model: its registry entry's measured choice, else AUTO."""
+    entry = MODELS.get(model_name or "")
+    return entry.auto if entry is not None and entry.auto else AUTO
+
+
+def resolved_auto(method: MethodSpec, model_name: str | None) -> MethodSpec:
+    """`auto` as the method measured fastest for this model when its registry entry names one (else
+    `auto` itself: AUTO, with its fallback for a model without a trigram); any other method as it is."""
+    entry = MODELS.get(model_name or "")
+    if method.name == "auto" and entry is not None and entry.auto:
+        return parse_method(entry.auto)
+    return method
+
+
+def describe(method: MethodSpec, model_name: str | None = None) -> str:
     """The method as the stats line names it: `auto` says what it runs."""
-    return f"auto ({AUTO})" if method.name == "auto" else str(method)
+    return f"auto ({auto_text(model_name)})" if method.name == "auto" else str(method)
 
 
 register(Method("staged", "the draft's tree with draft2 (the trigram) speculating the draft (Spector & Ré 2023)",

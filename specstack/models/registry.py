@@ -47,6 +47,7 @@ class RegisteredModel:
     chunked: ChunkedGGUF | None = None  # the GGUF ships in parts (then package and gguf are unused)
     draft_model: str | None = None  # a registered model that drafts for this one (`--draft default`)
     token_rank: str | None = None  # its tokens by corpus frequency in DATA_DIR (`--draft-vocab K`, FR-Spec)
+    auto: str | None = None  # what `--method auto` runs for it (measured fastest here), else the default
 
     def weights(self) -> Path:
         if self.chunked is not None:

@@ -46,4 +46,4 @@ def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> Non
 
     worker = EngineWorker(engine, state.metrics, args.max_batch + args.max_queue, str(method), build)
     worker.start()
-    state.ready(worker, lm.tokenizer, lm.config.vocab_size, engine.max_context, describe(method))
+    state.ready(worker, lm.tokenizer, lm.config.vocab_size, engine.max_context, describe(method, lm.name))

@@ -7,15 +7,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import BUILDERS, TinyModel  # noqa: I001  (tests/ is on the path: pyproject's pythonpath)
+from families import ALL_FAMILIES
 
 from specstack.attention import build_batch, tree_batch
 from specstack.config import GenerationConfig
 from specstack.engine.autoregressive import generate
 
 
-@pytest.fixture(params=list(BUILDERS))
-def tiny(request: pytest.FixtureRequest, tiny_models: dict[str, TinyModel]) -> TinyModel:
+@pytest.fixture(params=ALL_FAMILIES)
+def tiny(request: pytest.FixtureRequest, tiny_models):
     """Every parity test runs on every family of the architecture table (models/architectures.py)."""
     return tiny_models[request.param]
 

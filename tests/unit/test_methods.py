@@ -281,3 +281,19 @@ def test_first_layers_bounds(tiny_llama):
     for n in (0, 4):
         with pytest.raises(SpecstackError, match=f"self-draft: {n} layers requested, the model has 3"):
             tiny_llama.lm.model.first_layers(n)
+
+
+def test_auto_runs_what_the_models_entry_names(monkeypatch):
+    """`auto` follows the registry: a model whose entry names its measured fastest method runs that
+    (and the stats line says so); any other model runs the default AUTO."""
+    from specstack.engine import methods
+    from specstack.models.registry import MODELS, RegisteredModel
+
+    monkeypatch.setitem(MODELS, "pair", RegisteredModel("", "", "", auto="chain:k=3"))
+    auto = methods.parse_method("auto")
+    assert methods.resolved_auto(auto, "pair") == methods.parse_method("chain:k=3")
+    assert methods.describe(auto, "pair") == "auto (chain:k=3)"
+    assert methods.resolved_auto(auto, "smollm2-135m") is auto
+    assert methods.describe(auto, "smollm2-135m") == f"auto ({methods.AUTO})"
+    chain = methods.parse_method("chain:k=2")
+    assert methods.resolved_auto(chain, "pair") is chain

