@@ -31,22 +31,22 @@ CTX_ROUND = 256  # llama.cpp pads contexts to 256; each sequence gets n_ctx / ma
 
 
 def find_binary(bin_dir: Path | None, binary: str = BINARY) -> tuple[Path | None, str]:
-    """(the binary, "") or (None, why it was not found)."""
-    BINARY = binary  # noqa: N806  (the one name the messages below use)
+    """(the binary, "") or (None, why it was not found): llama-batched-bench, or another binary the
+    build script makes (llama-server)."""
     if bin_dir is None and os.environ.get(ENV_BIN_DIR):
         bin_dir = Path(os.environ[ENV_BIN_DIR])
     if bin_dir is not None:
-        path = Path(bin_dir).expanduser() / BINARY
+        path = Path(bin_dir).expanduser() / binary
         if path.is_file() and os.access(path, os.X_OK):
             return path, ""
-        return None, f"{BINARY} not found in {bin_dir} (build it: benchmarks/build_llama_cpp.sh)"
-    on_path = shutil.which(BINARY)
+        return None, f"{binary} not found in {bin_dir} (build it: benchmarks/build_llama_cpp.sh)"
+    on_path = shutil.which(binary)
     if on_path:
         return Path(on_path), ""
-    path = BUILD_DEFAULT / BINARY
+    path = BUILD_DEFAULT / binary
     if path.is_file() and os.access(path, os.X_OK):
         return path, ""
-    return None, (f"{BINARY} not found (--llama-bin-dir DIR, ${ENV_BIN_DIR}, PATH or {BUILD_DEFAULT}); "
+    return None, (f"{binary} not found (--llama-bin-dir DIR, ${ENV_BIN_DIR}, PATH or {BUILD_DEFAULT}); "
                   "build it with benchmarks/build_llama_cpp.sh")
 
 

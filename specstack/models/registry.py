@@ -65,7 +65,7 @@ def _assembly_progress(done: int, total: int) -> None:
     """A line on stderr while a chunked GGUF is assembled (a gigabyte: seconds, once)."""
     import sys
 
-    if done == total or done % (1 << 27) < (1 << 22):
+    if done == total or done % (1 << 27) < (1 << 22):  # a line every 128 MB
         print(f"\rspecstack: assembling weights {done >> 20}/{total >> 20} MB", end="" if done < total else "\n",
               file=sys.stderr, flush=True)
 
