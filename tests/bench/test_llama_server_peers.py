@@ -1,0 +1,34 @@
+"""llama.cpp's own speculation as bench peers (bench/llama_server.py): a real llama-server process on
+127.0.0.1, the embedded SmolLM2 GGUF drafting for itself. Its tokens per target forward and token origins
+are counted as the engine counts its own (every forward yields one token of its own after the drafts it
+accepted), so the τ column compares across peers. Needs the binary benchmarks/build_llama_cpp.sh builds:
+skipped without it (CI does not build llama.cpp)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specstack.bench.llama_server import server_binary
+
+pytestmark = pytest.mark.skipif(server_binary(None)[0] is None, reason="llama-server not built "
+                                "(benchmarks/build_llama_cpp.sh)")
+
+
+def test_llamacpp_spec_counts_forwards_and_origins(bench, tmp_path):
+    out = tmp_path / "run"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"task_id": "fib", "prompt": "def fibonacci(n):"}) + "\n")
+    code, _, err = bench("--model", "smollm2-135m", "--draft", "smollm2-135m", "--prompts", str(prompts),
+                         "--max-new-tokens", "32", "--threads", "2", "--out", str(out),
+                         "--methods", "ar;llamacpp-spec:max=4,pmin=50;llamacpp-ngram:n=3,max=4")
+    assert code == 0, err
+    rows = {r["method"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    spec = rows["llamacpp-spec:max=4,pmin=50"]
+    accepted = spec["origins"]["draft"]
+    assert 0 < accepted <= spec["drafted"]
+    assert spec["target_forwards"] == spec["new_tokens"] - accepted == spec["origins"]["target"]
+    assert spec["tau"] == pytest.approx(spec["new_tokens"] / spec["target_forwards"])
+    assert spec["tau"] > 2  # the model drafting for itself: most drafts accepted, up to 4 a forward
+    ngram = rows["llamacpp-ngram:n=3,max=4"]
+    assert ngram["target_forwards"] == ngram["new_tokens"] - ngram["origins"]["draft"]
