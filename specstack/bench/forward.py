@@ -6,7 +6,8 @@ ForwardStep, engine/timing.py); part 1 times such steps per method and T, interl
 method order rotated per repeat so machine drift cancels, for one row and for B rows (the batched
 curve; with `ragged`, one row's prompt chunk beside B - 1 decoding rows in the PAD and SPLIT layouts);
 part 2 times greedy generations of exactly new_tokens tokens, interleaved per prompt, against
-transformers' bf16 `generate` (HF_GEN_REFERENCE). The report: the JSON file; with B > 1 rows also a
+transformers' bf16 `generate` (HF_GEN_REFERENCE). Beside them, each format's floor: the bytes a
+one-token step reads at the machine's measured bandwidth (bench/bandwidth.py). The report: the JSON file; with B > 1 rows also a
 markdown file beside it and, for two row counts or more, the curve as a figure (`report_paths`).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from specstack.attention import LAYOUTS, Layout
+from specstack.bench.bandwidth import StepLimit, limit_table, measure_bandwidth, step_limits
 from specstack.bench.datasets import humaneval_prompts
 from specstack.bench.figures import pyplot, save_png
 from specstack.bench.peers import (
@@ -371,7 +373,8 @@ def generation_table(rows: Sequence[GenerationRow], n_prompts: int) -> str:
 
 
 def render(info: dict[str, Any], args: ForwardSettings, fwd: Sequence[ForwardRow],
-           gen: Sequence[GenerationRow] | None, ragged: Sequence[RaggedRow] = (), notes: Sequence[str] = ()) -> str:
+           gen: Sequence[GenerationRow] | None, ragged: Sequence[RaggedRow] = (), notes: Sequence[str] = (),
+           limits: Sequence[StepLimit] = ()) -> str:
     parts = [
         f"# Forward and generation benchmark: {args.model}", "",
         f"- CPU: {info['cpu']}, {info['threads']} threads",
@@ -380,6 +383,13 @@ def render(info: dict[str, Any], args: ForwardSettings, fwd: Sequence[ForwardRow
         f"- command: `{info['command']}`",
         *(f"- {note}" for note in notes),
     ]
+    if limits:
+        t1 = {r.method.split()[1]: r.median_ms for r in fwd
+              if r.rows == 1 and r.tokens == 1 and r.method.startswith("specstack ") and r.method.endswith(" chain")}
+        parts += ["", "## The physical limit of a one-token step", "",
+                  "Memory bandwidth: the best of 5 copies of 1 GiB (read + write). A step's bytes: the linear "
+                  "layers' stored weights with their scales, and one embedding row.", "",
+                  limit_table(list(limits), t1, info["bandwidth_gbs"] * 1e9)]
     if 1 in args.rows:
         parts += [
             "", f"## Forward of T query tokens at context {args.context} (median of {args.repeats}, ms)", "",
@@ -471,6 +481,9 @@ def run_forward_bench(settings: ForwardSettings, command: str) -> None:
 
     ours = {fmt: load_model(s.model, dtype=fmt) for fmt in s.formats}
     first = ours[s.formats[0]]
+    bandwidth = measure_bandwidth()
+    limits = step_limits(ours, bandwidth)
+    info["bandwidth_gbs"] = bandwidth / 1e9
     widest, flag = max(s.tokens), "--tokens"
     if s.ragged and max(s.chunks) > widest:
         widest, flag = max(s.chunks), "--chunk"
@@ -517,15 +530,15 @@ def run_forward_bench(settings: ForwardSettings, command: str) -> None:
     md, png = report_paths(s.out)
     results = {"machine": info, "settings": asdict(s) | {"out": str(s.out)},
                "tree_parents": {t: tree_parents(t) for t in s.tokens},
-               "forward": [asdict(r) for r in fwd], "ragged": [asdict(r) for r in ragged] if s.ragged else None,
+               "limits": [asdict(lim) for lim in limits], "forward": [asdict(r) for r in fwd], "ragged": [asdict(r) for r in ragged] if s.ragged else None,
                "generation": None if gen is None else [asdict(r) for r in gen]}
     atomic_write_text(s.out, json.dumps(results, indent=1) + "\n", parents=True)
     if not batched(s.rows):  # one row: the JSON file alone, as before rows existed
-        print(render(info, s, fwd, gen))
+        print(render(info, s, fwd, gen, limits=limits))
         print(f"\nresults written to {s.out}", file=sys.stderr)
         return
     note = write_figure(fwd, s.rows, png)
-    report = render(info, s, fwd, gen, ragged, [note] if note else [])
+    report = render(info, s, fwd, gen, ragged, [note] if note else [], limits)
     atomic_write_text(md, report + "\n")
     print(report)
     print(f"\nresults written to {s.out} and {md}" + (f" ({png.name} beside them)" if png.is_file() else ""),

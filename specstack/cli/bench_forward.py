@@ -9,6 +9,9 @@ forward writes scratch slots only). The time includes building the attention met
 step pays it (transformers builds its mask inside its forward too). Beside it, transformers' forward
 of the same GGUF (bf16 and fp32) with a DynamicCache cropped back to the context after each forward.
 All methods are measured interleaved (method order rotated per repeat) so machine drift cancels.
+The physical limit is printed beside them: the machine's bandwidth (the best of 5 copies of 1 GiB) and,
+per format, the bytes a one-token step reads, the step time at that bandwidth and the measured T = 1
+forward against it.
 
 Rows (--rows B1,B2,...; default 1): the batched curve. For every B > 1, B rows each hold the same
 context and every format runs forwards of B rows x T tokens (chains, `build_batch`), interleaved as

@@ -110,6 +110,12 @@ class QLinear(BoundModule):
         self.register_buffer("dense", torch.empty(out_features, k, dtype=act, device=device) if quantized else None)
         self.register_buffer("bias", torch.zeros(out_features, dtype=act, device=device) if bias else None)
 
+    def step_bytes(self) -> int:
+        """Bytes this layer's one-token kernel reads: the stored weight in its format, its scales and bias
+        (not the dense copy, which only wide inputs read)."""
+        parts = (self.weight, getattr(self, "scales", None), getattr(self, "scales_zeros", None), self.bias)
+        return sum(t.nbytes for t in parts if t is not None)
+
     # -- construction -------------------------------------------------------------------------------
     @torch.no_grad()
     def set_float(self, w: torch.Tensor, b: torch.Tensor | None = None) -> QLinear:
