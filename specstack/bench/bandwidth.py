@@ -48,7 +48,11 @@ class StepLimit:
 
 
 def step_limits(models: dict[str, LoadedModel], bandwidth: float) -> list[StepLimit]:
-    return [StepLimit(fmt, b, 1e3 * b / bandwidth) for fmt, lm in models.items() for b in [step_bytes(lm)]]
+    limits = []
+    for fmt, lm in models.items():
+        nbytes = step_bytes(lm)
+        limits.append(StepLimit(fmt, nbytes, 1e3 * nbytes / bandwidth))
+    return limits
 
 
 def limit_table(limits: list[StepLimit], t1_ms: dict[str, float], bandwidth: float) -> str:

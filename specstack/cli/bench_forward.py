@@ -106,7 +106,8 @@ def cmd_bench_forward(args: argparse.Namespace) -> int:
         warn("--chunk does nothing without --ragged")
     check_writable_file(args.out, "--out", parents=True)  # before the work: its result must not be lost
     resolve(args.model)
-    from specstack.bench.forward import ForwardSettings, batched, report_paths, run_forward_bench  # torch
+    from specstack.bench.forward import run_forward_bench  # torch
+    from specstack.bench.forward_report import ForwardSettings, batched, report_paths
     from specstack.bench.peers import HF_DTYPES
 
     if any(d not in HF_DTYPES for d in args.hf_dtypes):

@@ -137,7 +137,7 @@ def add_generation_args(p: argparse.ArgumentParser, exact: bool = False) -> None
 
 
 def add_draft_args(g: argparse._ActionsContainer) -> None:
-    """--draft, --draft-dtype, --ngram: where the drafts come from (engine.methods.DraftSources)."""
+    """--draft, --draft-dtype, --ngram: where the drafts come from (engine.draft_sources.DraftSources)."""
     g.add_argument("--draft", default=None, metavar="MODEL",
                    help="draft: a model (shares the tokenizer), a trained draft FILE.safetensors "
                         "(specstack train-draft), self:N = the target's first N layers, or magicdec:W = the "

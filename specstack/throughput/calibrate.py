@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from specstack.bench.forward import context_ids, time_forwards
-from specstack.engine.methods import DraftSources, load_draft
+from specstack.engine.draft_sources import DraftSources, load_draft
 from specstack.engine.timing import forward_steps
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text

@@ -20,7 +20,8 @@ from specstack.bench.datasets import iter_prompts, select_prompts
 from specstack.config import GenerationConfig, WindowSpec
 from specstack.drafting.base import Drafter
 from specstack.drafting.model import ModelDrafter, TreeParams
-from specstack.engine.methods import DraftSources, load_draft, run_method
+from specstack.engine.draft_sources import DraftSources, load_draft
+from specstack.engine.methods import run_method
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 from specstack.models.loading import load_model

@@ -1,5 +1,5 @@
 """Fixtures for the lossless tests: drafts for the tiny V = 257 targets of tests/conftest.py (a random
-one-layer Llama, and the target's own first layer via engine.methods.self_draft), and a tiny V = 8
+one-layer Llama, and the target's own first layer via engine.draft_sources.self_draft), and a tiny V = 8
 target/draft pair small enough for chi-square tests over whole token sequences."""
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def random_draft(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def self_drafts(tiny_models, tmp_path_factory: pytest.TempPathFactory) -> dict[str, LoadedModel]:
-    """engine.methods.self_draft: each tiny target's first layer plus its final norm and head."""
-    from specstack.engine.methods import self_draft
+    """engine.draft_sources.self_draft: each tiny target's first layer plus its final norm and head."""
+    from specstack.engine.draft_sources import self_draft
 
     with pytest.MonkeyPatch.context() as mp:  # self_draft loads through the on-disk weight cache
         mp.setenv("SPECSTACK_CACHE", str(tmp_path_factory.mktemp("specstack-cache")))

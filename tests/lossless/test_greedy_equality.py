@@ -1,6 +1,6 @@
 """Greedy losslessness (DESIGN §2.1): speculative decoding with a model drafter emits exactly the
 target's own greedy tokens, token for token, in fp32, for chains and trees, with drafts that are
-perfect (the target itself), partial (the target's first layer, engine.methods.self_draft) and
+perfect (the target itself), partial (the target's first layer, engine.draft_sources.self_draft) and
 useless (an unrelated random model); with EOS inside an accepted run; and up to the context limit."""
 from __future__ import annotations
 

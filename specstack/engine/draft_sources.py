@@ -1,0 +1,140 @@
+"""Draft sources (`DraftSources`): where a method's drafts come from — a draft model (a registered or
+local model, a trained draft file, the target's own first blocks, MagicDec's window), its weight format,
+FR-Spec's restricted head, and the trigram — merged once from the command line and the model's registry
+entry, and loaded once per method (engine/methods.py builds the drafters on them). A draft spec is parsed
+once by models/drafts.py; each kind of spec has its loader in DRAFT_LOADERS."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specstack.config import WindowSpec
+from specstack.drafting.katz import KatzTrigram
+from specstack.errors import SpecstackError
+from specstack.models.base import LoadedModel
+from specstack.models.draft_file import load_draft_file
+from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, shipped_draft
+from specstack.models.loading import load_model
+from specstack.models.registry import default_ngram_path, token_rank_path
+from specstack.models.transformer import Transformer
+
+
+# ---------------------------------------------------------------------------------------------------
+# Draft sources
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DraftSources:
+    """Where drafts come from. draft: a draft spec (models/drafts.py: a model name/path, a trained draft
+    file, `default`, `self:N`, `magicdec:W`), None for the target's first eighth of blocks; draft_dtype:
+    the weight format of a loaded draft; ngram: a trained trigram file, or `default`/None for the one
+    shipped for the target. draft_dtype None: int8 for a trained draft (faster than bf16 at one row,
+    where int4 costs it acceptance: docs/BENCHMARKS.md, "The draft's weight format"), int4 for a model
+    or self:N draft."""
+
+    draft: str | None = None
+    draft_dtype: str | None = None
+    ngram: str | None = None
+    draft_vocab: int | None = None  # FR-Spec: the draft's head over the target's K most frequent tokens
+
+    @classmethod
+    def for_model(cls, model_name: str, draft: str | None = None, draft_dtype: str | None = None,
+                  ngram: str | None = None, draft_vocab: int | None = None) -> DraftSources:
+        """The sources a user asked for, the draft not given taken from the model's registry entry: the
+        one place where command-line choices and per-model defaults merge."""
+        shipped = shipped_draft(model_name)
+        if draft is None and shipped is not None:
+            draft = str(shipped)
+        return cls(draft=draft, draft_dtype=draft_dtype, ngram=ngram, draft_vocab=draft_vocab)
+
+    def draft_format(self, spec: DraftSpec) -> str:
+        if self.draft_dtype is not None:
+            return self.draft_dtype
+        return "int8" if spec.kind == DraftKind.FILE else "int4"
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    lm: LoadedModel
+    window: WindowSpec | None = None  # a sliding-window KV for the draft's cache
+
+
+def self_draft(target_name: str, n_layers: int, dtype: str, device: str) -> LoadedModel:
+    """The target's first `n_layers` blocks with its final norm and head (MagicDec-style self-draft
+    without training), loaded in `dtype` so the draft can be quantised while the target is not."""
+    full = load_model(target_name, dtype=dtype, device=device, tokenizer=False)
+    assert isinstance(full.model, Transformer)  # what load_model builds (LoadedModel holds any DecoderModel)
+    model = full.model.first_layers(n_layers)
+    return LoadedModel(f"{full.name}[:{n_layers}]", model, None, model.config, dtype, source=full.source)
+
+
+def _model_draft(target: LoadedModel, spec: DraftSpec, fmt: str, device: str) -> DraftModel:
+    draft = load_model(spec.source, dtype=fmt, device=device, tokenizer=False)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise SpecstackError(f"draft {spec.source!r} has a vocabulary of {draft.config.vocab_size} tokens, "
+                             f"the target {target.config.vocab_size}: they must share a tokenizer")
+    return DraftModel(draft)
+
+
+# draft spec kind -> (target, resolved spec, the draft's weight format, device) -> the draft; `default`
+# never reaches a loader (DraftSpec.resolved turns it into its file)
+DRAFT_LOADERS: dict[DraftKind, Callable[[LoadedModel, DraftSpec, str, str], DraftModel]] = {
+    DraftKind.SELF: lambda target, spec, fmt, device: DraftModel(
+        self_draft(target.source or target.name, spec.size, fmt, device)),
+    # MagicDec: the target itself, as it is loaded, drafting with a sliding-window KV of 1 sink + W
+    DraftKind.MAGICDEC: lambda target, spec, fmt, device: DraftModel(target, WindowSpec(1, spec.size)),
+    # a trained draft (specstack train-draft), sharing the target's embeddings
+    DraftKind.FILE: lambda target, spec, fmt, device: DraftModel(load_draft_file(spec.source, target, fmt)),
+    DraftKind.MODEL: _model_draft,
+}
+
+
+def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> DraftModel:
+    """The draft named by sources.draft (see DraftSources), with its window if it has one."""
+    spec = choose_draft(sources.draft, target.config.n_layers).resolved(target.name)
+    drafted = DRAFT_LOADERS[spec.kind](target, spec, sources.draft_format(spec), device)
+    if sources.draft_vocab is None:
+        return drafted
+    return DraftModel(restricted_head(drafted.lm, target.name, sources.draft_vocab), drafted.window)
+
+
+def restricted_head(draft: LoadedModel, target_name: str, k: int) -> LoadedModel:
+    """The draft with its head over the target's `k` most frequent tokens (FR-Spec; the ranking ships
+    with the target's registry entry). The target verifies over the full vocabulary: same output."""
+    path = token_rank_path(target_name)
+    if path is None:
+        raise SpecstackError(f"--draft-vocab: no token ranking ships for {target_name} (benchmarks/draft_vocab.py "
+                             "makes one)")
+    ranked = np.load(path)
+    if not 1 <= k <= len(ranked):
+        raise SpecstackError(f"--draft-vocab must be in [1, {len(ranked)}] for {target_name}, got {k}")
+    model = draft.model
+    if not isinstance(model, Transformer):
+        raise SpecstackError(f"--draft-vocab: the draft {draft.name} is not a plain decoder (its head cannot be cut)")
+    small = model.with_head_over(torch.from_numpy(ranked[:k].astype(np.int64)))
+    return LoadedModel(f"{draft.name}[vocab {k}]", small, draft.tokenizer, small.config, draft.fmt, source=draft.source)
+
+
+def load_draft(target: LoadedModel, sources: DraftSources, device: str) -> LoadedModel:
+    """The draft model alone (its window, if any, in resolve_draft)."""
+    return resolve_draft(target, sources, device).lm
+
+
+def load_ngram(target: LoadedModel, sources: DraftSources) -> KatzTrigram:
+    path = sources.ngram
+    if path in (None, "default"):
+        found = default_ngram_path(target.name)
+        if found is None:
+            raise SpecstackError(f"no default n-gram model for {target.name}: pass --ngram FILE "
+                                 "(train one with `specstack ngram train`)")
+        path = str(found)
+    if not Path(path).is_file():
+        raise SpecstackError(f"n-gram file not found: {path}")
+    model = KatzTrigram.load(path)
+    model.check_vocab(target.config.vocab_size)
+    return model
+
+
