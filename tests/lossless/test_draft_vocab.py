@@ -10,9 +10,9 @@ from stats.test_lossless_distribution import T1, Toy, run_and_check, sampled_tre
 
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.model import ModelDrafter, TreeParams
-from specstack.engine import methods
+from specstack.engine import draft_sources
 from specstack.engine.autoregressive import generate
-from specstack.engine.methods import DraftSources, resolve_draft
+from specstack.engine.draft_sources import DraftSources, resolve_draft
 from specstack.engine.speculative import speculative_generate
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
@@ -82,13 +82,13 @@ def test_draft_vocab_through_the_sources(tiny_llama, monkeypatch, tmp_path):
     """--draft-vocab K takes the first K of the target's shipped ranking; K past the ranking is an error."""
     rank = tmp_path / "rank.npy"
     np.save(rank, np.arange(256, -1, -1, dtype=np.int32)[:200])
-    monkeypatch.setattr(methods, "token_rank_path", lambda name: rank)
+    monkeypatch.setattr(draft_sources, "token_rank_path", lambda name: rank)
     target = tiny_llama.lm
     got = resolve_draft(target, DraftSources(draft=str(tiny_llama.path), draft_dtype="fp32", draft_vocab=50), "cpu")
     assert got.lm.model.head_tokens.tolist() == list(range(207, 257))
     with pytest.raises(SpecstackError, match=r"--draft-vocab must be in \[1, 200\]"):
         resolve_draft(target, DraftSources(draft=str(tiny_llama.path), draft_dtype="fp32", draft_vocab=201), "cpu")
-    monkeypatch.setattr(methods, "token_rank_path", lambda name: None)
+    monkeypatch.setattr(draft_sources, "token_rank_path", lambda name: None)
     with pytest.raises(SpecstackError, match="no token ranking ships"):
         resolve_draft(target, DraftSources(draft=str(tiny_llama.path), draft_dtype="fp32", draft_vocab=5), "cpu")
 
