@@ -31,7 +31,7 @@ def shared_weights(target: Transformer) -> tuple[torch.Tensor, torch.Tensor]:
     head = target.head
     if head.fmt in ("fp32", "bf16"):
         return embed, head.weight
-    if head.fmt == "int8":
+    if head.fmt in ("int8", "w8a8"):
         return embed, (head.weight.float() * head.scales.float()[:, None]).to(embed.dtype)
     raise SpecstackError(f"cannot share a {head.fmt} unembedding with a draft")
 
@@ -130,7 +130,7 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
     model.attach_target(*shared_weights(target.model))
     for prm in model.parameters():
         prm.requires_grad_(False)
-    if fmt in ("int8", "int4"):
+    if fmt in ("int8", "int4", "w8a8"):
         model.quantize_(fmt)
     return LoadedModel(f"spire:{p.stem}", model, None, config.model, fmt, source=str(p))
 

@@ -24,7 +24,7 @@ import torch
 
 from specstack.models.quant import Q4Weight
 
-FORMAT_ORDER = ("int4", "int8", "bf16", "fp32")  # narrowest first: a fused layer takes the widest part's
+FORMAT_ORDER = ("int4", "int8", "w8a8", "bf16", "fp32")  # narrowest first: a fused layer takes the widest part's
 
 
 def _fp16(b: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Linear layers in four weight formats: fp32, bf16, and weight-only int8 / int4.
+"""Linear layers in five weight formats: fp32, bf16, weight-only int8 / int4, and w8a8.
 
 int8: per-output-channel symmetric scales, torch's `_weight_int8pack_mm`.
 int4: group-wise asymmetric (scale, zero) per 32 inputs, torch's `_weight_int4pack_mm_for_cpu` on CPU
@@ -6,7 +6,9 @@ int4: group-wise asymmetric (scale, zero) per 32 inputs, torch's `_weight_int4pa
       GGUF's Q4_1 blocks (w = d * q + m, 32 per block) map onto that directly: scale = d, zero = m + 8 d,
       so the 4-bit codes are packed without a detour through floats (exact up to the bf16 rounding of
       d and m + 8 d: the CPU kernel takes scales in the activation dtype).
-Activations are fp32 for the fp32 format and bf16 for the others (`activation_dtype`).
+w8a8: int8 codes with fp32 activations quantised per row at run time (models/w8a8.py): the
+      batch-invariant format, whose rows compute the same numbers whatever else shares the forward.
+Activations are fp32 for the fp32 and w8a8 formats and bf16 for the others (`activation_dtype`).
 
 Wide inputs: the int4/int8 kernels unpack every weight once per row block, so their cost grows with
 the rows (on 2 CPU cores a 130-token prefill takes 6 ms a layer in int4 against 1.1 ms for a bf16
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specstack.errors import SpecstackError
+from specstack.models import w8a8
 from specstack.models.bound import BoundModule, Forward
 
 
@@ -62,8 +65,11 @@ def native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+FP32_ACTIVATIONS = ("fp32", "w8a8")
+
+
 def activation_dtype(fmt: str) -> torch.dtype:
-    return torch.float32 if fmt == "fp32" else torch.bfloat16
+    return torch.float32 if fmt in FP32_ACTIVATIONS else torch.bfloat16
 
 
 def _pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -85,7 +91,7 @@ class QLinear(BoundModule):
         n, k = out_features, in_features
         # int8/int4 kernels also take fp32 activations (and then return fp32)
         act = activation or activation_dtype(fmt)
-        if fmt in ("fp32", "bf16") and act != activation_dtype(fmt):
+        if fmt in ("fp32", "bf16", "w8a8") and act != activation_dtype(fmt):
             raise ValueError(f"{fmt} weights compute in {activation_dtype(fmt)}")
         self.act_dtype = act
         if fmt in ("fp32", "bf16"):
@@ -100,8 +106,11 @@ class QLinear(BoundModule):
             packed = _pack_int4(torch.zeros(n, k, dtype=torch.int32, device=device))
             self.register_buffer("weight", packed)
             self.register_buffer("scales_zeros", torch.empty(k // INT4_GROUP, n, 2, dtype=act, device=device))
+        elif fmt == "w8a8":
+            self.register_buffer("weight", torch.empty(n, k, dtype=torch.int8, device=device))
+            self.register_buffer("scales", torch.empty(n, dtype=torch.float32, device=device))
         else:
-            raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4")
+            raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4, w8a8")
         quantized = fmt in ("int8", "int4")
         # the dequantised weight for wide inputs (see the module docstring). A persistent buffer, so the
         # built-model cache stores it: the packed int4 layout is opaque, and re-deriving the copy through
@@ -132,6 +141,10 @@ class QLinear(BoundModule):
             self.weight.copy_((w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8))
             self.scales.copy_(scale)
             self.dense.copy_(self.weight.float() * scale.float()[:, None])
+        elif self.fmt == "w8a8":
+            codes, scale = w8a8.quantize_weight(w)
+            self.weight.copy_(codes)
+            self.scales.copy_(scale)
         else:
             n, k = w.shape
             g = w.view(n, k // INT4_GROUP, INT4_GROUP)
@@ -191,6 +204,9 @@ class QLinear(BoundModule):
         if self.fmt in ("fp32", "bf16"):
             w = self.weight
             return lambda x: F.linear(x, w, b)
+        if self.fmt == "w8a8":  # the same kernel at every width: that is what keeps rows invariant
+            mm = w8a8.kernel_for(self.weight.device).build(self.weight, self.scales)
+            return mm if b is None else (lambda x: mm(x).add_(b))
         w, out = self.weight, self.out_features
         if self.fmt == "int8":
             s = self.scales
@@ -225,6 +241,15 @@ class QLinear(BoundModule):
             return _LINEAR_PACKED(x.float(), packed[0], b32, "none", [], "").to(act)
 
         return lambda x: wide(x) if x.shape[0] >= rows else quantized(x)
+
+    def float_weight(self) -> torch.Tensor:
+        """The weight as floats [out, in], without a forward: the stored floats, the dense copy, or the
+        w8a8 codes times their scales."""
+        if self.fmt in ("fp32", "bf16"):
+            return self.weight
+        if self.fmt == "w8a8":
+            return self.weight.float() * self.scales[:, None]
+        return self.dense
 
     def dequantized(self) -> torch.Tensor:
         """The float weight [out, in] the small-format kernel computes with (for tests and conversions)."""

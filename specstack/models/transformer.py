@@ -232,7 +232,13 @@ class Transformer(Extends, nn.Module):
     def kv_dtype(self) -> torch.dtype:
         """bf16 activations keep fp32 keys/values on a CPU without native bf16: attention over an
         emulated bf16 cache costs ~10 x fp32 for one-token queries (16 rows x 256 keys: 3.7 ms a layer
-        against 0.33), and a step of one row is ~18 % faster with it."""
+        against 0.33), and a step of one row is ~18 % faster with it.
+        w8a8 keeps them in float64, and attention computes in the cache's dtype: its fp32 sums are
+        blocked differently for 1 query and for T (matmul or flash kernel, other tile shapes), which
+        moves the last bit; in float64 those differences are ~1e-16 and vanish when the result is
+        rounded back to fp32, so a token's attention does not depend on the tokens beside it."""
+        if self.fmt == "w8a8":
+            return torch.float64
         if self.act_dtype == torch.bfloat16 and self.device.type == "cpu" and not native_bf16():
             return torch.float32
         return self.act_dtype
@@ -297,7 +303,7 @@ class Transformer(Extends, nn.Module):
         if tokens.numel() == 0 or int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
             raise SpecstackError(f"a restricted head needs token ids in [0, {self.config.vocab_size})")
         model = self.first_layers(self.config.n_layers)
-        rows = self.head.dense if self.head.dense is not None else self.head.weight
+        rows = self.head.float_weight()
         head = QLinear(self.config.d_model, tokens.numel(), self.head.fmt, activation=self.head.act_dtype,
                        device=self.device)
         model.head = head.set_float(rows.index_select(0, tokens).float())

@@ -25,12 +25,13 @@ from specstack.models.registry import resolve
 
 # Bytes per weight of each format. int4: a 4-bit code plus a bf16 scale and zero per group of 32
 # inputs (0.5 + 4/32). fp8 is the published convention (every value one byte).
-WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 0.625, "int8": 1.0, "bf16": 2.0, "fp32": 4.0}
+WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 0.625, "int8": 1.0, "w8a8": 1.0, "bf16": 2.0, "fp32": 4.0}
 FORMATS = tuple(WEIGHT_BYTES)
 # The engine keeps the unembedding of an int4 model in int8 (models/transformer.py: a 4-bit head is slow).
 HEAD_FORMAT: dict[str, str] = {"int4": "int8"}
-# Bytes per cached key/value element: the engine's activations (and cache) are bf16 except in fp32.
-KV_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 2.0, "int8": 2.0, "bf16": 2.0, "fp32": 4.0}
+# Bytes per cached key/value element: the engine's activations (and cache) are bf16 except in fp32
+# and w8a8 (whose cache is float64: models/transformer.py, Transformer.kv_dtype).
+KV_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 2.0, "int8": 2.0, "w8a8": 8.0, "bf16": 2.0, "fp32": 4.0}
 
 
 @dataclass(frozen=True)
