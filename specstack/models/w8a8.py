@@ -84,7 +84,6 @@ def fbgemm(codes: torch.Tensor, scales: torch.Tensor) -> Kernel:
         # the codes go in as exact integers with scale 1, so fbgemm's own rounding never decides one
         return op(q, 1.0, X_ZERO, pack()).mul_(row)
 
-    run.pack = pack  # type: ignore[attr-defined]
     return run
 
 
