@@ -33,8 +33,8 @@ def inputs(t: int, k: int, seed: int = 1) -> torch.Tensor:
 def dequantised_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The format's arithmetic written out: x rounded per row in fp32 (its definition), then the
     dequantised x and w = codes * scale multiplied in float64."""
-    amax = x.abs().amax(1, keepdim=True).clamp(min=1e-30)
-    xq = (x * (w8a8.X_LEVELS / amax)).round().double() * amax.double() / w8a8.X_LEVELS
+    scale = x.abs().amax(1, keepdim=True).clamp(min=1e-30) * (1.0 / w8a8.X_LEVELS)
+    xq = (x / scale).round().double() * scale.double()
     return (xq @ (codes.double() * scales.double()[:, None]).t()).float()
 
 
