@@ -7,7 +7,7 @@ from typing import Literal
 from specstack import validate
 from specstack.errors import SpecstackError
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "w8a8")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "w8a8", "w4a8")
 DEVICES = ("cpu", "cuda")
 
 

@@ -130,7 +130,7 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
     model.attach_target(*shared_weights(target.model))
     for prm in model.parameters():
         prm.requires_grad_(False)
-    if fmt in ("int8", "int4", "w8a8"):
+    if fmt in ("int8", "int4", "w8a8", "w4a8"):
         model.quantize_(fmt)
     return LoadedModel(f"spire:{p.stem}", model, None, config.model, fmt, source=str(p))
 

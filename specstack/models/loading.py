@@ -39,7 +39,7 @@ from specstack.models.configs import (
     read_json_object,
 )
 from specstack.models.gguf_quants import layer_format, read_tensor
-from specstack.models.quant import Q4Weight
+from specstack.models.quant import CODE_FORMATS, HEAD_FORMAT, Q4Weight
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
 
@@ -237,10 +237,10 @@ def layer_parts(cfg: ModelConfig) -> dict[str, list[str]]:
 def plan_formats(cfg: ModelConfig, fmt: str, types: Mapping[str, str]) -> dict[str, str]:
     """The layers whose format differs from `fmt`, given each canonical weight's GGUF type: a fused
     layer takes the widest format its parts need (models/gguf_quants.py); the head is int8 at least
-    under int4."""
+    under int4, w8a8 under w4a8 (quant.HEAD_FORMAT)."""
     out: dict[str, str] = {}
     for layer, parts in layer_parts(cfg).items():
-        base = "int8" if layer == "head" and fmt == "int4" else fmt
+        base = HEAD_FORMAT.get(fmt, fmt) if layer == "head" else fmt
         f = layer_format(base, [types.get(p, "F32") for p in parts])
         if f != fmt:
             out[layer] = f
@@ -263,7 +263,7 @@ def read_gguf(path: Path, fmt: str = "fp32") -> tuple[ModelConfig, dict[str, Wei
             named.append((key, t))
     check_layer_count(cfg, (key for key, _ in named), str(path))
     formats = plan_formats(cfg, fmt, {key: t.tensor_type.name for key, t in named})
-    int4_weights = {p for layer, parts in layer_parts(cfg).items() if formats.get(layer, fmt) == "int4"
+    int4_weights = {p for layer, parts in layer_parts(cfg).items() if formats.get(layer, fmt) in CODE_FORMATS
                     for p in parts}
     out: dict[str, Weight] = {}
     for key, t in named:

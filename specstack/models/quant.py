@@ -1,4 +1,5 @@
-"""Linear layers in five weight formats: fp32, bf16, weight-only int8 / int4, and w8a8.
+"""Linear layers in six weight formats: fp32, bf16, weight-only int8 / int4, and the batch-invariant
+w8a8 and w4a8.
 
 int8: per-output-channel symmetric scales, torch's `_weight_int8pack_mm`.
 int4: group-wise asymmetric (scale, zero) per 32 inputs, torch's `_weight_int4pack_mm_for_cpu` on CPU
@@ -8,7 +9,9 @@ int4: group-wise asymmetric (scale, zero) per 32 inputs, torch's `_weight_int4pa
       d and m + 8 d: the CPU kernel takes scales in the activation dtype).
 w8a8: int8 codes with fp32 activations quantised per row at run time (models/w8a8.py): the
       batch-invariant format, whose rows compute the same numbers whatever else shares the forward.
-Activations are fp32 for the fp32 and w8a8 formats and bf16 for the others (`activation_dtype`).
+w4a8: the GGUF's 4-bit codes with fp32 activations quantised per row and per group of 32 at run time
+      (models/w4a8.py): batch-invariant too, and as close to the file as int4.
+Activations are fp32 for fp32, w8a8 and w4a8 and bf16 for the others (`activation_dtype`).
 
 Wide inputs: the int4/int8 kernels unpack every weight once per row block, so their cost grows with
 the rows (on 2 CPU cores a 130-token prefill takes 6 ms a layer in int4 against 1.1 ms for a bf16
@@ -27,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from specstack.errors import SpecstackError
-from specstack.models import w8a8
+from specstack.models import w4a8, w8a8
 from specstack.models.bound import BoundModule, Forward
 
 
@@ -65,7 +68,15 @@ def native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-FP32_ACTIVATIONS = ("fp32", "w8a8")
+FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8")
+# formats whose rows compute the same numbers whatever else shares the forward (their attention runs
+# over a float64 cache: models/transformer.py, Transformer.kv_dtype)
+BATCH_INVARIANT = ("w8a8", "w4a8")
+# the unembedding's format under a model format, where it differs: a 4-bit head costs visible logit
+# fidelity, so GGUF files keep it in 8 bits (Q8_0 / Q6_K) and so do these
+HEAD_FORMAT: dict[str, str] = {"int4": "int8", "w4a8": "w8a8"}
+# formats that take GGUF's 4-bit codes as they are (`set_int4`)
+CODE_FORMATS = ("int4", "w4a8")
 
 
 def activation_dtype(fmt: str) -> torch.dtype:
@@ -91,7 +102,7 @@ class QLinear(BoundModule):
         n, k = out_features, in_features
         # int8/int4 kernels also take fp32 activations (and then return fp32)
         act = activation or activation_dtype(fmt)
-        if fmt in ("fp32", "bf16", "w8a8") and act != activation_dtype(fmt):
+        if fmt in ("fp32", "bf16", *BATCH_INVARIANT) and act != activation_dtype(fmt):
             raise ValueError(f"{fmt} weights compute in {activation_dtype(fmt)}")
         self.act_dtype = act
         if fmt in ("fp32", "bf16"):
@@ -109,8 +120,14 @@ class QLinear(BoundModule):
         elif fmt == "w8a8":
             self.register_buffer("weight", torch.empty(n, k, dtype=torch.int8, device=device))
             self.register_buffer("scales", torch.empty(n, dtype=torch.float32, device=device))
+        elif fmt == "w4a8":
+            if k % w4a8.GROUP:
+                raise SpecstackError(f"w4a8 needs in_features divisible by {w4a8.GROUP}, got {k}")
+            self.register_buffer("weight", torch.empty(n, k // 2, dtype=torch.uint8, device=device))
+            self.register_buffer("scales", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device))
+            self.register_buffer("mins", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device))
         else:
-            raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4, w8a8")
+            raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4, w8a8, w4a8")
         quantized = fmt in ("int8", "int4")
         # the dequantised weight for wide inputs (see the module docstring). A persistent buffer, so the
         # built-model cache stores it: the packed int4 layout is opaque, and re-deriving the copy through
@@ -122,7 +139,8 @@ class QLinear(BoundModule):
     def step_bytes(self) -> int:
         """Bytes this layer's one-token kernel reads: the stored weight in its format, its scales and bias
         (not the dense copy, which only wide inputs read)."""
-        parts = (self.weight, getattr(self, "scales", None), getattr(self, "scales_zeros", None), self.bias)
+        parts = (self.weight, getattr(self, "scales", None), getattr(self, "scales_zeros", None),
+                 getattr(self, "mins", None), self.bias)
         return sum(t.nbytes for t in parts if t is not None)
 
     # -- construction -------------------------------------------------------------------------------
@@ -145,6 +163,8 @@ class QLinear(BoundModule):
             codes, scale = w8a8.quantize_weight(w)
             self.weight.copy_(codes)
             self.scales.copy_(scale)
+        elif self.fmt == "w4a8":
+            self._set_w4a8(*w4a8.quantize_weight(w))
         else:
             n, k = w.shape
             g = w.view(n, k // INT4_GROUP, INT4_GROUP)
@@ -164,6 +184,8 @@ class QLinear(BoundModule):
         """Set from 4-bit codes q [out, in] (0..15) with w = d * q + m per group of 32 (GGUF Q4_1).
         Exact for the int4 format; other formats receive the dequantised weight."""
         n, k = q.shape
+        if self.fmt == "w4a8":  # the codes as they are, d and m in fp32 (exact for GGUF's fp16 and 6-bit scales)
+            return self._set_w4a8(q, d.float(), m.float())
         if self.fmt != "int4":
             w = (q.float().view(n, k // INT4_GROUP, INT4_GROUP) * d.float()[..., None]
                  + m.float()[..., None]).view(n, k)
@@ -181,6 +203,14 @@ class QLinear(BoundModule):
         scale, zero = (self.scales_zeros[..., i].t().float().repeat_interleave(INT4_GROUP, 1) for i in (0, 1))
         self.dense.copy_(((q.to(dev).float() - 8) * scale + zero)[: self.out_features])
         self.unbind()  # a wide binding holds a copy of the weights (see bind)
+        return self
+
+    def _set_w4a8(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> QLinear:
+        dev = self.weight.device
+        self.weight.copy_(w4a8.pack_codes(q.to(dev)))
+        self.scales.copy_(d)
+        self.mins.copy_(m)
+        self.unbind()
         return self
 
     # -- use ----------------------------------------------------------------------------------------
@@ -204,8 +234,11 @@ class QLinear(BoundModule):
         if self.fmt in ("fp32", "bf16"):
             w = self.weight
             return lambda x: F.linear(x, w, b)
-        if self.fmt == "w8a8":  # the same kernel at every width: that is what keeps rows invariant
-            mm = w8a8.kernel_for(self.weight.device).build(self.weight, self.scales)
+        if self.fmt in BATCH_INVARIANT:  # the same kernel at every width: that is what keeps rows invariant
+            if self.fmt == "w8a8":
+                mm = w8a8.kernel_for(self.weight.device).build(self.weight, self.scales)
+            else:
+                mm = w4a8.kernel_for(self.weight.device).build(self.weight, self.scales, self.mins)
             return mm if b is None else (lambda x: mm(x).add_(b))
         w, out = self.weight, self.out_features
         if self.fmt == "int8":
@@ -249,6 +282,8 @@ class QLinear(BoundModule):
             return self.weight
         if self.fmt == "w8a8":
             return self.weight.float() * self.scales[:, None]
+        if self.fmt == "w4a8":
+            return w4a8.dequantize(self.weight, self.scales, self.mins)
         return self.dense
 
     def dequantized(self) -> torch.Tensor:

@@ -19,7 +19,14 @@ from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
 from specstack.models.bound import BoundModule, Forward
-from specstack.models.quant import Q4Weight, QLinear, activation_dtype, native_bf16
+from specstack.models.quant import (
+    BATCH_INVARIANT,
+    HEAD_FORMAT,
+    Q4Weight,
+    QLinear,
+    activation_dtype,
+    native_bf16,
+)
 
 Weight = torch.Tensor | Q4Weight
 # the linear layers of a block, by name (a model's per-layer formats are keyed "layers.{i}.{name}")
@@ -141,10 +148,10 @@ class Transformer(Extends, nn.Module):
         )
         self.layers = nn.ModuleList(Block(cfg, fmt, i, self.formats) for i in range(cfg.n_layers))
         self.norm = Norm(cfg.d_model, cfg.norm_eps, cfg.block.norm == "rms", act)
-        # int4 keeps the unembedding in int8, as GGUF files do (Q8_0 embeddings): a 4-bit head costs
-        # visible logit fidelity. (fp32 activations would give fp32 logits, fewer bf16 ties, but the
+        # int4 keeps the unembedding in int8 and w4a8 in w8a8, as GGUF files do (Q8_0 embeddings): a
+        # 4-bit head costs visible logit fidelity. (fp32 activations would give fp32 logits, fewer bf16 ties, but the
         # int8 kernel is 10x slower with them: 10 ms instead of 1 ms for this head.)
-        head_fmt = self.formats.get("head", "int8" if fmt == "int4" else fmt)
+        head_fmt = self.formats.get("head", HEAD_FORMAT.get(fmt, fmt))
         self.head = QLinear(cfg.d_model, cfg.vocab_size, head_fmt, activation=act)
         self.head_tokens: torch.Tensor | None = None  # with_head_over: the tokens the head scores
         if cfg.block.position == "rope":
@@ -233,11 +240,11 @@ class Transformer(Extends, nn.Module):
         """bf16 activations keep fp32 keys/values on a CPU without native bf16: attention over an
         emulated bf16 cache costs ~10 x fp32 for one-token queries (16 rows x 256 keys: 3.7 ms a layer
         against 0.33), and a step of one row is ~18 % faster with it.
-        w8a8 keeps them in float64, and attention computes in the cache's dtype: its fp32 sums are
+        The batch-invariant formats (w8a8, w4a8) keep them in float64, and attention computes in the cache's dtype: its fp32 sums are
         blocked differently for 1 query and for T (matmul or flash kernel, other tile shapes), which
         moves the last bit; in float64 those differences are ~1e-16 and vanish when the result is
         rounded back to fp32, so a token's attention does not depend on the tokens beside it."""
-        if self.fmt == "w8a8":
+        if self.fmt in BATCH_INVARIANT:
             return torch.float64
         if self.act_dtype == torch.bfloat16 and self.device.type == "cpu" and not native_bf16():
             return torch.float32

@@ -22,20 +22,16 @@ Kernels, one chosen per process from what the CPU and torch offer (`KERNELS`, fi
 """
 from __future__ import annotations
 
-import functools
-import os
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
+
+from specstack.models.kernel_table import Kernel, KernelChoice, choose
 
 W_LEVELS = 63  # weight codes in [-63, 63]: see the docstring (saturation of vpmaddubsw)
 X_LEVELS = 127  # activation codes in [-127, 127], stored by fbgemm as u8 with zero point 128
 X_ZERO = 128
 _TINY = 1e-30  # the scale of an all-zero row (its codes are all 0)
-
-Kernel = Callable[[torch.Tensor], torch.Tensor]  # x [M, K] fp32 -> y [M, N] fp32 (no bias)
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,13 +94,6 @@ def prepack(codes: torch.Tensor, scales: torch.Tensor) -> torch.ScriptObject:
     return torch.ops.quantized.linear_prepack(q, None)
 
 
-@dataclass(frozen=True)
-class KernelChoice:
-    name: str
-    applies: Callable[[torch.device], bool]
-    build: Callable[[torch.Tensor, torch.Tensor], Kernel]
-
-
 KERNELS: tuple[KernelChoice, ...] = (
     KernelChoice("fbgemm", lambda dev: dev.type == "cpu" and _fbgemm_available(), fbgemm),
     KernelChoice("reference", lambda dev: True, reference),
@@ -112,20 +101,6 @@ KERNELS: tuple[KernelChoice, ...] = (
 FORCE_ENV = "SPECSTACK_W8A8_KERNEL"  # a kernel's name: use it (tests simulate a CPU without fbgemm)
 
 
-@functools.cache
-def _forced() -> str | None:
-    name = os.environ.get(FORCE_ENV) or None
-    if name is not None and name not in {k.name for k in KERNELS}:
-        from specstack.errors import SpecstackError
-
-        raise SpecstackError(f"{FORCE_ENV}={name!r}: choose from {', '.join(k.name for k in KERNELS)}")
-    return name
-
-
 def kernel_for(device: torch.device) -> KernelChoice:
     """The kernel this process uses on `device`: the forced one, else the first that applies."""
-    forced = _forced()
-    for k in KERNELS:
-        if (k.name == forced) if forced else k.applies(device):
-            return k
-    raise AssertionError("the reference kernel applies everywhere")
+    return choose(KERNELS, FORCE_ENV, device)

@@ -21,17 +21,19 @@ from specstack.config import ModelConfig
 from specstack.errors import SpecstackError
 from specstack.models.configs import read_gguf_config, read_hf_config
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft
+from specstack.models.quant import HEAD_FORMAT  # the engine's unembedding format under each model format
 from specstack.models.registry import resolve
 
 # Bytes per weight of each format. int4: a 4-bit code plus a bf16 scale and zero per group of 32
 # inputs (0.5 + 4/32). fp8 is the published convention (every value one byte).
-WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 0.625, "int8": 1.0, "w8a8": 1.0, "bf16": 2.0, "fp32": 4.0}
+# w4a8: a 4-bit code plus an fp32 scale and min per group (0.5 + 8/32).
+WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 0.625, "w4a8": 0.75, "int8": 1.0, "w8a8": 1.0, "bf16": 2.0,
+                                  "fp32": 4.0}
 FORMATS = tuple(WEIGHT_BYTES)
-# The engine keeps the unembedding of an int4 model in int8 (models/transformer.py: a 4-bit head is slow).
-HEAD_FORMAT: dict[str, str] = {"int4": "int8"}
 # Bytes per cached key/value element: the engine's activations (and cache) are bf16 except in fp32
-# and w8a8 (whose cache is float64: models/transformer.py, Transformer.kv_dtype).
-KV_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 2.0, "int8": 2.0, "w8a8": 8.0, "bf16": 2.0, "fp32": 4.0}
+# and the batch-invariant w8a8 and w4a8 (whose cache is float64: models/transformer.py, Transformer.kv_dtype).
+KV_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 2.0, "w4a8": 8.0, "int8": 2.0, "w8a8": 8.0, "bf16": 2.0,
+                              "fp32": 4.0}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Greedy equality on the real default model: every speculative method emits exactly the tokens of
-autoregressive greedy decoding, with an fp32 target and with a w8a8 one (the batch-invariant quantized
-format: exact there too, where int4 and bf16 part from `ar` on near-ties). Few prompts, short outputs:
+autoregressive greedy decoding, with an fp32 target and with w8a8 and w4a8 ones (the batch-invariant
+quantized formats: exact there too, where int4 and bf16 part from `ar` on near-ties). Few prompts, short outputs:
 this is the slow end-to-end check the tiny-model tests cannot give (a real tokenizer, GGUF weights,
 int4 drafts beside the target)."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ METHODS = ["chain:k=3", "tree:width=3,budget=12,depth=4,expand=3", "ngram", "ngr
            "staged:width=3,budget=16,depth=5", "staged:budget=8,cost=1,d2=3", "tree:budget=8,cost=1"]
 
 
-@pytest.fixture(scope="module", params=["fp32", "w8a8"])
+@pytest.fixture(scope="module", params=["fp32", "w8a8", "w4a8"])
 def target(request):
     return load_model("smollm2-135m", dtype=request.param)
 

@@ -1,8 +1,8 @@
-"""The batch-invariant format (`w8a8`, models/w8a8.py) on whole models: the logits of a token do not
+"""The batch-invariant formats (`w8a8`, models/w8a8.py, and `w4a8`, models/w4a8.py) on whole models: the logits of a token do not
 depend on what else shares its forward (a chain of T tokens, a tree, other rows of a batch), bit for
-bit, so every method's greedy output equals `ar`'s in this quantized format exactly as in fp32. The
+bit, so every method's greedy output equals `ar`'s in these quantized formats exactly as in fp32. The
 tiny targets of tests/conftest.py (every block family), then the real default model, where int4 and
-bf16 differ from `ar` on near-ties (test_bf16_near_ties.py) and w8a8 must not."""
+bf16 differ from `ar` on near-ties (test_bf16_near_ties.py) and these must not."""
 from __future__ import annotations
 
 import random
@@ -25,15 +25,18 @@ PROMPTS = [[_rnd.randrange(3, 257) for _ in range(n)] for n in (1, 5, 12, 33)]
 GEN = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
 
 
+FORMATS = ("w8a8", "w4a8")
+
+
 @pytest.fixture(scope="module")
-def w8a8_models(tiny_models):
-    return {arch: load_model(str(t.path), dtype="w8a8", use_cache=False, tokenizer=False)
-            for arch, t in tiny_models.items()}
+def invariant_models(tiny_models):
+    return {(fmt, arch): load_model(str(t.path), dtype=fmt, use_cache=False, tokenizer=False)
+            for arch, t in tiny_models.items() for fmt in FORMATS}
 
 
-@pytest.fixture(params=["llama", "gpt2", "qwen2", "qwen3"])
-def lm(request, w8a8_models):
-    return w8a8_models[request.param]
+@pytest.fixture(params=[(f, a) for f in FORMATS for a in ("llama", "gpt2", "qwen2", "qwen3")], ids="-".join)
+def lm(request, invariant_models):
+    return invariant_models[request.param]
 
 
 def one_by_one(model, prompt: list[int], cont: list[int]) -> torch.Tensor:
@@ -79,7 +82,7 @@ def test_rows_of_a_batch_score_as_each_row_alone(lm):
 
 
 @pytest.mark.parametrize("shape", ["chain4", "tree3-20-5-2"])
-def test_speculation_equals_autoregressive_in_w8a8(lm, shape):
+def test_speculation_equals_autoregressive(lm, shape):
     params = TreeParams.chain(4) if shape == "chain4" else TreeParams(width=3, budget=20, depth=5, expand_per_forward=2)
     drafter = ModelDrafter(lm, params)  # a perfect draft: every step verifies a full chain or tree
     for prompt in PROMPTS:
@@ -87,7 +90,7 @@ def test_speculation_equals_autoregressive_in_w8a8(lm, shape):
         assert speculative_generate(lm, drafter, prompt, GEN).tokens == want
 
 
-def test_batched_rows_equal_autoregressive_in_w8a8(lm):
+def test_batched_rows_equal_autoregressive(lm):
     alone = {tuple(p): generate(lm, p, GEN).tokens for p in PROMPTS}
     for layout in ("pad", "split"):
         engine = BatchEngine(lm, max_rows=3, max_context=128, layout=layout, prefill_chunk=8)

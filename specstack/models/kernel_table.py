@@ -1,0 +1,36 @@
+"""A table of kernels for one arithmetic, one chosen per process from what the device offers.
+
+Each entry says where it applies; the first that applies is used, unless an environment variable
+names one (tests simulate a CPU without the fast path that way). Every entry of a table computes the
+same format: the fast ones are checked against the table's reference.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specstack.errors import SpecstackError
+
+Kernel = Callable[[torch.Tensor], torch.Tensor]  # x [M, K] fp32 -> y [M, N] fp32 (no bias)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    name: str
+    applies: Callable[[torch.device], bool]
+    build: Callable[..., Kernel]  # the layer's stored tensors -> its kernel
+
+
+def choose(kernels: tuple[KernelChoice, ...], force_env: str, device: torch.device) -> KernelChoice:
+    """The kernel to use on `device`: the one `force_env` names, else the first that applies (the last
+    entry, the reference, applies everywhere)."""
+    forced = os.environ.get(force_env) or None
+    if forced is not None and forced not in {k.name for k in kernels}:
+        raise SpecstackError(f"{force_env}={forced!r}: choose from {', '.join(k.name for k in kernels)}")
+    for k in kernels:
+        if (k.name == forced) if forced else k.applies(device):
+            return k
+    raise AssertionError("a table's last kernel applies everywhere")

@@ -1,0 +1,163 @@
+"""The w4a8 format (models/w4a8.py, models/kernels/w4a8.cpp): the C++ kernel's rounding of the
+activations bit for bit the reference's, its products against the reference and the dequantised
+matmul for every shape class and row count, rows that do not depend on the rows beside them (both
+kernels), the largest products without saturation, GGUF codes kept exactly, and the fallback a CPU
+without AVX2 gets."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specstack.errors import SpecstackError
+from specstack.models import native, w4a8
+from specstack.models.quant import QLinear
+
+SHAPES = [(64, 48), (576, 1536), (1536, 2048), (896, 4864), (8960, 1536), (96, 40)]  # (in, out); 96: 3 groups
+ROWS = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33]
+KERNELS = [k.name for k in w4a8.KERNELS if k.applies(torch.device("cpu"))]
+native_only = pytest.mark.skipif("avx2" not in KERNELS, reason="this CPU has no AVX2 (the reference is tested)")
+
+
+def layer(k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed codes, d and m as a GGUF Q4_1 file holds them (d > 0, any m), with a few odd groups."""
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    d = torch.rand(n, k // 32, generator=g) * 0.01
+    m = (torch.rand(n, k // 32, generator=g) - 0.7) * 0.1
+    d[0, 0], m[0, 0] = 0.0, 0.0  # an all-zero group
+    d[-1, -1] = 0.5  # an outlier group
+    return w4a8.pack_codes(c), d, m
+
+
+def inputs(t: int, k: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=g) * torch.logspace(-2, 2, t)[:, None]  # rows of very different scales
+    if t > 2:
+        x[1] = 0.0  # an all-zero row
+        x[2, :3] = 300.0  # outlier channels
+        x[2, 40:64] = 0.5  # a group of exact halves after scaling: rounding ties
+    return x
+
+
+def dequantised_matmul(x: torch.Tensor, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The format written out: x rounded per group (its definition), then the dequantised x and w
+    multiplied in float64."""
+    q, dx, _ = w4a8.quantize_groups(x)
+    xq = (q.view(x.shape[0], -1, 32).double() * dx.double()[..., None]).view(x.shape)
+    return (xq @ w4a8.dequantize(packed, d, m).double().t()).float()
+
+
+def tolerance(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per row: fp32 sums over k / 32 groups (avx2) or float64 (the reference) stay within a few ulps
+    of the largest product, times the square root of the number of groups."""
+    scale = (x.abs().amax(1, keepdim=True) * w.abs().amax()).clamp(min=1e-30)
+    return 8e-6 * (x.shape[1] / 32) ** 0.5 * scale + 1e-30
+
+
+def kernel(name: str, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
+    return {c.name: c for c in w4a8.KERNELS}[name].build(packed, d, m)
+
+
+def test_codes_pack_and_unpack_and_a_float_weight_round_trips():
+    c = torch.randint(0, 16, (24, 96), dtype=torch.uint8)
+    packed = w4a8.pack_codes(c)
+    assert packed.shape == (24, 48) and torch.equal(w4a8.unpack_codes(packed), c)
+    assert int(packed[0, 0]) == int(c[0, 0]) | int(c[0, 16]) << 4  # the kernel's nibble order
+    w = torch.randn(24, 96)
+    codes, d, m = w4a8.quantize_weight(w)
+    assert int(codes.max()) <= 15
+    step = d.repeat_interleave(32, dim=1)
+    assert (w4a8.dequantize(w4a8.pack_codes(codes), d, m) - w).abs().le(step / 2 + 1e-6).all()
+
+
+@native_only
+def test_the_kernel_rounds_activations_as_the_reference_does_bit_for_bit():
+    for scale in (1e-6, 1.0, 3e4):
+        x = inputs(9, 256) * scale
+        q, dx, sx = torch.ops.specstack_w4a8.quantize(x)
+        rq, rdx, rsx = w4a8.quantize_groups(x)
+        assert torch.equal(q.float(), rq) and torch.equal(dx, rdx) and torch.equal(sx, rsx)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_kernel_agrees_with_the_reference_and_the_dequantised_matmul(name, k, n):
+    packed, d, m = layer(k, n)
+    run, ref = kernel(name, packed, d, m), w4a8.reference(packed, d, m)
+    for t in ROWS if k * n < 5_000_000 else ROWS[::3]:
+        x = inputs(t, k)
+        y, want = run(x), dequantised_matmul(x, packed, d, m)
+        tol = tolerance(x, w4a8.dequantize(packed, d, m))
+        assert ((y - want).abs() <= tol).all(), f"{name} {k}->{n}, {t} rows: off the dequantised matmul"
+        assert ((y - ref(x)).abs() <= tol).all(), f"{name} {k}->{n}, {t} rows: off the reference"
+
+
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("k,n", SHAPES[:3] + SHAPES[-1:])
+def test_a_row_computes_the_same_numbers_whatever_shares_its_forward(name, k, n):
+    packed, d, m = layer(k, n)
+    run = kernel(name, packed, d, m)
+    x = inputs(40, k)
+    alone = torch.cat([run(x[i : i + 1]) for i in range(40)])
+    for lo, hi in [(0, 40), (0, 8), (3, 20), (17, 40), (5, 6), (1, 4), (30, 37)]:
+        assert torch.equal(run(x[lo:hi]), alone[lo:hi]), f"rows {lo}:{hi} differ from the same rows alone"
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_extreme_products_do_not_saturate(name):
+    """Codes 15 against activations at +-127: vpmaddubsw's pair sums are as large as the format
+    allows (2 * 15 * 127) and must still sum exactly."""
+    k, n = 1024, 8
+    c = torch.full((n, k), 15, dtype=torch.uint8)
+    packed, d, m = w4a8.pack_codes(c), torch.ones(n, k // 32), torch.zeros(n, k // 32)
+    run = kernel(name, packed, d, m)
+    x = torch.ones(3, k)
+    x[1] *= -1
+    y = run(x)
+    assert torch.equal(y[0], torch.full((n,), 15.0 * k)) and torch.equal(y[1], torch.full((n,), -15.0 * k))
+
+
+def test_gguf_codes_are_kept_exactly_and_the_layer_adds_its_bias():
+    n, k = 40, 64
+    packed, d, m = layer(k, n, seed=3)
+    lin = QLinear(k, n, "w4a8", bias=True)
+    lin.set_int4(w4a8.unpack_codes(packed), d, m)
+    assert torch.equal(lin.weight, packed) and torch.equal(lin.scales, d) and torch.equal(lin.mins, m)
+    assert lin.step_bytes() == n * k // 2 + 2 * n * (k // 32) * 4 + n * 4  # codes, fp32 d and m, fp32 bias
+    lin.bias.copy_(torch.randn(n))
+    lin.unbind()
+    x = inputs(5, k)
+    assert ((lin(x) - dequantised_matmul(x, packed, d, m) - lin.bias).abs() <= tolerance(x, lin.float_weight())).all()
+    assert torch.equal(lin.float_weight(), w4a8.dequantize(packed, d, m))
+    with pytest.raises(ValueError, match="w4a8 weights compute in torch.float32"):
+        QLinear(64, 96, "w4a8", activation=torch.bfloat16)
+    with pytest.raises(SpecstackError, match="divisible by 32"):
+        QLinear(40, 8, "w4a8")
+
+
+def test_the_kernel_is_chosen_from_the_cpu_and_a_forced_one_is_used(monkeypatch):
+    cpu = torch.device("cpu")
+    has_avx2 = native.cpu_capability() in native.CPU_FLAGS["w4a8"]
+    assert (w4a8.kernel_for(cpu).name == "avx2") == (has_avx2 and native.load("w4a8"))
+    assert w4a8.kernel_for(torch.device("meta")).name == "reference"  # not a CPU: never the C++ kernel
+    monkeypatch.setattr(native, "cpu_capability", lambda: "DEFAULT")  # a CPU without AVX2
+    native.load.cache_clear()
+    try:
+        assert not native.supported("w4a8") and w4a8.kernel_for(cpu).name == "reference"
+    finally:
+        native.load.cache_clear()
+    monkeypatch.setenv(w4a8.FORCE_ENV, "reference")
+    assert w4a8.kernel_for(cpu).name == "reference"
+    monkeypatch.setenv(w4a8.FORCE_ENV, "vnni")
+    with pytest.raises(SpecstackError, match="vnni.*avx2, reference"):
+        w4a8.kernel_for(cpu)
+
+
+def test_a_layer_computes_the_same_on_the_fallback_up_to_rounding(monkeypatch):
+    w = torch.randn(96, 64) * 0.1
+    lin = QLinear(64, 96, "w4a8").set_float(w)
+    x = inputs(6, 64)
+    y = lin(x)
+    monkeypatch.setenv(w4a8.FORCE_ENV, "reference")
+    lin.unbind()
+    assert ((lin(x) - y).abs() <= tolerance(x, lin.float_weight())).all()
