@@ -9,7 +9,8 @@ floats; the only change is the kernel's bf16 rounding of each group's scale and 
   w = d sc q - dmin mn, so a sub-block is a Q4_1 group with d' = d sc, m' = -dmin mn.
 The w4a8 format takes the same codes (models/w4a8.py keeps d and m in fp32, so they are exact).
 Every other type (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, the rest gguf can dequantise) holds more than 4 bits
-of precision, so the int4 format gives its layers int8 (per output channel), and w4a8 gives them w8a8: more bytes than int4, far
+of precision, so the int4 format gives its layers int8 (per output channel), and w4a8 gives them its
+8-bit groups (q8a8): more bytes than int4, far
 less error than requantising 5-8 bits into 4 (docs/BENCHMARKS.md, "Quant types", measures each choice).
 bf16 and fp32 take every type dequantised. A fused layer (q|k|v, gate|up) takes the widest format any
 of its parts needs.
@@ -25,7 +26,7 @@ import torch
 
 from specstack.models.quant import Q4Weight
 
-FORMAT_ORDER = ("int4", "w4a8", "int8", "w8a8", "bf16", "fp32")  # narrowest first: a fused layer takes the widest part's
+FORMAT_ORDER = ("int4", "w4a8", "int8", "q8a8", "w8a8", "bf16", "fp32")  # narrowest first: a fused layer takes the widest part's
 
 
 def _fp16(b: np.ndarray) -> np.ndarray:
@@ -79,8 +80,8 @@ class QuantType:
 
 
 _SAME = {"int4": "int4", "w4a8": "w4a8", "int8": "int8", "bf16": "bf16", "fp32": "fp32"}
-# w4a8's wider layers take w8a8: batch-invariant too, so a model mixing them stays exact
-_WIDE = {"int4": "int8", "w4a8": "w8a8", "int8": "int8", "bf16": "bf16", "fp32": "fp32"}
+# w4a8's wider layers take its 8-bit groups (q8a8, models/w4a8.py): batch-invariant too
+_WIDE = {"int4": "int8", "w4a8": "q8a8", "int8": "int8", "bf16": "bf16", "fp32": "fp32"}
 QUANT_TYPES: Mapping[str, QuantType] = {
     q.name: q for q in (
         QuantType("F32", _SAME), QuantType("F16", _SAME), QuantType("BF16", _SAME),

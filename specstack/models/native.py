@@ -23,7 +23,10 @@ from specstack.files import cache_root
 SOURCES = Path(__file__).parent / "kernels"
 # the instructions each kernel is compiled for, as torch names the CPU's capability
 CPU_FLAGS: dict[str, tuple[str, ...]] = {"w4a8": ("AVX2", "AVX512")}
-CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off")
+# -fopenmp: at::parallel_for is inlined from ATen's headers and runs on one thread without it; the
+# library then asks for libgomp.so.1, which resolves to the copy torch has already loaded (one pool)
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 
 
 def cpu_capability() -> str:
@@ -52,7 +55,7 @@ def load(name: str) -> bool:
     t0 = time.perf_counter()
     try:
         cpp_extension.load(name=f"specstack_{name}", sources=[str(SOURCES / f"{name}.cpp")],
-                           extra_cflags=list(CFLAGS), build_directory=str(build), is_python_module=False,
+                           extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), build_directory=str(build), is_python_module=False,
                            verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # no ninja, a compiler error, a failed link
         print(f"specstack: the {name} kernel could not be built ({str(e).splitlines()[0][:200]}); "

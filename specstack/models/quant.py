@@ -10,7 +10,8 @@ int4: group-wise asymmetric (scale, zero) per 32 inputs, torch's `_weight_int4pa
 w8a8: int8 codes with fp32 activations quantised per row at run time (models/w8a8.py): the
       batch-invariant format, whose rows compute the same numbers whatever else shares the forward.
 w4a8: the GGUF's 4-bit codes with fp32 activations quantised per row and per group of 32 at run time
-      (models/w4a8.py): batch-invariant too, and as close to the file as int4.
+      (models/w4a8.py): batch-invariant too, and as close to the file as int4. Its wider layers (and its
+      unembedding) take q8a8: 8-bit weight groups (GGUF Q8_0's layout) times the same activations.
 Activations are fp32 for fp32, w8a8 and w4a8 and bf16 for the others (`activation_dtype`).
 
 Wide inputs: the int4/int8 kernels unpack every weight once per row block, so their cost grows with
@@ -68,13 +69,13 @@ def native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8")
+FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8", "q8a8")
 # formats whose rows compute the same numbers whatever else shares the forward (their attention runs
 # over a float64 cache: models/transformer.py, Transformer.kv_dtype)
-BATCH_INVARIANT = ("w8a8", "w4a8")
+BATCH_INVARIANT = ("w8a8", "w4a8", "q8a8")
 # the unembedding's format under a model format, where it differs: a 4-bit head costs visible logit
 # fidelity, so GGUF files keep it in 8 bits (Q8_0 / Q6_K) and so do these
-HEAD_FORMAT: dict[str, str] = {"int4": "int8", "w4a8": "w8a8"}
+HEAD_FORMAT: dict[str, str] = {"int4": "int8", "w4a8": "q8a8"}
 # formats that take GGUF's 4-bit codes as they are (`set_int4`)
 CODE_FORMATS = ("int4", "w4a8")
 
@@ -120,12 +121,16 @@ class QLinear(BoundModule):
         elif fmt == "w8a8":
             self.register_buffer("weight", torch.empty(n, k, dtype=torch.int8, device=device))
             self.register_buffer("scales", torch.empty(n, dtype=torch.float32, device=device))
-        elif fmt == "w4a8":
+        elif fmt in ("w4a8", "q8a8"):
             if k % w4a8.GROUP:
-                raise SpecstackError(f"w4a8 needs in_features divisible by {w4a8.GROUP}, got {k}")
-            self.register_buffer("weight", torch.empty(n, k // 2, dtype=torch.uint8, device=device))
+                raise SpecstackError(f"{fmt} needs in_features divisible by {w4a8.GROUP}, got {k}")
+            if fmt == "w4a8":
+                self.register_buffer("weight", torch.empty(n, k // 2, dtype=torch.uint8, device=device))
+            else:
+                self.register_buffer("weight", torch.empty(n, k, dtype=torch.int8, device=device))
             self.register_buffer("scales", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device))
-            self.register_buffer("mins", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device))
+            self.register_buffer("mins", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device)
+                                 if fmt == "w4a8" else None)
         else:
             raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4, w8a8, w4a8")
         quantized = fmt in ("int8", "int4")
@@ -165,6 +170,10 @@ class QLinear(BoundModule):
             self.scales.copy_(scale)
         elif self.fmt == "w4a8":
             self._set_w4a8(*w4a8.quantize_weight(w))
+        elif self.fmt == "q8a8":
+            codes, d = w4a8.quantize_weight8(w)
+            self.weight.copy_(codes)
+            self.scales.copy_(d)
         else:
             n, k = w.shape
             g = w.view(n, k // INT4_GROUP, INT4_GROUP)
@@ -237,7 +246,7 @@ class QLinear(BoundModule):
         if self.fmt in BATCH_INVARIANT:  # the same kernel at every width: that is what keeps rows invariant
             if self.fmt == "w8a8":
                 mm = w8a8.kernel_for(self.weight.device).build(self.weight, self.scales)
-            else:
+            else:  # w4a8's 4-bit groups with their mins, or its 8-bit groups (q8a8) without
                 mm = w4a8.kernel_for(self.weight.device).build(self.weight, self.scales, self.mins)
             return mm if b is None else (lambda x: mm(x).add_(b))
         w, out = self.weight, self.out_features
@@ -282,7 +291,7 @@ class QLinear(BoundModule):
             return self.weight
         if self.fmt == "w8a8":
             return self.weight.float() * self.scales[:, None]
-        if self.fmt == "w4a8":
+        if self.fmt in ("w4a8", "q8a8"):
             return w4a8.dequantize(self.weight, self.scales, self.mins)
         return self.dense
 

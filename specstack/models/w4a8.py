@@ -10,6 +10,12 @@ q = round(x * (127 / amax)) in [-127, 127], dx = amax / 127, sx = dx * sum(q). T
 
     y[r, n] = sum_g (d[n, g] dx[r, g]) * sum_{k in g} c[n, k] q[r, k]  +  m[n, g] sx[r, g]
 
+The layers a GGUF keeps in more than 4 bits (Q6_K, Q8_0, ...) and the unembedding take *8-bit
+groups* instead (the layer format `q8a8`): w = d[n, g] c[n, k] with c in -127..127, no m (GGUF
+Q8_0's layout, re-derived from the file's weights), times the same activation groups. Without them
+(those layers in `w8a8`'s per-row arithmetic) the model sits 9 x further from the file's fp32
+numbers (docs/BENCHMARKS.md).
+
 Why it is batch-invariant: a row's codes, scales and sums are its own, and the kernel visits a row's
 groups in one fixed order whatever other rows share the call, so a token's numbers never depend on
 the tokens beside it: a verified tree computes what one-token steps compute, and greedy speculation
@@ -32,7 +38,8 @@ from specstack.models.kernel_table import Kernel, KernelChoice, choose
 
 GROUP = 32
 X_LEVELS = 127
-C_LEVELS = 15  # codes 0..15
+C_LEVELS = 15  # 4-bit codes 0..15
+C8_LEVELS = 127  # 8-bit codes -127..127 (never -128: the kernel takes |c|)
 
 
 def pack_codes(c: torch.Tensor) -> torch.Tensor:
@@ -61,11 +68,27 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return c.view(n, k).to(torch.uint8), d, lo
 
 
-def dequantize(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """The float weight [N, K] the codes stand for."""
-    c = unpack_codes(packed).float()
+def quantize_weight8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float weight [N, K] -> (codes int8 [N, K] in [-127, 127], d [N, K / 32]) with w ~ d c:
+    each group's largest magnitude at 127 steps (GGUF Q8_0)."""
+    n, k = w.shape
+    g = w.float().view(n, k // GROUP, GROUP)
+    d = (g.abs().amax(dim=2) / C8_LEVELS).clamp(min=1e-30)
+    c = (g / d[..., None]).round().clamp(-C8_LEVELS, C8_LEVELS)
+    return c.view(n, k).to(torch.int8), d
+
+
+def codes_of(stored: torch.Tensor) -> torch.Tensor:
+    """A layer's stored codes as codes [N, K]: 8-bit ones as they are, 4-bit ones unpacked."""
+    return stored if stored.dtype == torch.int8 else unpack_codes(stored)
+
+
+def dequantize(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    """The float weight [N, K] the codes stand for (m None: 8-bit groups)."""
+    c = codes_of(stored).float()
     n, k = c.shape
-    return (c.view(n, k // GROUP, GROUP) * d[..., None] + m[..., None]).view(n, k)
+    w = c.view(n, k // GROUP, GROUP) * d[..., None]
+    return (w if m is None else w + m[..., None]).view(n, k)
 
 
 def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -81,15 +104,17 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return q.view(m, k), dx, dx * q.sum(dim=2)
 
 
-def reference(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Kernel:
-    n = packed.shape[0]
-    c64 = unpack_codes(packed).to(torch.float64).view(n, -1, GROUP)
-    d32, m64 = d.float(), m.double()
+def reference(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> Kernel:
+    n = stored.shape[0]
+    c64 = codes_of(stored).to(torch.float64).view(n, -1, GROUP)
+    d32 = d.float()
+    m64 = None if m is None else m.double()
 
     def row(x: torch.Tensor) -> torch.Tensor:  # x [1, K]
         q, dx, sx = quantize_groups(x)
         isum = torch.einsum("gk,ngk->ng", q.view(-1, GROUP).double(), c64)  # exact integers
-        return ((d32 * dx).double() * isum + m64 * sx.double()).sum(dim=1).float()
+        y = (d32 * dx).double() * isum
+        return (y if m64 is None else y + m64 * sx.double()).sum(dim=1).float()
 
     def run(x: torch.Tensor) -> torch.Tensor:
         x = x.float()
@@ -100,9 +125,12 @@ def reference(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Kernel:
     return run
 
 
-def avx2(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Kernel:
-    op = torch.ops.specstack_w4a8.mm.default
-    return lambda x: op(x.contiguous(), packed, d, m)
+def avx2(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> Kernel:
+    if m is None:
+        op8 = torch.ops.specstack_w4a8.mm8.default
+        return lambda x: op8(x.contiguous(), stored, d)
+    op4 = torch.ops.specstack_w4a8.mm4.default
+    return lambda x: op4(x.contiguous(), stored, d, m)
 
 
 KERNELS: tuple[KernelChoice, ...] = (

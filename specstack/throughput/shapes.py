@@ -27,13 +27,14 @@ from specstack.models.registry import resolve
 # Bytes per weight of each format. int4: a 4-bit code plus a bf16 scale and zero per group of 32
 # inputs (0.5 + 4/32). fp8 is the published convention (every value one byte).
 # w4a8: a 4-bit code plus an fp32 scale and min per group (0.5 + 8/32).
-WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 0.625, "w4a8": 0.75, "int8": 1.0, "w8a8": 1.0, "bf16": 2.0,
-                                  "fp32": 4.0}
+# q8a8 (w4a8's 8-bit groups): a code plus an fp32 scale per group (1 + 4/32).
+WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 0.625, "w4a8": 0.75, "int8": 1.0, "q8a8": 1.125, "w8a8": 1.0,
+                                  "bf16": 2.0, "fp32": 4.0}
 FORMATS = tuple(WEIGHT_BYTES)
 # Bytes per cached key/value element: the engine's activations (and cache) are bf16 except in fp32
 # and the batch-invariant w8a8 and w4a8 (whose cache is float64: models/transformer.py, Transformer.kv_dtype).
-KV_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 2.0, "w4a8": 8.0, "int8": 2.0, "w8a8": 8.0, "bf16": 2.0,
-                              "fp32": 4.0}
+KV_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 2.0, "w4a8": 8.0, "int8": 2.0, "q8a8": 8.0, "w8a8": 8.0,
+                              "bf16": 2.0, "fp32": 4.0}
 
 
 @dataclass(frozen=True)

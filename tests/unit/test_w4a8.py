@@ -1,8 +1,8 @@
-"""The w4a8 format (models/w4a8.py, models/kernels/w4a8.cpp): the C++ kernel's rounding of the
-activations bit for bit the reference's, its products against the reference and the dequantised
-matmul for every shape class and row count, rows that do not depend on the rows beside them (both
-kernels), the largest products without saturation, GGUF codes kept exactly, and the fallback a CPU
-without AVX2 gets."""
+"""The w4a8 format (models/w4a8.py, models/kernels/w4a8.cpp), its 4-bit groups and its 8-bit ones
+(q8a8): the C++ kernel's rounding of the activations bit for bit the reference's, its products against
+the reference and the dequantised matmul for every shape class and row count, rows that do not depend
+on the rows beside them (both kernels), the largest products without saturation, GGUF codes kept
+exactly, and the fallback a CPU without AVX2 gets (or one where the kernel does not build)."""
 from __future__ import annotations
 
 import pytest
@@ -18,14 +18,22 @@ KERNELS = [k.name for k in w4a8.KERNELS if k.applies(torch.device("cpu"))]
 native_only = pytest.mark.skipif("avx2" not in KERNELS, reason="this CPU has no AVX2 (the reference is tested)")
 
 
-def layer(k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Packed codes, d and m as a GGUF Q4_1 file holds them (d > 0, any m), with a few odd groups."""
+BITS = (4, 8)
+
+
+def layer(k: int, n: int, seed: int = 0, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Stored codes, d and m as a GGUF Q4_1 file holds them (d > 0, any m), or 8-bit groups (Q8_0: codes
+    in -127..127, no m), with a few odd groups."""
     g = torch.Generator().manual_seed(seed)
-    c = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
     d = torch.rand(n, k // 32, generator=g) * 0.01
+    d[-1, -1] = 0.5  # an outlier group
+    if bits == 8:
+        c8 = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        c8[0, :32] = 0  # an all-zero group
+        return c8, d, None
+    c = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
     m = (torch.rand(n, k // 32, generator=g) - 0.7) * 0.1
     d[0, 0], m[0, 0] = 0.0, 0.0  # an all-zero group
-    d[-1, -1] = 0.5  # an outlier group
     return w4a8.pack_codes(c), d, m
 
 
@@ -39,7 +47,7 @@ def inputs(t: int, k: int, seed: int = 1) -> torch.Tensor:
     return x
 
 
-def dequantised_matmul(x: torch.Tensor, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+def dequantised_matmul(x: torch.Tensor, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
     """The format written out: x rounded per group (its definition), then the dequantised x and w
     multiplied in float64."""
     q, dx, _ = w4a8.quantize_groups(x)
@@ -54,11 +62,11 @@ def tolerance(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return 8e-6 * (x.shape[1] / 32) ** 0.5 * scale + 1e-30
 
 
-def kernel(name: str, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor):
+def kernel(name: str, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None):
     return {c.name: c for c in w4a8.KERNELS}[name].build(packed, d, m)
 
 
-def test_codes_pack_and_unpack_and_a_float_weight_round_trips():
+def test_codes_pack_and_unpack_and_float_weights_round_trip():
     c = torch.randint(0, 16, (24, 96), dtype=torch.uint8)
     packed = w4a8.pack_codes(c)
     assert packed.shape == (24, 48) and torch.equal(w4a8.unpack_codes(packed), c)
@@ -68,6 +76,9 @@ def test_codes_pack_and_unpack_and_a_float_weight_round_trips():
     assert int(codes.max()) <= 15
     step = d.repeat_interleave(32, dim=1)
     assert (w4a8.dequantize(w4a8.pack_codes(codes), d, m) - w).abs().le(step / 2 + 1e-6).all()
+    c8, d8 = w4a8.quantize_weight8(w)
+    assert c8.dtype == torch.int8 and int(c8.abs().max()) == 127
+    assert (w4a8.dequantize(c8, d8, None) - w).abs().le(d8.repeat_interleave(32, dim=1) / 2 + 1e-6).all()
 
 
 @native_only
@@ -79,10 +90,11 @@ def test_the_kernel_rounds_activations_as_the_reference_does_bit_for_bit():
         assert torch.equal(q.float(), rq) and torch.equal(dx, rdx) and torch.equal(sx, rsx)
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("name", KERNELS)
 @pytest.mark.parametrize("k,n", SHAPES)
-def test_kernel_agrees_with_the_reference_and_the_dequantised_matmul(name, k, n):
-    packed, d, m = layer(k, n)
+def test_kernel_agrees_with_the_reference_and_the_dequantised_matmul(name, k, n, bits):
+    packed, d, m = layer(k, n, bits=bits)
     run, ref = kernel(name, packed, d, m), w4a8.reference(packed, d, m)
     for t in ROWS if k * n < 5_000_000 else ROWS[::3]:
         x = inputs(t, k)
@@ -92,10 +104,11 @@ def test_kernel_agrees_with_the_reference_and_the_dequantised_matmul(name, k, n)
         assert ((y - ref(x)).abs() <= tol).all(), f"{name} {k}->{n}, {t} rows: off the reference"
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("name", KERNELS)
 @pytest.mark.parametrize("k,n", SHAPES[:3] + SHAPES[-1:])
-def test_a_row_computes_the_same_numbers_whatever_shares_its_forward(name, k, n):
-    packed, d, m = layer(k, n)
+def test_a_row_computes_the_same_numbers_whatever_shares_its_forward(name, k, n, bits):
+    packed, d, m = layer(k, n, bits=bits)
     run = kernel(name, packed, d, m)
     x = inputs(40, k)
     alone = torch.cat([run(x[i : i + 1]) for i in range(40)])
@@ -103,18 +116,26 @@ def test_a_row_computes_the_same_numbers_whatever_shares_its_forward(name, k, n)
         assert torch.equal(run(x[lo:hi]), alone[lo:hi]), f"rows {lo}:{hi} differ from the same rows alone"
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("name", KERNELS)
-def test_extreme_products_do_not_saturate(name):
-    """Codes 15 against activations at +-127: vpmaddubsw's pair sums are as large as the format
-    allows (2 * 15 * 127) and must still sum exactly."""
-    k, n = 1024, 8
-    c = torch.full((n, k), 15, dtype=torch.uint8)
-    packed, d, m = w4a8.pack_codes(c), torch.ones(n, k // 32), torch.zeros(n, k // 32)
-    run = kernel(name, packed, d, m)
+def test_extreme_products_do_not_saturate(name, bits):
+    """The largest codes against activations at +-127: vpmaddubsw's pair sums are as large as the
+    format allows (2 * 15 * 127, or 2 * 127 * 127 for 8-bit groups of either sign) and must still sum
+    exactly."""
+    k, n, top = 1024, 8, 15 if bits == 4 else 127
+    if bits == 4:
+        stored, m = w4a8.pack_codes(torch.full((n, k), top, dtype=torch.uint8)), torch.zeros(n, k // 32)
+    else:
+        stored, m = torch.full((n, k), top, dtype=torch.int8), None
+        stored[n // 2 :] *= -1
+    run = kernel(name, stored, torch.ones(n, k // 32), m)
     x = torch.ones(3, k)
     x[1] *= -1
     y = run(x)
-    assert torch.equal(y[0], torch.full((n,), 15.0 * k)) and torch.equal(y[1], torch.full((n,), -15.0 * k))
+    want = torch.full((n,), float(top * k))
+    if bits == 8:
+        want[n // 2 :] *= -1
+    assert torch.equal(y[0], want) and torch.equal(y[1], -want)
 
 
 def test_gguf_codes_are_kept_exactly_and_the_layer_adds_its_bias():
@@ -133,6 +154,11 @@ def test_gguf_codes_are_kept_exactly_and_the_layer_adds_its_bias():
         QLinear(64, 96, "w4a8", activation=torch.bfloat16)
     with pytest.raises(SpecstackError, match="divisible by 32"):
         QLinear(40, 8, "w4a8")
+    q8 = QLinear(k, n, "q8a8").set_float(lin.float_weight())  # the 8-bit groups of the same weight
+    assert q8.weight.dtype == torch.int8 and q8.mins is None
+    assert q8.step_bytes() == n * k + n * (k // 32) * 4
+    y8 = q8(x)
+    assert ((y8 - dequantised_matmul(x, q8.weight, q8.scales, None)).abs() <= tolerance(x, q8.float_weight())).all()
 
 
 def test_the_kernel_is_chosen_from_the_cpu_and_a_forced_one_is_used(monkeypatch):
@@ -161,3 +187,21 @@ def test_a_layer_computes_the_same_on_the_fallback_up_to_rounding(monkeypatch):
     monkeypatch.setenv(w4a8.FORCE_ENV, "reference")
     lin.unbind()
     assert ((lin(x) - y).abs() <= tolerance(x, lin.float_weight())).all()
+
+
+def test_a_kernel_that_does_not_build_is_reported_once_and_the_reference_is_used(monkeypatch, tmp_path, capsys):
+    if not native.supported("w4a8"):
+        pytest.skip("this CPU has no AVX2 or no compiler: nothing is built here")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "w4a8.cpp").write_text("this is not C++\n")
+    monkeypatch.setattr(native, "SOURCES", tmp_path / "src")
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path / "cache"))
+    native.load.cache_clear()
+    try:
+        assert native.load("w4a8") is False
+        assert w4a8.kernel_for(torch.device("cpu")).name == "reference"
+    finally:
+        native.load.cache_clear()
+    err = capsys.readouterr().err
+    assert "building the w4a8 kernel" in err and "could not be built" in err and "reference" in err
+    assert err.count("could not be built") == 1  # chosen once: later layers do not try again

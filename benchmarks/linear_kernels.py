@@ -1,0 +1,88 @@
+"""Issue 30, item 1: the low-bit matmuls side by side on one model's linears, in one run. For each row
+count T, the time of every linear of every block (fused q|k|v, o, gate|up, down; not cache-resident
+together) in each kernel: torch's int4 (`_weight_int4pack_mm_for_cpu`, bf16 activations), w8a8
+(fbgemm, activations rounded per row) and w4a8 (ours, models/kernels/w4a8.cpp, activations rounded
+per row and group). Random weights of the model's shapes: the kernels' cost does not depend on the
+values. Kernels interleaved per repeat, best of the repeats; the bytes each reads beside the
+machine's copy bandwidth (bench/bandwidth.py).
+
+    python benchmarks/linear_kernels.py [--model qwen2.5-coder-1.5b] [--tokens 1,2,4,8,16,32] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from specstack.bench.bandwidth import measure_bandwidth
+from specstack.models.configs import read_gguf_config
+from specstack.models.quant import QLinear
+from specstack.models.registry import resolve
+
+FORMATS = ("int4", "w8a8", "w4a8")
+
+
+def shapes(model: str) -> tuple[list[tuple[int, int]], int]:
+    """(in, out) of every linear of one block, as the engine fuses them."""
+    cfg = read_gguf_config(resolve(model).path)
+    up = (2 if cfg.block.gated else 1) * cfg.d_ff
+    return [(cfg.d_model, cfg.q_dim + 2 * cfg.kv_dim), (cfg.q_dim, cfg.d_model), (cfg.d_model, up),
+            (cfg.d_ff, cfg.d_model)], cfg.n_layers
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--tokens", default="1,2,4,8,16,32")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    block, n_layers = shapes(a.model)
+    layers: dict[str, list] = {}
+    for fmt in FORMATS:
+        print(f"building {n_layers} x {len(block)} {fmt} layers...", flush=True)
+        built = []
+        for _ in range(n_layers):
+            for k, n in block:
+                lin = QLinear(k, n, fmt).set_float(torch.randn(n, k) * 0.02)
+                lin.wide_rows = None  # the small-format kernel at every T (what this measures)
+                built.append(lin)
+        layers[fmt] = built
+    bw = measure_bandwidth()
+    nbytes = {f: sum(lin.step_bytes() for lin in layers[f]) for f in FORMATS}
+    rows = []
+    with torch.inference_mode():
+        for t in (int(v) for v in a.tokens.split(",")):
+            xs = {k: torch.randn(t, k) for k, _ in block}
+            best = dict.fromkeys(FORMATS, float("inf"))
+            for rep in range(a.repeats + 1):
+                for fmt in FORMATS[rep % len(FORMATS):] + FORMATS[: rep % len(FORMATS)]:
+                    act = layers[fmt][0].act_dtype
+                    x = {k: v.to(act) for k, v in xs.items()}
+                    t0 = time.perf_counter()
+                    for lin in layers[fmt]:
+                        lin(x[lin.in_features])
+                    if rep:  # the first round warms up (fbgemm packs its layers at first use)
+                        best[fmt] = min(best[fmt], time.perf_counter() - t0)
+            for fmt in FORMATS:
+                rows.append({"format": fmt, "tokens": t, "ms": best[fmt] * 1e3, "bytes": nbytes[fmt]})
+            print(f"T = {t}: " + ", ".join(f"{f} {best[f] * 1e3:.1f} ms" for f in FORMATS), flush=True)
+    print(f"bandwidth {bw / 1e9:.1f} GB/s; floors: " + ", ".join(
+        f"{f} {nbytes[f] / 1e6:.0f} MB -> {nbytes[f] / bw * 1e3:.1f} ms" for f in FORMATS))
+    print("\n| format | " + " | ".join(f"T = {r['tokens']}" for r in rows if r["format"] == FORMATS[0]) + " |")
+    print("|---|" + "---:|" * sum(r["format"] == FORMATS[0] for r in rows))
+    for fmt in FORMATS:
+        mine = [r for r in rows if r["format"] == fmt]
+        print(f"| {fmt} | " + " | ".join(f"{r['ms']:.1f} ({r['ms'] / mine[0]['ms']:.2f})" for r in mine) + " |")
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps({"model": a.model, "bandwidth": bw, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
