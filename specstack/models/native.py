@@ -29,6 +29,9 @@ CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 
 
+_LOADED: set[str] = set()  # kernels whose ops this process has registered (a library registers once)
+
+
 def cpu_capability() -> str:
     """What torch's CPU dispatcher found this CPU to support: DEFAULT, AVX2, AVX512, ..."""
     return torch.backends.cpu.get_cpu_capability()
@@ -44,6 +47,8 @@ def load(name: str) -> bool:
     """Build (or reuse) kernel `name` and register its torch ops; False when it cannot be had here."""
     if not supported(name):
         return False
+    if name in _LOADED:  # another cache folder since (SPECSTACK_CACHE changed): its ops are here already
+        return True
     from torch.utils import cpp_extension
 
     build = cache_root() / "kernels" / torch.__version__ / name
@@ -63,4 +68,5 @@ def load(name: str) -> bool:
         return False
     if fresh:
         print(f"specstack: built the {name} kernel in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    _LOADED.add(name)
     return True

@@ -195,6 +195,7 @@ def test_a_kernel_that_does_not_build_is_reported_once_and_the_reference_is_used
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "w4a8.cpp").write_text("this is not C++\n")
     monkeypatch.setattr(native, "SOURCES", tmp_path / "src")
+    monkeypatch.setattr(native, "_LOADED", set())  # as in a process that has not loaded it yet
     monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path / "cache"))
     native.load.cache_clear()
     try:
@@ -205,3 +206,14 @@ def test_a_kernel_that_does_not_build_is_reported_once_and_the_reference_is_used
     err = capsys.readouterr().err
     assert "building the w4a8 kernel" in err and "could not be built" in err and "reference" in err
     assert err.count("could not be built") == 1  # chosen once: later layers do not try again
+
+
+def test_a_process_that_changes_its_cache_folder_keeps_the_kernel_it_loaded(monkeypatch, tmp_path):
+    if not native.load("w4a8"):
+        pytest.skip("no AVX2 kernel on this machine")
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))  # as a test or a user switching caches does
+    native.load.cache_clear()
+    try:
+        assert native.load("w4a8") and not (tmp_path / "kernels").exists()  # no second build, no second library
+    finally:
+        native.load.cache_clear()
