@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from activations import kernel_inputs
 
 from specstack.errors import SpecstackError
 from specstack.models import native, w4a8
@@ -37,14 +38,7 @@ def layer(k: int, n: int, seed: int = 0, bits: int = 4) -> tuple[torch.Tensor, t
     return w4a8.pack_codes(c), d, m
 
 
-def inputs(t: int, k: int, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, k, generator=g) * torch.logspace(-2, 2, t)[:, None]  # rows of very different scales
-    if t > 2:
-        x[1] = 0.0  # an all-zero row
-        x[2, :3] = 300.0  # outlier channels
-        x[2, 40:64] = 0.5  # a group of exact halves after scaling: rounding ties
-    return x
+inputs = kernel_inputs
 
 
 def dequantised_matmul(x: torch.Tensor, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:

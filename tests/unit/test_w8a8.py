@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from activations import kernel_inputs
 
 from specstack.models import w8a8
 from specstack.models.quant import QLinear
@@ -21,13 +22,7 @@ def layer(k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return w8a8.quantize_weight(w)
 
 
-def inputs(t: int, k: int, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, k, generator=g) * torch.logspace(-2, 2, t)[:, None]  # rows of very different scales
-    if t > 2:
-        x[1] = 0.0  # an all-zero row
-        x[2, :3] = 300.0  # outlier channels
-    return x
+inputs = kernel_inputs
 
 
 def dequantised_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
