@@ -39,7 +39,7 @@ from specstack.models.configs import (
     read_json_object,
 )
 from specstack.models.gguf_quants import layer_format, read_tensor
-from specstack.models.quant import CODE_FORMATS, HEAD_FORMAT, Q4Weight
+from specstack.models.quant import CODE_FORMATS, FORMAT_REVISION, HEAD_FORMAT, Q4Weight
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
 
@@ -360,7 +360,10 @@ CACHED_CONFIG = "the cached config"
 
 
 def _built_file(cdir: Path, dtype: str, device: str) -> Path:
-    return cdir / f"{dtype}-{device}.safetensors"
+    """A format whose layout changed carries its revision in the name, so a model built under the old
+    layout is rebuilt, never loaded with it (quant.FORMAT_REVISION)."""
+    rev = FORMAT_REVISION.get(dtype)
+    return cdir / f"{dtype}{'' if rev is None else f'.r{rev}'}-{device}.safetensors"
 
 
 def _load_built(cdir: Path, dtype: str, device: str) -> tuple[ModelConfig, Transformer] | None:

@@ -78,6 +78,9 @@ BATCH_INVARIANT = ("w8a8", "w4a8", "q8a8")
 HEAD_FORMAT: dict[str, str] = {"int4": "int8", "w4a8": "q8a8"}
 # formats that take GGUF's 4-bit codes as they are (`set_int4`)
 CODE_FORMATS = ("int4", "w4a8")
+# a format's layout revision, raised whenever what its built models hold changes (the model cache
+# names its files by it: models/loading.py). w4a8 r2: its wider layers and head in 8-bit groups.
+FORMAT_REVISION: dict[str, int] = {"w4a8": 2}
 
 
 def activation_dtype(fmt: str) -> torch.dtype:

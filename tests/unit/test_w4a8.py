@@ -211,3 +211,21 @@ def test_a_process_that_changes_its_cache_folder_keeps_the_kernel_it_loaded(monk
         assert native.load("w4a8") and not (tmp_path / "kernels").exists()  # no second build, no second library
     finally:
         native.load.cache_clear()
+
+
+def test_a_model_built_under_an_older_w4a8_layout_is_rebuilt_not_loaded(monkeypatch, tmp_path, tiny_llama):
+    from specstack.models.loading import load_model, model_cache_dir
+    from specstack.models.quant import FORMAT_REVISION
+    from specstack.models.registry import resolve
+
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
+    first = load_model(str(tiny_llama.path), dtype="w4a8", tokenizer=False).model
+    cdir = model_cache_dir(resolve(str(tiny_llama.path)))
+    built = sorted(p.name for p in cdir.glob("w4a8*"))
+    assert built == [f"w4a8.r{FORMAT_REVISION['w4a8']}-cpu.safetensors"]
+    # a file of the first layout (head in w8a8), under the old name, is never what a load reads
+    (cdir / "w4a8-cpu.safetensors").write_bytes((cdir / built[0]).read_bytes())
+    monkeypatch.setitem(FORMAT_REVISION, "w4a8", FORMAT_REVISION["w4a8"] + 1)
+    again = load_model(str(tiny_llama.path), dtype="w4a8", tokenizer=False).model
+    assert (cdir / f"w4a8.r{FORMAT_REVISION['w4a8']}-cpu.safetensors").is_file()  # rebuilt under the new name
+    assert again.head.fmt == first.head.fmt == "q8a8"
