@@ -27,8 +27,6 @@ CPU_FLAGS: dict[str, tuple[str, ...]] = {"w4a8": ("AVX2", "AVX512")}
 # library then asks for libgomp.so.1, which resolves to the copy torch has already loaded (one pool)
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
-
-
 _LOADED: set[str] = set()  # kernels whose ops this process has registered (a library registers once)
 
 
@@ -60,8 +58,8 @@ def load(name: str) -> bool:
     t0 = time.perf_counter()
     try:
         cpp_extension.load(name=f"specstack_{name}", sources=[str(SOURCES / f"{name}.cpp")],
-                           extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), build_directory=str(build), is_python_module=False,
-                           verbose=False)
+                           extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), build_directory=str(build),
+                           is_python_module=False, verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # no ninja, a compiler error, a failed link
         print(f"specstack: the {name} kernel could not be built ({str(e).splitlines()[0][:200]}); "
               "using the slow reference path", file=sys.stderr, flush=True)

@@ -24,7 +24,7 @@ equals `ar` token for token in this format (as in `w8a8`, and as `int4`/`bf16` c
 Kernels (`KERNELS`, the first that applies, chosen once per process):
 - avx2: C++ (models/kernels/w4a8.cpp), built once per machine (models/native.py): each 4-bit group is
   read and unpacked once for all the rows of a call, the activations are rounded in the same call (one
-  op a linear, where `w8a8` runs five small kernels around fbgemm's).
+  op a linear, where `w8a8` runs five small kernels before fbgemm's and one after).
 - reference: torch, one row at a time (so no row can depend on another), the group sums exact in
   float64; on CPUs without AVX2 and on CUDA. It agrees with avx2 up to the fp32 rounding of avx2's sums
   (avx2 accumulates in fp32 lanes), so a model's numbers are those of the kernel its process chose.
