@@ -28,12 +28,7 @@ def shared_weights(target: Transformer) -> tuple[torch.Tensor, torch.Tensor]:
     embed = target.embed.detach()
     if target.config.tie_embeddings:
         return embed, embed
-    head = target.head
-    if head.fmt in ("fp32", "bf16"):
-        return embed, head.weight
-    if head.fmt in ("int8", "w8a8"):
-        return embed, (head.weight.float() * head.scales.float()[:, None]).to(embed.dtype)
-    raise SpecstackError(f"cannot share a {head.fmt} unembedding with a draft")
+    return embed, target.head.float_weight().to(embed.dtype)  # any format: its weight as the kernel sees it
 
 
 def save_draft(model: SpireDraft, path: Path, info: dict[str, str] | None = None) -> None:

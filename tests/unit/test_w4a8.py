@@ -229,3 +229,20 @@ def test_a_model_built_under_an_older_w4a8_layout_is_rebuilt_not_loaded(monkeypa
     again = load_model(str(tiny_llama.path), dtype="w4a8", tokenizer=False).model
     assert (cdir / f"w4a8.r{FORMAT_REVISION['w4a8']}-cpu.safetensors").is_file()  # rebuilt under the new name
     assert again.head.fmt == first.head.fmt == "q8a8"
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8", "w4a8"])
+def test_a_draft_shares_the_unembedding_of_a_quantized_untied_target(tiny_llama, fmt):
+    """A SPIRe draft reads the target's unembedding as floats, whatever format the head is in (w4a8's
+    is in 8-bit groups, q8a8)."""
+    from specstack.models.draft_file import shared_weights
+    from specstack.models.loading import load_model
+
+    target = load_model(str(tiny_llama.path), dtype=fmt, use_cache=False, tokenizer=False).model
+    assert not target.config.tie_embeddings
+    embed, head = shared_weights(target)
+    assert head.shape == (target.config.vocab_size, target.config.d_model) and head.dtype == embed.dtype
+    assert torch.equal(head, target.head.float_weight().to(embed.dtype))
+    x = torch.randn(3, target.config.d_model).to(target.head.act_dtype)
+    # the shared matrix is what the head multiplies by (up to the head's own activation rounding)
+    assert torch.allclose(target.head(x).float(), x.float() @ head.float().t(), rtol=0.05, atol=0.05)
