@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from specstack.config import DEVICES, WEIGHT_FORMATS, ModelConfig
+from specstack.config import DEVICES, HEAD_FORMAT, WEIGHT_FORMATS, ModelConfig
 from specstack.errors import SpecstackError
 from specstack.files import cache_root  # noqa: F401  (re-exported: the engine's stores use it)
 from specstack.models.architectures import GGUF_BLOCK_TENSORS, GGUF_TOP_TENSORS, block_shapes, family
@@ -39,7 +39,7 @@ from specstack.models.configs import (
     read_json_object,
 )
 from specstack.models.gguf_quants import layer_format, read_tensor
-from specstack.models.quant import CODE_FORMATS, FORMAT_REVISION, HEAD_FORMAT, Q4Weight
+from specstack.models.quant import CODE_FORMATS, FORMAT_REVISION, Q4Weight
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
 

@@ -73,9 +73,6 @@ FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8", "q8a8")
 # formats whose rows compute the same numbers whatever else shares the forward (their attention runs
 # over a float64 cache: models/transformer.py, Transformer.kv_dtype)
 BATCH_INVARIANT = ("w8a8", "w4a8", "q8a8")
-# the unembedding's format under a model format, where it differs: a 4-bit head costs visible logit
-# fidelity, so GGUF files keep it in 8 bits (Q8_0 / Q6_K) and so do these
-HEAD_FORMAT: dict[str, str] = {"int4": "int8", "w4a8": "q8a8"}
 # formats that take GGUF's 4-bit codes as they are (`set_int4`)
 CODE_FORMATS = ("int4", "w4a8")
 # a format's layout revision, raised whenever what its built models hold changes (the model cache

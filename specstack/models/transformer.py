@@ -15,18 +15,11 @@ from torch import nn
 
 from specstack.attention import AttentionBatch, attend
 from specstack.cache import KVCache
-from specstack.config import ModelConfig, WindowSpec
+from specstack.config import HEAD_FORMAT, ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
 from specstack.models.bound import BoundModule, Forward
-from specstack.models.quant import (
-    BATCH_INVARIANT,
-    HEAD_FORMAT,
-    Q4Weight,
-    QLinear,
-    activation_dtype,
-    native_bf16,
-)
+from specstack.models.quant import BATCH_INVARIANT, Q4Weight, QLinear, activation_dtype, native_bf16
 
 Weight = torch.Tensor | Q4Weight
 # the linear layers of a block, by name (a model's per-layer formats are keyed "layers.{i}.{name}")

@@ -17,11 +17,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from specstack.config import ModelConfig
+from specstack.config import HEAD_FORMAT, ModelConfig
 from specstack.errors import SpecstackError
 from specstack.models.configs import read_gguf_config, read_hf_config
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft
-from specstack.models.quant import HEAD_FORMAT  # the engine's unembedding format under each model format
 from specstack.models.registry import resolve
 
 # Bytes per weight of each format. int4: a 4-bit code plus a bf16 scale and zero per group of 32
