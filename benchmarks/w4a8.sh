@@ -17,6 +17,8 @@ run specstack bench-forward --model "$M" --formats int4,w8a8,w4a8 --tokens 1,2,4
     --repeats 2 --prompts 2 --new-tokens 32 --skip-hf --out "$OUT/forward_qwen.json"
 run specstack bench --model "$M" --draft "$D" --draft-dtype w4a8 --threads 2 --max-new-tokens "$NEW" --prompts humaneval \
     --limit "$N" --out "$OUT/qwen_humaneval" --methods "ar:dtype=w4a8;auto:dtype=w4a8;chain:k=2,dtype=w4a8;chain:k=4,dtype=w4a8;llamacpp"
+run specstack bench --model "$M" --draft "$D" --draft-dtype w4a8 --threads 2 --max-new-tokens "$NEW" --prompts humaneval \
+    --limit 4 --batch-sizes 4 --out "$OUT/qwen_batched" --methods "ar:dtype=w4a8;auto:dtype=w4a8;ar;auto"
 run specstack bench --model "$S" --threads 2 --max-new-tokens "$NEW" --prompts humaneval --limit "$N" \
     --out "$OUT/smollm2_humaneval" --methods "ar;auto;ar:dtype=w4a8;auto:dtype=w4a8;chain:k=4,dtype=w4a8;llamacpp"
 run specstack bench --model "$S" --threads 2 --max-new-tokens "$NEW" --prompts humaneval --limit 8 --batch-sizes 4,8 \
