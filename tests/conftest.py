@@ -9,15 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from families import ALL_FAMILIES, ENGINE_FAMILIES
+from tiny_checkpoints import VOCAB, Tiny
 
 from specstack.models.base import LoadedModel
 from specstack.models.loading import load_model
-
-VOCAB = 257
-MAX_POS = 256
-# Larger than transformers' default (0.02) so logits spread over several units: near-ties are rare
-# and a wrong mask or position changes logits far beyond the 1e-4 tolerance of the parity tests.
-INIT_RANGE = 0.15
 
 
 @dataclass
@@ -34,78 +29,21 @@ class TinyModel:
         return self.hf(t).logits[0].float()
 
 
-def _llama(path: Path) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=MAX_POS, rope_theta=10000.0, rms_norm_eps=1e-6,
-        initializer_range=INIT_RANGE, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-    )
-    torch.manual_seed(1234)
-    return LlamaForCausalLM(cfg).float().eval()
-
-
-def _gpt2(path: Path) -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = GPT2Config(
-        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=MAX_POS,
-        initializer_range=INIT_RANGE, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
-    )
-    torch.manual_seed(4321)
-    return GPT2LMHeadModel(cfg).float().eval()
-
-
-def _qwen2(path: Path) -> torch.nn.Module:
-    """Llama plus q/k/v biases (models/architectures.py); biases drawn as widely as the weights, so a
-    dropped or misplaced bias moves logits far past the tolerance."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=96, max_position_embeddings=MAX_POS, rope_theta=1e6, rms_norm_eps=1e-6,
-        initializer_range=INIT_RANGE, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-    )
-    torch.manual_seed(2468)
-    model = Qwen2ForCausalLM(cfg).float().eval()
-    _random_biases(model)
-    return model
-
-
-def _qwen3(path: Path) -> torch.nn.Module:
-    """q/k norms over each head, an explicit head size (d_model != heads x head_dim), tied embeddings."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, intermediate_size=96, max_position_embeddings=MAX_POS, rms_norm_eps=1e-6,
-        initializer_range=INIT_RANGE, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
-    )
-    torch.manual_seed(1357)
-    model = Qwen3ForCausalLM(cfg).float().eval()
-    with torch.no_grad():  # norm weights start at 1: spread them so a missing q/k norm shows
-        for name, p in model.named_parameters():
-            if name.endswith(("q_norm.weight", "k_norm.weight")):
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-def _random_biases(model: torch.nn.Module) -> None:
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".bias"):
-                p.normal_(0, INIT_RANGE)
-
-
-BUILDERS = {"llama": _llama, "gpt2": _gpt2, "qwen2": _qwen2, "qwen3": _qwen3}
+# One target per family (V = 257, context 256, weights drawn with INIT_RANGE). qwen2: Llama plus q/k/v biases
+# (models/architectures.py), drawn as widely as the weights; qwen3: q/k norms over each head (spread around 1),
+# an explicit head size (d_model != heads x head_dim), tied embeddings.
+BUILDERS = {
+    "llama": Tiny("llama", 1234, layers=3, ff=128, rope_theta=10000.0, eps=1e-6, tie=False),
+    "gpt2": Tiny("gpt2", 4321, bos=VOCAB - 1, eos=VOCAB - 1),
+    "qwen2": Tiny("qwen2", 2468, ff=96, rope_theta=1e6, eps=1e-6, tie=False),
+    "qwen3": Tiny("qwen3", 1357, ff=96, head_dim=32, eps=1e-6, tie=True),
+}
 assert tuple(BUILDERS) == ALL_FAMILIES
 
 
 def _build(arch: str, root: Path) -> TinyModel:
     path = root / arch
-    hf = BUILDERS[arch](path)
-    hf.save_pretrained(str(path))
+    hf = BUILDERS[arch].save(path)
     lm = load_model(str(path), dtype="fp32", use_cache=False, tokenizer=False)
     return TinyModel(arch, hf, lm, path)
 

@@ -88,19 +88,14 @@ class Fixtures:
 
 def build_tiny_checkpoint(path: Path, context: int = TINY_CONTEXT) -> Path:
     """A random Llama checkpoint with the default model's tokenizer (read from its GGUF, offline)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tiny_checkpoints import Tiny
 
     from specstack.models.loading import load_tokenizer
     from specstack.models.registry import DEFAULT_MODEL, resolve
 
     tok = load_tokenizer(resolve(DEFAULT_MODEL), None)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(str(path))
-    tok.save_pretrained(str(path))
+    Tiny("llama", 0, vocab=len(tok), hidden=64, layers=2, ff=128, max_pos=context, init=None, tie=True,
+         bos=tok.bos_token_id, eos=tok.eos_token_id).save(path, tok)
     return path
 
 

@@ -7,26 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_checkpoints import Tiny, llama
 
 from specstack.models.base import LoadedModel
 from specstack.models.loading import load_model
 
 
-def save_llama(path: Path, seed: int, vocab: int, layers: int, hidden: int, max_pos: int, init: float) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=max_pos,
-        rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=init, bos_token_id=1, eos_token_id=2,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    LlamaForCausalLM(cfg).float().eval().save_pretrained(str(path))
-    return path
-
-
-def load_fp32(path: Path) -> LoadedModel:
+def load_fp32(tiny: Tiny, path: Path) -> LoadedModel:
+    """`tiny` built into `path`, loaded by specstack in fp32."""
+    tiny.save(path)
     return load_model(str(path), dtype="fp32", use_cache=False, tokenizer=False)
 
 
@@ -34,7 +23,7 @@ def load_fp32(path: Path) -> LoadedModel:
 def random_draft(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     """A one-layer Llama with the tiny targets' vocabulary (257) and context (256), other weights."""
     root = tmp_path_factory.mktemp("random-draft")
-    return load_fp32(save_llama(root / "d", seed=999, vocab=257, layers=1, hidden=32, max_pos=256, init=0.15))
+    return load_fp32(llama(seed=999, vocab=257, layers=1, hidden=32, max_pos=256, init=0.15), root / "d")
 
 
 @pytest.fixture(scope="session")
@@ -52,8 +41,8 @@ def vocab8(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, Loade
     """(target, draft): tiny Llamas with an 8-token vocabulary. A large init spreads the logits so the
     distributions are far from uniform and the draft is often, but not always, right."""
     root = tmp_path_factory.mktemp("vocab8")
-    target = load_fp32(save_llama(root / "t", seed=11, vocab=8, layers=2, hidden=32, max_pos=64, init=0.5))
-    draft = load_fp32(save_llama(root / "d", seed=12, vocab=8, layers=1, hidden=32, max_pos=64, init=0.5))
+    target = load_fp32(llama(seed=11, vocab=8, layers=2, hidden=32, max_pos=64, init=0.5), root / "t")
+    draft = load_fp32(llama(seed=12, vocab=8, layers=1, hidden=32, max_pos=64, init=0.5), root / "d")
     return target, draft
 
 

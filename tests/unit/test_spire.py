@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lossless.conftest import save_llama
+from tiny_checkpoints import llama
 
 from specstack.attention import build_batch
 from specstack.config import WindowSpec
@@ -32,8 +32,8 @@ from specstack.training.teacher import (
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     """A tiny Llama (3 blocks, V = 257) in fp32."""
-    path = save_llama(tmp_path_factory.mktemp("spire") / "t", seed=21, vocab=257, layers=3, hidden=64,
-                      max_pos=128, init=0.15)
+    path = tmp_path_factory.mktemp("spire") / "t"
+    llama(seed=21, vocab=257, layers=3, hidden=64, max_pos=128, init=0.15).save(path)
     return load_model(str(path), dtype="fp32", use_cache=False, tokenizer=False)
 
 
