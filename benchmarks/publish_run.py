@@ -20,7 +20,7 @@ import json
 import shutil
 from pathlib import Path
 
-from specstack.bench.report import read_rows
+from specstack.bench.rows import read_rows
 
 KEPT = ("summary.md", "summary.json", "run.json")
 PER_TOKEN = ("tokens", "token_origins", "accepted_per_step")  # row fields with one entry per token or step

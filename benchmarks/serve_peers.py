@@ -41,6 +41,8 @@ import httpx
 
 from specstack.bench import serve_load, serve_report
 from specstack.bench.datasets import iter_prompts
+from specstack.bench.serve_settings import Level, LoadSettings
+from specstack.bench.serve_stats import LevelResult, row_dict
 from specstack.cli.common import sizes
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text, check_writable_dir
@@ -112,8 +114,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def measure(config: ServerConfig, levels: Sequence[serve_load.Level], prompts: list[Any],
-            settings: serve_load.LoadSettings, slots: int, out: Path, startup: float,
+def measure(config: ServerConfig, levels: Sequence[Level], prompts: list[Any],
+            settings: LoadSettings, slots: int, out: Path, startup: float,
             after: Callable[[str], dict[str, Any]] | None = None) -> None:
     """Start the server, run `levels` against it, then `after(root)` if given, and stop it; the summaries,
     rows, memory and what `after` returned go to `config`."""
@@ -127,14 +129,14 @@ def measure(config: ServerConfig, levels: Sequence[serve_load.Level], prompts: l
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}", log, startup)
 
-        def progress(lr: serve_load.LevelResult) -> None:
+        def progress(lr: LevelResult) -> None:
             config.memory.append({"level": lr.level.name, **proc_memory(proc.pid)})
             print(f"[{config.label}] {serve_load.progress_line(lr)}", file=sys.stderr, flush=True)
 
         if levels:
             result = serve_load.run(f"http://127.0.0.1:{port}/v1", None, None, settings, levels, prompts, progress)
             config.levels += [lr.summary(result.greedy) for lr in result.levels]
-            config.rows += [serve_load.row_dict(r) for r in result.rows()]
+            config.rows += [row_dict(r) for r in result.rows()]
         if after is not None:
             config.probes.update(after(f"http://127.0.0.1:{port}"))
     finally:
@@ -242,14 +244,14 @@ def add_load_args(ap: argparse.ArgumentParser, concurrency: str) -> None:
     ap.add_argument("--out", type=Path, default=None)
 
 
-def load_plan(args: argparse.Namespace, name: str) -> tuple[Path, list[Any], list[serve_load.Level],
-                                                             serve_load.LoadSettings]:
+def load_plan(args: argparse.Namespace, name: str) -> tuple[Path, list[Any], list[Level],
+                                                             LoadSettings]:
     """The output folder (checked), the prompts, the levels and the load's settings of add_load_args' flags."""
     out = args.out or Path("bench_out") / time.strftime(f"{name}-%Y%m%d-%H%M%S")
     check_writable_dir(out, "--out")
     prompts = [p for _, p in zip(range(args.limit), iter_prompts(args.prompts), strict=False)]
-    levels = [serve_load.Level("concurrency", c) for c in args.concurrency]
-    settings = serve_load.LoadSettings(max_tokens=args.max_tokens, ignore_eos=True, seed=args.seed,
+    levels = [Level("concurrency", c) for c in args.concurrency]
+    settings = LoadSettings(max_tokens=args.max_tokens, ignore_eos=True, seed=args.seed,
                                        timeout=args.timeout, requests=args.requests)
     return out, prompts, levels, settings
 

@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from specstack.bench.report import read_rows
+from specstack.bench.rows import read_rows
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specstack.bench.report import read_rows, read_run
+from specstack.bench.rows import read_rows, read_run
 from specstack.config import WEIGHT_FORMATS, SamplingParams
 from specstack.engine.methods import METHODS, MethodSpec, parse_method
 from specstack.errors import SpecstackError

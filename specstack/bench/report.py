@@ -1,5 +1,6 @@
 """Reports of `specstack bench`, built only from its rows (results.jsonl; DESIGN §2.7): summary.json,
-summary.md, speedup_per_prompt.png, tau_hist.png, origins.html; and `--compare` of two runs.
+summary.md, speedup_per_prompt.png, tau_hist.png, origins.html. The rows are read by rows.py; the tables
+printed from finished runs (--compare, --ratios, --phases) are tables.py's.
 
 Speed-ups are per prompt: a method's tokens/s on a prompt (the mean over its repeats) divided by the
 baseline's on the same prompt; `mean_speedup_vs_X` / `median_speedup_vs_X` are the mean / median of
@@ -14,9 +15,7 @@ batch table, batch_throughput.png) beside its single-sequence `ar` rows, summari
 """
 from __future__ import annotations
 
-import gzip
 import json
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -25,10 +24,9 @@ from typing import Any
 
 from specstack.bench.batch_report import batch_section, is_batch_row, plot_batch_throughput, summarize_batches
 from specstack.bench.figures import pyplot, save_png
-from specstack.errors import SpecstackError
-from specstack.files import atomic_write_text, decode_utf8, read_bytes, read_text
+from specstack.bench.rows import Row
+from specstack.files import atomic_write_text
 
-Row = dict[str, Any]
 SUMMARY_FIELDS = ("dtype", "prompts", "rows", "new_tokens", "seconds", "tokens_per_s", "mean_speedup_vs_hf",
                   "median_speedup_vs_hf", "mean_speedup_vs_ar", "median_speedup_vs_ar", "tau", "identical_rate",
                   "origins")
@@ -106,7 +104,7 @@ def summarize(rows: Sequence[Row], ar: str | None, hf: str | None,
 # ---------------------------------------------------------------------------------------------------
 # Text
 # ---------------------------------------------------------------------------------------------------
-def _f(v: Any, spec: str = ".2f", suffix: str = "") -> str:
+def cell(v: Any, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if v is None else format(v, spec) + suffix
 
 
@@ -124,10 +122,10 @@ def summary_table(summary: Mapping[str, Mapping[str, Any]], hf: str | None, ar: 
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for m, s in summary.items():
         lines.append(f"| {m} | {s['dtype']} | {s['prompts']} | {s['new_tokens']} | {s['seconds']:.1f} | "
-                     f"{_f(s['tokens_per_s'], '.1f')} | {_f(s['mean_speedup_vs_hf'])} | "
-                     f"{_f(s['median_speedup_vs_hf'])} | "
-                     f"{_f(s['mean_speedup_vs_ar'])} | {_f(s['median_speedup_vs_ar'])} | {_f(s['tau'])} | "
-                     f"{_f(None if s['identical_rate'] is None else 100 * s['identical_rate'], '.0f', ' %')} | "
+                     f"{cell(s['tokens_per_s'], '.1f')} | {cell(s['mean_speedup_vs_hf'])} | "
+                     f"{cell(s['median_speedup_vs_hf'])} | "
+                     f"{cell(s['mean_speedup_vs_ar'])} | {cell(s['median_speedup_vs_ar'])} | {cell(s['tau'])} | "
+                     f"{cell(None if s['identical_rate'] is None else 100 * s['identical_rate'], '.0f', ' %')} | "
                      f"{origins_text(s.get('origins'))} |")
     return "\n".join(lines)
 
@@ -248,69 +246,10 @@ def origins_html(row: Row, tokenizer: Any, title: str) -> str:
     return html_page(pieces, row["token_origins"], title, line)
 
 
+
 # ---------------------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------------------
-# the fields every reader of rows relies on, and their types
-ROW_TYPES: dict[str, tuple[type, ...]] = {"task_id": (str,), "method": (str,), "repeat": (int,), "new_tokens": (int,),
-                                          "seconds": (int, float), "tokens_per_s": (int, float)}
-
-
-def read_rows(path: Path) -> list[Row]:
-    """The rows of a results.jsonl, or of the gzip file beside it (`results.jsonl.gz`) when only that
-    exists: a run committed under docs/bench keeps its rows compressed and without their per-token
-    arrays (benchmarks/publish_run.py). None if neither exists. Text after the last newline that is
-    not a row is a row cut off by an interrupted run (rows are written whole, newline last) and is
-    dropped; any other bad line is an error naming the file and the line: no row is ever lost."""
-    gz = path.with_name(path.name + ".gz")
-    if path.is_file():
-        source, data = path, read_bytes(path, "results file")
-    elif gz.is_file():
-        source = gz
-        try:
-            data = gzip.decompress(read_bytes(gz, "results file"))
-        except (OSError, EOFError):  # BadGzipFile is an OSError; EOFError: cut short
-            raise SpecstackError(f"{gz}: not a readable gzip file of rows") from None
-    else:
-        return []
-    *lines, last = decode_utf8(data, str(source)).split("\n")
-    rows = [parse_row(line, source, n) for n, line in enumerate(lines, 1) if line.strip()]
-    if last.strip():
-        try:
-            json.loads(last)
-        except json.JSONDecodeError:
-            return rows  # cut off
-        rows.append(parse_row(last, source, len(lines) + 1))
-    return rows
-
-
-def parse_row(line: str, source: Path, n: int) -> Row:
-    """Line n of `source` as a row (an object with ROW_TYPES' fields), or an error naming both."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise SpecstackError(f"{source}:{n}: not valid JSON ({e.msg})") from None
-    bad = [k for k, types in ROW_TYPES.items() if not isinstance(row.get(k), types)] if isinstance(row, dict) \
-        else list(ROW_TYPES)
-    if bad:
-        raise SpecstackError(f"{source}:{n}: not a row of `specstack bench` (missing or malformed: {', '.join(bad)})")
-    return row
-
-
-def read_run(folder: Path) -> dict[str, Any]:
-    """A run's settings (DIR/run.json, BenchSettings' fields), checked to be a JSON object."""
-    path = Path(folder) / "run.json"
-    if not path.is_file():
-        raise SpecstackError(f"{folder} holds no run.json: not a `specstack bench` output folder")
-    try:
-        run = json.loads(read_text(path, "run file"))
-    except json.JSONDecodeError as e:
-        raise SpecstackError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(run, dict):
-        raise SpecstackError(f"{path}: not the settings of a `specstack bench` run (a JSON object)")
-    return run
-
-
 def write_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], order: Sequence[str],
                  tokenizer: Any = None) -> dict[str, Any]:
     """summary.json, summary.md and the figures from all rows; origins.html when a speculative
@@ -372,100 +311,3 @@ def _write_batch_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], or
     meta["files"] = [f for f in ("summary.json", "summary.md", "batch_throughput.png")
                      if f.startswith("summary") or (out / f).is_file()]
     return _write_summaries(out, summary, meta, batches)
-
-
-# ---------------------------------------------------------------------------------------------------
-# --compare
-# ---------------------------------------------------------------------------------------------------
-def read_summary(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / "summary.json"
-    if not path.is_file():
-        raise SpecstackError(f"--compare: {folder} has no summary.json (not a finished `specstack bench` run)")
-    try:
-        doc = json.loads(read_text(path, "summary file"))
-    except json.JSONDecodeError:
-        raise SpecstackError(f"--compare: {path} is not valid JSON") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("methods"), dict):
-        raise SpecstackError(f"--compare: {path} has no 'methods' table")
-    return doc
-
-
-def _change(a: float | None, b: float | None, spec: str) -> str:
-    if a is None and b is None:
-        return "–"
-    text = f"{_f(a, spec)} → {_f(b, spec)}"
-    if a and b is not None:
-        text += f" ({100 * (b / a - 1):+.0f} %)"
-    return text
-
-
-def compare(dir1: Path, dir2: Path) -> str:
-    """Per method (in either run): tokens/s, mean speed-ups and tau, first run → second run."""
-    a, b = read_summary(dir1)["methods"], read_summary(dir2)["methods"]
-    lines = [f"Comparing {dir1} → {dir2}", "",
-             "| method | tokens/s | mean speed-up vs hf | mean speed-up vs ar | tau | identical to ar |",
-             "|---|---|---|---|---|---|"]
-    for m in list(a) + [m for m in b if m not in a]:
-        x, y = a.get(m, {}), b.get(m, {})
-        ident = [None if s.get("identical_rate") is None else 100 * s["identical_rate"] for s in (x, y)]
-        lines.append(f"| {m}{'' if m in a else ' (new)'}{'' if m in b else ' (gone)'} | "
-                     f"{_change(x.get('tokens_per_s'), y.get('tokens_per_s'), '.1f')} | "
-                     f"{_change(x.get('mean_speedup_vs_hf'), y.get('mean_speedup_vs_hf'), '.2f')} | "
-                     f"{_change(x.get('mean_speedup_vs_ar'), y.get('mean_speedup_vs_ar'), '.2f')} | "
-                     f"{_change(x.get('tau'), y.get('tau'), '.2f')} | "
-                     f"{_f(ident[0], '.0f')} → {_f(ident[1], '.0f')} % |")
-    return "\n".join(lines)
-
-
-def ratio_table(folder: Path, pairs: Sequence[str]) -> str:
-    """Per-prompt ratios of tokens/s, `A/B` for each pair, over the prompts both methods ran: mean,
-    geometric mean, median, range and the prompts A won (the tables of docs/BENCHMARKS.md)."""
-    rows = read_rows(folder / "results.jsonl")
-    if not rows:
-        raise SpecstackError(f"{folder} has no results.jsonl rows")
-    lines = ["| | mean | geometric mean | median | min – max | prompts won |", "|---|---:|---:|---:|---:|---:|"]
-    methods = methods_in(rows)
-    for pair in pairs:
-        a, slash, b = pair.rpartition("/")
-        if not slash or a not in methods or b not in methods:
-            raise SpecstackError(f"--ratios {pair!r}: give METHOD/METHOD with methods of this run: {', '.join(methods)}")
-        r = list(prompt_speedups(rows, a, b).values())
-        if not r:
-            raise SpecstackError(f"--ratios {pair!r}: {a} and {b} share no prompt with a speed > 0 in {folder}")
-        geo = math.exp(statistics.mean(math.log(x) for x in r))
-        lines.append(f"| {a} / {b} | {statistics.mean(r):.3f} | {geo:.3f} | {statistics.median(r):.3f} | "
-                     f"{min(r):.2f} – {max(r):.2f} | {sum(x > 1 for x in r)} |")
-    return "\n".join(lines)
-
-
-def has_phases(row: Row) -> bool:
-    """The row times its phases: seconds per phase and the target forwards they divide into."""
-    phases, forwards = row.get("phases"), row.get("target_forwards")
-    return (isinstance(phases, dict) and bool(phases) and all(isinstance(v, (int, float)) for v in phases.values())
-            and isinstance(forwards, int) and forwards > 0)
-
-
-def phase_table(folder: Path) -> str:
-    """Where each method's time goes: milliseconds per target forward (a step) in each phase the
-    engine times (draft, target, verify, overhead; decode = the whole decoding loop), the prefill
-    per step, and the wall time per step, summed over the run's rows (peers time no phases and are
-    left out)."""
-    rows = read_rows(folder / "results.jsonl")
-    if not rows:
-        raise SpecstackError(f"{folder} has no results.jsonl rows")
-    order = ("prefill", "draft", "target", "verify", "overhead", "decode")
-    body = []
-    for m in methods_in(rows):
-        mine = [r for r in rows if r["method"] == m and has_phases(r)]
-        steps = sum(r["target_forwards"] for r in mine)
-        if not steps:
-            continue
-        ms = {k: 1e3 * sum(r["phases"].get(k, 0.0) for r in mine) / steps for k in order}
-        cells = " | ".join(f"{ms[k]:.1f}" if any(k in r["phases"] for r in mine) else "–" for k in order)
-        wall = 1e3 * sum(r["seconds"] for r in mine) / steps
-        body.append(f"| {m} | {cells} | {wall:.1f} | {sum(r['new_tokens'] for r in mine) / steps:.2f} |")
-    if not body:
-        raise SpecstackError(f"--phases: no row of {folder} carries phase timings (the phases and target_forwards "
-                             "of an engine method)")
-    head = ["| method | " + " | ".join(order) + " | wall | tokens per step |", "|---|" + "---:|" * (len(order) + 2)]
-    return "\n".join(head + body)

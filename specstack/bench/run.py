@@ -41,7 +41,8 @@ from specstack.bench.peers import (
     load_llama_cpp,
 )
 from specstack.bench.plan import SERVER_PEERS, BenchMethod, Plan
-from specstack.bench.report import read_rows, write_report
+from specstack.bench.report import write_report
+from specstack.bench.rows import read_rows
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import Drafter
 from specstack.drafting.batch_length import BatchLength

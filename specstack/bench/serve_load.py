@@ -1,19 +1,7 @@
 """The load generator of `specstack bench-serve`: streamed requests against any OpenAI-compatible
-endpoint (ours, vLLM, llama.cpp's llama-server), level after level, and the statistics of each level.
-
-Terms:
-- a *level* is one setting of the load: `concurrency C` (closed loop: C clients, each sending its next
-  request when its last one ends) or `rate R` (open loop: requests arrive at R per second, Poisson, seeded,
-  however many are in flight);
-- a *content chunk* is a streamed event that carries output text (a chat stream's role-only first delta,
-  the usage chunk and empty texts are not content). A speculative server may put several tokens in one
-  chunk, so the inter-token latency here is per chunk (ITL), and `tokens_per_chunk` says how many;
-- TTFT: from sending a request to its first content chunk; e2e: to the end of its stream; TPOT: (e2e -
-  TTFT) / (tokens - 1), the time per output token after the first, comparable across chunkings;
-- a request ends `ok`, `error` (an HTTP status, a network failure, an error event, a timeout, a stream
-  cut before `data: [DONE]`) or `cancelled`: closed by us after its first CANCEL_AFTER content chunks
-  (--disconnect: a client going away mid-stream; neither an error nor counted in the tokens);
-- output tokens: the final `usage.completion_tokens` when the server sends it, else the content chunks.
+endpoint (ours, vLLM, llama.cpp's llama-server), level after level. What is sent is serve_settings.py's
+(levels, settings, the plan of a level), how it is encoded and read back serve_wire.py's, and the
+statistics of each level serve_stats.py's.
 
 Requests go through httpx with the SSE lines parsed here, not through the openai client: on a 2-core
 machine the client's per-chunk pydantic parsing takes CPU from the server under test, and that would
@@ -23,292 +11,41 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
-import random
-import re
 import time
-from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
 from specstack import interrupt
 from specstack.bench.datasets import Prompt
+from specstack.bench.serve_settings import (
+    Level,
+    LoadSettings,
+    RequestRow,
+    Target,
+    arrival_times,
+    disconnect_set,
+    requests_for,
+)
+from specstack.bench.serve_stats import LevelResult, RunResult, summarize_level
+from specstack.bench.serve_wire import (
+    ERROR_CHARS,
+    chunk_text,
+    endpoint_of,
+    error_message,
+    parse_rss,
+    path_of,
+    request_body,
+    sse_data,
+)
 from specstack.errors import SpecstackError
 
-ENDPOINTS = ("completions", "chat")
 CANCEL_AFTER = 2  # content chunks a --disconnect request reads before it closes its stream
 CHECK_TOKENS = 8  # max_tokens of the one check request sent before the first level (not measured)
-ERROR_CHARS = 200  # of a server's error message kept in a row
 _POLL_S = 0.2  # how often a running level looks for a Ctrl-C (interrupt.check)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Settings
-# ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Target:
-    """Where the requests go: `url` is the API base (`http://host:port/v1`)."""
-    url: str
-    model: str
-    api_key: str | None = None
-
-    @property
-    def root(self) -> str:
-        """The server's root (the url without a trailing /v1): where /metrics and /health live."""
-        return self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-
-@dataclass(frozen=True)
-class Level:
-    """One load setting: `concurrency` clients in a closed loop, or `rate` requests/s (Poisson)."""
-    kind: Literal["concurrency", "rate"]
-    value: float
-
-    @property
-    def name(self) -> str:
-        return f"c{self.value:g}" if self.kind == "concurrency" else f"r{self.value:g}"
-
-    def describe(self) -> str:
-        return f"concurrency {self.value:g}" if self.kind == "concurrency" else f"rate {self.value:g}/s"
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    """What every request asks, and how many are sent per level."""
-    endpoint: str | None = None  # completions | chat | None: per prompt (a chat prompt goes to chat)
-    max_tokens: int = 128
-    temperature: float = 0.0
-    ignore_eos: bool = False
-    disconnect: float = 0.0  # share of each level's requests that close their stream early
-    seed: int = 0
-    timeout: float = 600.0  # seconds per request, from sending it to the end of its stream
-    requests: int | None = None  # per level; None: requests_for's default
-    extra_body: Mapping[str, Any] = field(default_factory=dict)  # merged into every body
-
-
-@dataclass
-class RequestRow:
-    """One request of a level. Times are seconds; sent_s counts from the level's start."""
-    level: str
-    index: int  # within the level, in sending order
-    prompt: int  # index into the prompt list
-    endpoint: str
-    status: str = "error"  # ok | error | cancelled
-    http_status: int | None = None
-    error: str | None = None
-    sent_s: float = 0.0
-    ttft_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)  # gaps between successive content chunks
-    e2e_s: float | None = None
-    chunks: int = 0  # content chunks
-    usage_tokens: int | None = None  # the final usage.completion_tokens, if sent
-    output_tokens: int = 0
-    text: str = ""
-
-
-@dataclass
-class LevelResult:
-    level: Level
-    rows: list[RequestRow]
-    wall_s: float
-    rss_after: int | None = None
-
-    def summary(self, greedy: bool) -> dict[str, Any]:
-        s = summarize_level(self.level, self.rows, self.wall_s)
-        s["consistency"] = consistency(self.rows) if greedy else None
-        s["server_rss_bytes_after"] = self.rss_after
-        return s
-
-
-@dataclass
-class RunResult:
-    target: Target
-    settings: LoadSettings
-    levels: list[LevelResult]
-    rss_before: int | None = None
-    check: dict[str, Any] = field(default_factory=dict)  # the check request: status, seconds, tokens
-
-    @property
-    def greedy(self) -> bool:
-        return self.settings.temperature == 0
-
-    def rows(self) -> list[RequestRow]:
-        return [r for lv in self.levels for r in lv.rows]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Pure parts: request plan, bodies, SSE, statistics
-# ---------------------------------------------------------------------------------------------------
-def requests_for(level: Level, prompts: int, requests: int | None) -> int:
-    """Requests sent at a level: `requests` if given, else every prompt once and at least 4 per client
-    (4 x C; 4 x R for a rate: about 4 s of arrivals), so each client's start and end are a small part."""
-    if requests is not None:
-        return requests
-    return max(prompts, math.ceil(4 * level.value))
-
-
-def _rng(seed: int, salt: str) -> random.Random:
-    # a string seed is hashed with SHA-512 (random.seed version 2): the same on every run and machine
-    return random.Random(f"{seed}/{salt}")
-
-
-def disconnect_set(n: int, share: float, seed: int, salt: str = "") -> frozenset[int]:
-    """Which of n requests close their stream early: round(share x n) of them, chosen by the seed."""
-    k = min(n, round(share * n))
-    return frozenset(_rng(seed, "disconnect/" + salt).sample(range(n), k))
-
-
-def arrival_times(n: int, rate: float, seed: int, salt: str = "") -> list[float]:
-    """Seconds from a level's start at which its n requests are sent: a Poisson process of `rate`
-    per second (exponential gaps), the first at 0 so a level starts with work."""
-    rng = _rng(seed, "arrivals/" + salt)
-    times, t = [], 0.0
-    for i in range(n):
-        if i:
-            t += rng.expovariate(rate)
-        times.append(t)
-    return times
-
-
-def endpoint_of(prompt: Prompt, endpoint: str | None) -> str:
-    return endpoint or ("chat" if prompt.chat else "completions")
-
-
-def request_body(prompt: Prompt, endpoint: str, model: str, s: LoadSettings, max_tokens: int | None = None) -> dict[str, Any]:
-    """The JSON body of one streamed request for `prompt` (a chat request holds it as one user message)."""
-    body: dict[str, Any] = {"model": model}
-    if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt.text}]
-    else:
-        body["prompt"] = prompt.text
-    body.update(max_tokens=max_tokens or s.max_tokens, temperature=s.temperature, stream=True,
-                stream_options={"include_usage": True})
-    if s.ignore_eos:
-        body["ignore_eos"] = True  # read by vLLM and llama-server (and ours): exactly max_tokens, equal work
-    body.update(s.extra_body)
-    return body
-
-
-def path_of(endpoint: str) -> str:
-    return "/chat/completions" if endpoint == "chat" else "/completions"
-
-
-def sse_data(line: str) -> str | None:
-    """The payload of an SSE `data:` line; None for anything else (comments, event names, blank lines)."""
-    if not line.startswith("data:"):
-        return None
-    return line[5:].strip()
-
-
-def chunk_text(event: Mapping[str, Any]) -> str:
-    """The output text of one streamed event of either endpoint (choice 0: one completion per request)."""
-    choices = event.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        return ""
-    c = choices[0]
-    if "delta" in c:
-        return (c.get("delta") or {}).get("content") or ""
-    return c.get("text") or ""
-
-
-def error_message(body: bytes | str) -> str:
-    """A server's error in one short line: OpenAI's {"error": {"message"}}, FastAPI's {"detail"}, or the text."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        obj = None
-    if isinstance(obj, dict):
-        err = obj.get("error", obj.get("detail"))
-        if isinstance(err, dict):
-            err = err.get("message", err)
-        if err is not None:
-            text = err if isinstance(err, str) else json.dumps(err)
-    text = " ".join(text.split())
-    return text[:ERROR_CHARS] + ("..." if len(text) > ERROR_CHARS else "")
-
-
-_RSS = re.compile(r"^process_resident_memory_bytes(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
-
-
-def parse_rss(metrics: str) -> int | None:
-    """process_resident_memory_bytes from Prometheus text (prometheus_client's process collector)."""
-    m = _RSS.search(metrics)
-    if not m:
-        return None
-    try:
-        return int(float(m.group(1)))
-    except ValueError:
-        return None
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100), linear between the closest ranks (numpy's default); None if empty."""
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def _ms(values: Sequence[float], q: float) -> float | None:
-    p = percentile(values, q)
-    return None if p is None else 1e3 * p
-
-
-def summarize_level(level: Level, rows: Sequence[RequestRow], wall_s: float) -> dict[str, Any]:
-    """One level's numbers. Throughput counts ok requests only (a cancelled request's tokens are not
-    work the client used); latencies are over ok requests, in milliseconds."""
-    ok = [r for r in rows if r.status == "ok"]
-    tokens = sum(r.output_tokens for r in ok)
-    chunks = sum(r.chunks for r in ok)
-    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
-    itl = [g for r in ok for g in r.itl_s]
-    e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
-    tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in ok
-            if r.e2e_s is not None and r.ttft_s is not None and r.output_tokens > 1]
-    errors = Counter(f"{r.http_status} {r.error}" if r.http_status else str(r.error) for r in rows if r.status == "error")
-    return {
-        "level": level.name, "kind": level.kind, "value": level.value, "requests": len(rows), "ok": len(ok),
-        "errors": sum(errors.values()), "cancelled": sum(r.status == "cancelled" for r in rows),
-        "wall_s": wall_s, "output_tokens": tokens,
-        "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
-        "requests_per_s": len(ok) / wall_s if wall_s > 0 else None,
-        "ttft_ms_p50": _ms(ttft, 50), "ttft_ms_p99": _ms(ttft, 99),
-        "itl_ms_p50": _ms(itl, 50), "itl_ms_p99": _ms(itl, 99),
-        "e2e_ms_p50": _ms(e2e, 50), "e2e_ms_p99": _ms(e2e, 99),
-        "tpot_ms_p50": _ms(tpot, 50), "tpot_ms_p99": _ms(tpot, 99),
-        "tokens_per_chunk": tokens / chunks if chunks else None,
-        "error_messages": dict(errors.most_common(5)),
-    }
-
-
-def consistency(rows: Sequence[RequestRow]) -> dict[str, Any]:
-    """Greedy decoding gives one text per prompt: the prompts whose ok requests disagree (a request
-    given another's state, a corrupted batch row). Only meaningful at temperature 0."""
-    texts: dict[int, set[str]] = defaultdict(set)
-    for r in rows:
-        if r.status == "ok":
-            texts[r.prompt].add(r.text)
-    bad = sorted(p for p, t in texts.items() if len(t) > 1)
-    return {"prompts_checked": sum(len(t) > 0 for t in texts.values()), "mismatched": len(bad), "mismatched_prompts": bad}
-
-
-def row_dict(r: RequestRow) -> dict[str, Any]:
-    return asdict(r)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Talking to the server
-# ---------------------------------------------------------------------------------------------------
 def client(target: Target, connections: int | None, timeout: float) -> httpx.AsyncClient:
     """One pool for a level, sized to its concurrency (None: unbounded, for an open loop), so no request
     waits on the client's pool instead of the server."""

@@ -3,7 +3,7 @@ table of serve.md (one row per level), and serve.png (total tokens/s and p50/p99
 against the load), each written whole (specstack.files).
 
 serve.json holds the command line, the machine, the settings, the server's resident memory before and
-after, one summary per level (serve_load.summarize_level's fields plus `consistency`), the consistency
+after, one summary per level (serve_stats.summarize_level's fields plus `consistency`), the consistency
 over the whole run, and every request's row (times in seconds, its text).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specstack.bench.figures import pyplot, save_png
-from specstack.bench.serve_load import RunResult, consistency, row_dict
+from specstack.bench.serve_stats import RunResult, consistency, row_dict
 from specstack.files import atomic_write_text
 from specstack.machine import cpu_model, now, package_version, versions
 from specstack.validate import available_cores

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specstack.bench.datasets import iter_prompts
-from specstack.bench.report import read_rows, read_run
+from specstack.bench.rows import read_rows, read_run
 from specstack.engine.methods import METHODS
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel

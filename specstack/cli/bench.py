@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from specstack.bench.datasets import check_prompt_set
-from specstack.bench.report import compare, phase_table, ratio_table
+from specstack.bench.tables import compare, phase_table, ratio_table
 from specstack.cli.common import (
     add_checked,
     add_draft_args,

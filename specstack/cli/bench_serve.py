@@ -146,12 +146,13 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     check_writable_dir(out, "--out")
 
     from specstack.bench import serve_load, serve_report  # httpx, matplotlib: only once the input is good
+    from specstack.bench.serve_settings import Level, LoadSettings
 
     if args.rate:
-        levels = [serve_load.Level("rate", r) for r in args.rate]
+        levels = [Level("rate", r) for r in args.rate]
     else:
-        levels = [serve_load.Level("concurrency", c) for c in (args.concurrency or DEFAULT_CONCURRENCY)]
-    settings = serve_load.LoadSettings(
+        levels = [Level("concurrency", c) for c in (args.concurrency or DEFAULT_CONCURRENCY)]
+    settings = LoadSettings(
         endpoint=args.endpoint, max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
         disconnect=args.disconnect, seed=args.seed, timeout=args.timeout, requests=args.requests, extra_body=body)
 

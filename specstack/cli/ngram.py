@@ -23,7 +23,7 @@ from specstack.models.registry import DEFAULT_MODEL, ModelSource, resolve
 from specstack.validate import ints
 
 # Good-Turing discounts only the rarest counts (Katz used k = 5): past ~100 the count-of-counts is
-# too sparse to estimate anything, and katz.py sizes an array by k
+# too sparse to estimate anything, and katz_estimate.py sizes an array by k
 MAX_GOOD_TURING_K = 100
 DEFAULT_EXTS = (".py",)
 DEFAULT_EXCLUDE_DIRS = ("__pycache__", ".git", "site-packages", "node_modules")

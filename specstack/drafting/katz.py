@@ -3,19 +3,8 @@ Good–Turing discounts, trained on a corpus (`specstack ngram train`) and saved
 a proper distribution over the target vocabulary V (every token has mass through the unigram), so it
 can also serve as a draft q.
 
-Katz backoff (per level, trigram -> bigram -> unigram), with c(.) counts from the training corpus:
-    P(w|u,v) = d_c · c(uvw) / c(uv)        if uvw was seen (kept after pruning), c = c(uvw)
-             = α(uv) · P(w|v)               otherwise
-    α(uv)    = (1 − Σ_seen P(w|u,v)) / (1 − Σ_seen P(w|v))      (sums over the w seen after uv)
-    d_r      = ((r+1)·n_{r+1} / (r·n_r) − A) / (1 − A)  for r ≤ k,  A = (k+1)·n_{k+1} / n_1,
-               1 for r > k, and 1 when the formula is undefined or falls outside (0, 1];
-n_r = the number of distinct n-grams of the level seen exactly r times (in the unpruned table).
-The unigram level uses the same discounts over the whole vocabulary: the mass taken from the seen
-tokens is spread evenly over the unseen ones (add-one when nothing would be left for them).
-
-Pruning (`min_count`): n-grams seen fewer times are dropped *after* the discounts and the context
-totals c(uv) are taken from the full table, so the dropped mass simply joins the backoff mass and
-α renormalises it: the pruned model is still a proper distribution (SRILM-style count cut-offs).
+katz_estimate.py holds the formulas and the estimation (a corpus -> flat tables); this module is the
+model over those tables: its queries (`prob`, `distribution`, `top`), and its file.
 """
 from __future__ import annotations
 
@@ -31,106 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specstack.drafting.katz_estimate import MAX_VOCAB, BackoffLevel, estimate
 from specstack.errors import SpecstackError
 from specstack.files import atomic_output
 
 FORMAT_VERSION = 1
 
 
-# ---------------------------------------------------------------------------------------------------
-# Good–Turing discounts
-# ---------------------------------------------------------------------------------------------------
-def count_of_counts(counts: np.ndarray, upto: int) -> np.ndarray:
-    """n[r] = how many distinct n-grams were seen exactly r times, for r = 0..upto (n[0] unused)."""
-    counts = np.asarray(counts, dtype=np.int64)
-    return np.bincount(counts[counts <= upto], minlength=upto + 1)[: upto + 1]
-
-
-def good_turing_discounts(n: Sequence[int] | np.ndarray, k: int) -> tuple[np.ndarray, float]:
-    """(d, A): d[r] for r = 0..k (d[0] = 1, unused) from the count-of-counts n (n[r], r = 0..k+1)."""
-    def n_(r: int) -> int:
-        return int(n[r]) if r < len(n) else 0
-
-    d = np.ones(k + 1)
-    if n_(1) == 0:
-        return d, float("nan")
-    A = (k + 1) * n_(k + 1) / n_(1)
-    if not A < 1.0:  # the Katz correction needs A < 1; otherwise keep the counts undiscounted
-        return d, A
-    for r in range(1, k + 1):
-        if n_(r) == 0:
-            continue
-        x = ((r + 1) * n_(r + 1) / (r * n_(r)) - A) / (1.0 - A)
-        if 0.0 < x <= 1.0:
-            d[r] = x
-    return d, A
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None
-
-
-def _discount_of(counts: np.ndarray, d: np.ndarray) -> np.ndarray:
-    k = len(d) - 1
-    return np.where(counts <= k, d[np.minimum(counts, k)], 1.0)
-
-
-# ---------------------------------------------------------------------------------------------------
-# One backoff level as flat arrays
-# ---------------------------------------------------------------------------------------------------
-@dataclass
-class _Level:
-    """Contexts (sorted keys) and, per context, the kept continuations sorted by probability
-    (descending, then token id): entries off[i]:off[i+1] belong to context ctx[i]."""
-    ctx: np.ndarray  # int64 [C] sorted context keys (v for bigrams, u*V+v for trigrams)
-    off: np.ndarray  # int64 [C+1]
-    tok: np.ndarray  # uint16/int32 [E]
-    prob: np.ndarray  # float32 [E]
-    alpha: np.ndarray  # float64 [C] backoff weight of each context
-
-
-def _build_level(keys: np.ndarray, counts: np.ndarray, V: int, d: np.ndarray, min_count: int,
-                 lower_prob) -> tuple[_Level, np.ndarray, np.ndarray]:
-    """One Katz level from the unique n-gram keys (sorted; key = context*V + w) and their counts.
-
-    lower_prob(ctx_keys, w) gives the next-lower level's P(w | shorter context) for entries whose
-    context key is ctx_keys. Returns the level and, for the next level's joins, the kept keys (sorted)
-    with their probabilities."""
-    ctx_of = keys // V
-    w = keys % V
-    # context totals c(ctx) over the full (unpruned) table: the MLE normaliser
-    starts = np.flatnonzero(np.r_[True, ctx_of[1:] != ctx_of[:-1]]) if len(keys) else np.zeros(0, np.int64)
-    group = np.cumsum(np.r_[False, ctx_of[1:] != ctx_of[:-1]]) if len(keys) else np.zeros(0, np.int64)
-    totals = np.add.reduceat(counts, starts) if len(keys) else np.zeros(0, np.int64)
-    kept = counts >= min_count
-    ctx_k, w_k, c_k, g_k = ctx_of[kept], w[kept], counts[kept], group[kept]
-    p = (_discount_of(c_k, d) * c_k / totals[g_k]).astype(np.float32).astype(np.float64)
-    low = lower_prob(ctx_k, w_k)
-    G = len(totals)
-    seen = np.bincount(g_k, weights=p, minlength=G)
-    seen_low = np.bincount(g_k, weights=low, minlength=G)
-    has = np.bincount(g_k, minlength=G) > 0
-    num = np.maximum(1.0 - seen, 0.0)
-    den = 1.0 - seen_low
-    full = den <= 1e-12  # every token with lower-order mass was seen here: nothing to back off to
-    alpha = np.where(full, 0.0, num / np.where(full, 1.0, den))
-    scale = np.where(full & (seen > 0), 1.0 / np.where(seen > 0, seen, 1.0), 1.0)
-    p = (p * scale[g_k]).astype(np.float32)
-    # store: contexts with kept entries, entries by (context, -p, token)
-    order = np.lexsort((w_k, -p, ctx_k))
-    ctx_ids = np.flatnonzero(has)
-    level_ctx = ctx_of[starts][ctx_ids] if G else np.zeros(0, np.int64)
-    n_per = np.bincount(g_k, minlength=G)[ctx_ids]
-    off = np.r_[0, np.cumsum(n_per)].astype(np.int64)
-    tok_dtype = np.uint16 if V <= 65536 else np.int32
-    level = _Level(level_ctx.astype(np.int64), off, w_k[order].astype(tok_dtype), p[order],
-                   alpha[ctx_ids].astype(np.float64))
-    return level, keys[kept], p
-
-
-# ---------------------------------------------------------------------------------------------------
-# The trigram
-# ---------------------------------------------------------------------------------------------------
 @dataclass
 class _Entry:
     """A context's kept continuations as Python objects (built on first use, then cached)."""
@@ -141,12 +37,12 @@ class _Entry:
 
 
 class KatzTrigram:
-    """Katz backoff trigram over token ids 0..V-1 (see the module docstring for the formulas)."""
+    """Katz backoff trigram over token ids 0..V-1 (katz_estimate.py's docstring has the formulas)."""
 
     _CACHE_LIMIT = 200_000  # cached contexts (Python lists) before the cache is dropped
     _WARM_ENTRIES = 256  # contexts with more continuations than this are materialised at load
 
-    def __init__(self, vocab_size: int, k: int, unigram: np.ndarray, bigram: _Level, trigram: _Level,
+    def __init__(self, vocab_size: int, k: int, unigram: np.ndarray, bigram: BackoffLevel, trigram: BackoffLevel,
                  meta: Mapping | None = None) -> None:
         self.vocab_size = int(vocab_size)
         self.k = int(k)
@@ -175,88 +71,8 @@ class KatzTrigram:
         """Count uni/bi/trigrams within each stream (no n-gram crosses a stream boundary), discount
         with Good–Turing (counts <= k), drop n-grams seen fewer than min_count times (trigrams) /
         min_count_bigram times (bigrams; default: min_count), and compute the backoff weights."""
-        V = int(vocab_size)
-        if not 1 <= V < 2 ** 21:  # trigram keys (u*V + v)*V + w must fit in int64
-            raise ValueError(f"vocab_size must be in [1, 2**21), got {vocab_size}")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        min_bi = min_count if min_count_bigram is None else min_count_bigram
-        if min_count < 1 or min_bi < 1:
-            raise ValueError("min_count must be >= 1")
-        uni, bi, tri = [], [], []
-        n_streams = 0
-        for s in token_streams:
-            a = np.asarray(s, dtype=np.int64).ravel()
-            if a.size == 0:
-                continue
-            if a.min() < 0 or a.max() >= V:
-                raise ValueError(f"token id out of range [0, {V}): {int(a.min())}..{int(a.max())}")
-            n_streams += 1
-            uni.append(a)
-            if a.size >= 2:
-                bi.append(a[:-1] * V + a[1:])
-            if a.size >= 3:
-                tri.append((a[:-2] * V + a[1:-1]) * V + a[2:])
-
-        def unique(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-            if not parts:
-                return np.zeros(0, np.int64), np.zeros(0, np.int64)
-            keys, counts = np.unique(np.concatenate(parts), return_counts=True)
-            return keys, counts.astype(np.int64)
-
-        # 1. unigram: Good–Turing over the whole vocabulary
-        c1 = np.bincount(np.concatenate(uni), minlength=V).astype(np.int64) if uni else np.zeros(V, np.int64)
-        N = int(c1.sum())
-        d1, A1 = good_turing_discounts(count_of_counts(c1[c1 > 0], k + 1), k)
-        if N == 0:
-            p1 = np.full(V, 1.0 / V)
-        else:
-            p1 = _discount_of(c1, d1) * c1 / N
-            unseen = c1 == 0
-            left = 1.0 - p1.sum()
-            if unseen.any() and left > 1e-12:
-                p1[unseen] = left / unseen.sum()
-            elif unseen.any():  # nothing was discounted: fall back to add-one
-                p1 = (c1 + 1.0) / (N + V)
-            else:
-                p1 = c1 / N  # every token seen: the MLE is already a distribution over V
-        p1 = p1.astype(np.float32).astype(np.float64)
-        p1 /= p1.sum()
-
-        # 2. bigram, backing off to the unigram
-        k2, n2 = unique(bi)
-        d2, A2 = good_turing_discounts(count_of_counts(n2, k + 1), k)
-        bigram, bi_keys, bi_p = _build_level(k2, n2, V, d2, min_bi, lambda ctx, w: p1[w])
-
-        def p_bigram(v: np.ndarray, w: np.ndarray) -> np.ndarray:
-            key = v * V + w
-            pos = np.searchsorted(bi_keys, key)
-            hit = pos < len(bi_keys)
-            hit[hit] = bi_keys[pos[hit]] == key[hit]
-            alpha = np.ones(len(v))
-            if len(bigram.ctx):
-                row = np.minimum(np.searchsorted(bigram.ctx, v), len(bigram.ctx) - 1)
-                has = bigram.ctx[row] == v
-                alpha[has] = bigram.alpha[row[has]]
-            p = alpha * p1[w]
-            p[hit] = bi_p[pos[hit]]
-            return p
-
-        # 3. trigram, backing off to the bigram
-        k3, n3 = unique(tri)
-        d3, A3 = good_turing_discounts(count_of_counts(n3, k + 1), k)
-        trigram, _, _ = _build_level(k3, n3, V, d3, min_count, lambda ctx, w: p_bigram(ctx % V, w))
-
-        meta = {
-            "format": FORMAT_VERSION, "k": k, "min_count": min_count, "min_count_bigram": min_bi,
-            "streams": n_streams, "tokens": N,
-            "distinct": {"unigram": int((c1 > 0).sum()), "bigram": len(k2), "trigram": len(k3)},
-            "kept": {"bigram": len(bigram.tok), "trigram": len(trigram.tok)},
-            "contexts": {"bigram": len(bigram.ctx), "trigram": len(trigram.ctx)},
-            "discounts": {"unigram": d1[1:].tolist(), "bigram": d2[1:].tolist(), "trigram": d3[1:].tolist()},
-            "A": {"unigram": _finite(A1), "bigram": _finite(A2), "trigram": _finite(A3)},
-        }
-        return cls(V, k, p1, bigram, trigram, meta)
+        t = estimate(token_streams, vocab_size, k, min_count, min_count_bigram)
+        return cls(t.vocab_size, t.k, t.unigram, t.bigram, t.trigram, {"format": FORMAT_VERSION, **t.meta})
 
     @property
     def discounts(self) -> dict[str, list[float]]:
@@ -289,7 +105,7 @@ class KatzTrigram:
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
-                levels = {name: _Level(z[f"{name}_ctx"], z[f"{name}_off"], z[f"{name}_tok"], z[f"{name}_prob"],
+                levels = {name: BackoffLevel(z[f"{name}_ctx"], z[f"{name}_off"], z[f"{name}_tok"], z[f"{name}_prob"],
                                        z[f"{name}_alpha"]) for name in ("bi", "tri")}
                 unigram = z["unigram"]
         except FileNotFoundError:
@@ -304,13 +120,13 @@ class KatzTrigram:
         return cls(meta["vocab_size"], meta["k"], unigram, levels["bi"], levels["tri"], meta)
 
     @staticmethod
-    def _problem(meta: object, unigram: np.ndarray, levels: Mapping[str, _Level]) -> str | None:
+    def _problem(meta: object, unigram: np.ndarray, levels: Mapping[str, BackoffLevel]) -> str | None:
         """What makes a loaded file unusable (queries index the arrays by each other), or None."""
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
             found = meta.get("format") if isinstance(meta, dict) else meta
             return f"unsupported format {found!r} (expected {FORMAT_VERSION})"
         V, k = meta.get("vocab_size"), meta.get("k")
-        if not (type(V) is int and 1 <= V < 2 ** 21 and type(k) is int and k >= 1):
+        if not (type(V) is int and 1 <= V < MAX_VOCAB and type(k) is int and k >= 1):
             return f"its vocab_size and k must be positive integers, got {V!r} and {k!r}"
         if unigram.shape != (V,) or unigram.dtype.kind != "f" or not (np.isfinite(unigram).all()
                                                                      and (unigram >= 0).all() and unigram.sum() > 0):
@@ -337,7 +153,7 @@ class KatzTrigram:
                                  f"the target {vocab_size}: train one with its tokenizer")
 
     # ---- queries --------------------------------------------------------------------------------
-    def _entry(self, level: _Level, rows: dict[int, int], cache: dict[int, _Entry], key: int) -> _Entry | None:
+    def _entry(self, level: BackoffLevel, rows: dict[int, int], cache: dict[int, _Entry], key: int) -> _Entry | None:
         e = cache.get(key)
         if e is not None:
             return e
@@ -446,6 +262,3 @@ class KatzTrigram:
             if len(out) >= n:
                 break
         return out
-
-
-

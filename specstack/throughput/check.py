@@ -23,7 +23,7 @@ from typing import Any
 
 from specstack.bench.datasets import iter_prompts
 from specstack.bench.plan import parse_methods
-from specstack.bench.report import read_rows, read_run
+from specstack.bench.rows import read_rows, read_run
 from specstack.errors import SpecstackError
 from specstack.models.drafts import choose_draft
 from specstack.models.loading import load_tokenizer

@@ -13,7 +13,8 @@ from types import ModuleType
 
 import pytest
 
-from specstack.bench.report import phase_table, ratio_table, read_rows
+from specstack.bench.rows import read_rows
+from specstack.bench.tables import phase_table, ratio_table
 from specstack.errors import SpecstackError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from specstack.bench import serve_load as sl
-from specstack.bench import serve_report
+from specstack.bench import serve_report, serve_settings, serve_stats, serve_wire
 from specstack.bench.datasets import Prompt
 from specstack.cli import main
 
@@ -120,16 +120,16 @@ def prompts_file(tmp_path: Path) -> Path:
 # Pure parts
 # ---------------------------------------------------------------------------------------------------
 def test_percentile_interpolates_between_ranks():
-    assert sl.percentile([], 50) is None
-    assert sl.percentile([7.0], 99) == 7.0
-    assert sl.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
-    assert sl.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
-    assert sl.percentile(list(range(101)), 99) == pytest.approx(99.0)
+    assert serve_stats.percentile([], 50) is None
+    assert serve_stats.percentile([7.0], 99) == 7.0
+    assert serve_stats.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert serve_stats.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert serve_stats.percentile(list(range(101)), 99) == pytest.approx(99.0)
 
 
 def row(prompt: int, status: str = "ok", text: str = "a", tokens: int = 4, chunks: int = 4, ttft: float = 0.1,
-        e2e: float = 0.4, sent: float = 0.0) -> sl.RequestRow:
-    r = sl.RequestRow("c2", 0, prompt, "completions", status=status, sent_s=sent, ttft_s=ttft, e2e_s=e2e,
+        e2e: float = 0.4, sent: float = 0.0) -> serve_settings.RequestRow:
+    r = serve_settings.RequestRow("c2", 0, prompt, "completions", status=status, sent_s=sent, ttft_s=ttft, e2e_s=e2e,
                       chunks=chunks, output_tokens=tokens if status == "ok" else 0, text=text)
     r.itl_s = [0.1] * (chunks - 1)
     return r
@@ -139,7 +139,7 @@ def test_level_summary_counts_ok_requests_only():
     rows = [row(0, tokens=8, chunks=4), row(1, tokens=4, chunks=4, ttft=0.3, e2e=0.6),
             row(0, status="cancelled", chunks=2), row(1, status="error", chunks=0)]
     rows[3].http_status, rows[3].error = 503, "queue full"
-    s = sl.summarize_level(sl.Level("concurrency", 2), rows, wall_s=2.0)
+    s = serve_stats.summarize_level(serve_settings.Level("concurrency", 2), rows, wall_s=2.0)
     assert (s["requests"], s["ok"], s["errors"], s["cancelled"]) == (4, 2, 1, 1)
     assert s["output_tokens"] == 12 and s["tokens_per_s"] == 6.0 and s["requests_per_s"] == 1.0
     assert s["ttft_ms_p50"] == pytest.approx(200.0) and s["e2e_ms_p50"] == pytest.approx(500.0)
@@ -151,82 +151,82 @@ def test_level_summary_counts_ok_requests_only():
 
 
 def test_empty_level_has_no_rates():
-    s = sl.summarize_level(sl.Level("rate", 0.5), [], 0.0)
+    s = serve_stats.summarize_level(serve_settings.Level("rate", 0.5), [], 0.0)
     assert s["level"] == "r0.5" and s["tokens_per_s"] is None and s["ttft_ms_p50"] is None
 
 
 def test_consistency_lists_prompts_whose_texts_differ():
     rows = [row(0, text="x"), row(0, text="x"), row(1, text="y"), row(1, text="z"), row(2, text="w"),
             row(2, status="cancelled", text="partial"), row(3, status="error", text="")]
-    assert sl.consistency(rows) == {"prompts_checked": 3, "mismatched": 1, "mismatched_prompts": [1]}
+    assert serve_stats.consistency(rows) == {"prompts_checked": 3, "mismatched": 1, "mismatched_prompts": [1]}
 
 
 @pytest.mark.parametrize("n", [1, 7, 16, 100])
 @pytest.mark.parametrize("share", [0.0, 0.1, 0.25, 0.5, 1.0])
 def test_disconnect_choice_has_the_share_and_follows_the_seed(n, share):
-    chosen = sl.disconnect_set(n, share, seed=3, salt="c4")
+    chosen = serve_settings.disconnect_set(n, share, seed=3, salt="c4")
     assert len(chosen) == round(share * n) and chosen <= set(range(n))
-    assert chosen == sl.disconnect_set(n, share, seed=3, salt="c4")
+    assert chosen == serve_settings.disconnect_set(n, share, seed=3, salt="c4")
 
 
 def test_disconnect_choice_changes_with_the_seed():
-    picks = {sl.disconnect_set(100, 0.2, seed, "c1") for seed in range(5)}
+    picks = {serve_settings.disconnect_set(100, 0.2, seed, "c1") for seed in range(5)}
     assert len(picks) == 5
 
 
 def test_arrivals_are_poisson_and_seeded():
-    times = sl.arrival_times(4000, rate=8.0, seed=1)
-    assert times == sl.arrival_times(4000, rate=8.0, seed=1) and times != sl.arrival_times(4000, 8.0, seed=2)
+    times = serve_settings.arrival_times(4000, rate=8.0, seed=1)
+    assert times == serve_settings.arrival_times(4000, rate=8.0, seed=1) and times != serve_settings.arrival_times(4000, 8.0, seed=2)
     assert times[0] == 0 and all(b >= a for a, b in zip(times, times[1:], strict=False))
     assert times[-1] / (len(times) - 1) == pytest.approx(1 / 8.0, rel=0.06)  # mean gap 1/rate
 
 
 def test_requests_per_level():
-    assert sl.requests_for(sl.Level("concurrency", 2), 12, None) == 12
-    assert sl.requests_for(sl.Level("concurrency", 16), 12, None) == 64
-    assert sl.requests_for(sl.Level("rate", 2.5), 3, None) == 10
-    assert sl.requests_for(sl.Level("concurrency", 16), 12, 5) == 5
+    assert serve_settings.requests_for(serve_settings.Level("concurrency", 2), 12, None) == 12
+    assert serve_settings.requests_for(serve_settings.Level("concurrency", 16), 12, None) == 64
+    assert serve_settings.requests_for(serve_settings.Level("rate", 2.5), 3, None) == 10
+    assert serve_settings.requests_for(serve_settings.Level("concurrency", 16), 12, 5) == 5
 
 
 def test_request_bodies():
-    s = sl.LoadSettings(max_tokens=32, ignore_eos=True, extra_body={"speculation": {"method": "ar"}, "top_k": 1})
+    s = serve_settings.LoadSettings(max_tokens=32, ignore_eos=True, extra_body={"speculation": {"method": "ar"}, "top_k": 1})
     raw, chat = Prompt("a", "def f():"), Prompt("b", "hello", chat=True)
-    assert sl.endpoint_of(raw, None) == "completions" and sl.endpoint_of(chat, None) == "chat"
-    assert sl.endpoint_of(raw, "chat") == "chat"
-    body = sl.request_body(raw, "completions", "m", s)
+    assert serve_wire.endpoint_of(raw, None) == "completions" and serve_wire.endpoint_of(chat, None) == "chat"
+    assert serve_wire.endpoint_of(raw, "chat") == "chat"
+    body = serve_wire.request_body(raw, "completions", "m", s)
     assert body == {"model": "m", "prompt": "def f():", "max_tokens": 32, "temperature": 0.0, "stream": True,
                     "stream_options": {"include_usage": True}, "ignore_eos": True,
                     "speculation": {"method": "ar"}, "top_k": 1}
-    body = sl.request_body(chat, "chat", "m", sl.LoadSettings(), max_tokens=8)
+    body = serve_wire.request_body(chat, "chat", "m", serve_settings.LoadSettings(), max_tokens=8)
     assert body["messages"] == [{"role": "user", "content": "hello"}] and body["max_tokens"] == 8
     assert "ignore_eos" not in body and "prompt" not in body
 
 
 def test_sse_and_chunk_parsing():
-    assert sl.sse_data("data: {\"a\": 1}") == '{"a": 1}' and sl.sse_data("data:[DONE]") == "[DONE]"
-    assert sl.sse_data(": keep-alive") is None and sl.sse_data("") is None and sl.sse_data("event: x") is None
-    assert sl.chunk_text({"choices": [{"text": "ab"}]}) == "ab"
-    assert sl.chunk_text({"choices": [{"delta": {"content": "cd"}}]}) == "cd"
-    assert sl.chunk_text({"choices": [{"delta": {"role": "assistant"}}]}) == ""
-    assert sl.chunk_text({"choices": [], "usage": {"completion_tokens": 3}}) == ""
+    assert serve_wire.sse_data("data: {\"a\": 1}") == '{"a": 1}' and serve_wire.sse_data("data:[DONE]") == "[DONE]"
+    assert serve_wire.sse_data(": keep-alive") is None and serve_wire.sse_data("") is None and serve_wire.sse_data("event: x") is None
+    assert serve_wire.chunk_text({"choices": [{"text": "ab"}]}) == "ab"
+    assert serve_wire.chunk_text({"choices": [{"delta": {"content": "cd"}}]}) == "cd"
+    assert serve_wire.chunk_text({"choices": [{"delta": {"role": "assistant"}}]}) == ""
+    assert serve_wire.chunk_text({"choices": [], "usage": {"completion_tokens": 3}}) == ""
 
 
 def test_error_messages_and_rss():
-    assert sl.error_message(b'{"error": {"message": "bad  model"}}') == "bad model"
-    assert sl.error_message('{"detail": "Not Found"}') == "Not Found"
-    assert sl.error_message("x" * 500).endswith("...")
+    assert serve_wire.error_message(b'{"error": {"message": "bad  model"}}') == "bad model"
+    assert serve_wire.error_message('{"detail": "Not Found"}') == "Not Found"
+    assert serve_wire.error_message("x" * 500).endswith("...")
     text = '# TYPE x gauge\nprocess_resident_memory_bytes 1.234e+08\nprocess_virtual_memory_bytes 9e9\n'
-    assert sl.parse_rss(text) == 123400000
-    assert sl.parse_rss("llamacpp:requests_processing 0\n") is None
+    assert serve_wire.parse_rss(text) == 123400000
+    assert serve_wire.parse_rss("llamacpp:requests_processing 0\n") is None
 
 
 # ---------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------
-def hand_result() -> sl.RunResult:
-    s = sl.LoadSettings(max_tokens=4, ignore_eos=True)
-    levels = [sl.LevelResult(sl.Level("concurrency", c), [row(0), row(1, text="b")], 1.0 * c, 2 << 20) for c in (1, 4)]
-    return sl.RunResult(sl.Target("http://h:1/v1", "m"), s, levels, rss_before=1 << 20, check={"endpoint": "completions"})
+def hand_result() -> serve_stats.RunResult:
+    s = serve_settings.LoadSettings(max_tokens=4, ignore_eos=True)
+    levels = [serve_stats.LevelResult(serve_settings.Level("concurrency", c), [row(0), row(1, text="b")], 1.0 * c, 2 << 20) for c in (1, 4)]
+    return serve_stats.RunResult(serve_settings.Target("http://h:1/v1", "m"), s, levels, rss_before=1 << 20, check={"endpoint": "completions"})
 
 
 def test_report_table_and_json_shape(tmp_path: Path):
@@ -253,7 +253,7 @@ def test_report_table_and_json_shape(tmp_path: Path):
 
 def test_sampling_skips_the_consistency_check():
     result = hand_result()
-    result.settings = sl.LoadSettings(temperature=0.7)
+    result.settings = serve_settings.LoadSettings(temperature=0.7)
     doc = serve_report.run_document(result, "cmd", "ours", "humaneval")
     assert doc["consistency"] is None and doc["levels"][0]["consistency"] is None
 

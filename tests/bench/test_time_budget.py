@@ -15,18 +15,8 @@ from bench.tiny_bench import save_tiny_bench_model
 
 from specstack.bench.datasets import humaneval_path
 from specstack.bench.humaneval_exec import check_completion, check_many, load_problems
-from specstack.bench.time_budget import (
-    HUMANEVAL_STOP,
-    Outcome,
-    TimeBudgetSettings,
-    first_finisher,
-    pass_at_all,
-    pass_at_first,
-    sample_gens,
-    summarize,
-    turn_on,
-    warmup_gens,
-)
+from specstack.bench.pass_at_budget import Outcome, first_finisher, pass_at_all, pass_at_first, summarize, turn_on
+from specstack.bench.time_budget import HUMANEVAL_STOP, TimeBudgetSettings, sample_gens, warmup_gens
 from specstack.validate import MAX_BATCH_SIZE
 
 

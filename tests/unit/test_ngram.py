@@ -13,10 +13,8 @@ import torch
 import specstack.cli
 from specstack.config import SamplingParams
 from specstack.drafting.base import DraftContext
-from specstack.drafting.katz import (
-    KatzTrigram,
-    good_turing_discounts,
-)
+from specstack.drafting.katz import KatzTrigram
+from specstack.drafting.katz_estimate import good_turing_discounts
 from specstack.drafting.lookup import ContextLookup
 from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.models.registry import default_ngram_path
