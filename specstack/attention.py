@@ -336,9 +336,9 @@ def _padded_run(cache: KVCache, parents: Sequence[Sequence[int]], counts: Sequen
 PAD_RUN_TOKENS = 4
 
 # Queries per row up to which CPU attention runs as two batched matmuls (grouped-query heads folded
-# into the query rows) rather than SDPA's flash kernel, which tiles for long query blocks: 16 rows of
-# 1-4 queries over 256 keys, whole forwards of the default model 3-10 % faster (docs/BENCHMARKS.md,
-# "Batched forwards").
+# into the query rows) rather than SDPA's flash kernel, which tiles for long query blocks: short
+# queries over a few hundred keys make whole forwards of the default model faster (docs/BENCHMARKS.md,
+# "Batched decoding").
 MATMUL_QUERIES = 4
 
 

@@ -45,8 +45,9 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One draw per row of probs [..., V] (non-negative, any positive total) -> [...] token ids.
 
-    The inverse CDF at a uniform draw, in float64: torch.multinomial takes about 1 ms for one row of
-    49152 on the 2-core CPU (6 % of a decode step); this takes about 0.07 ms. A token of
+    The inverse CDF at a uniform draw, in float64: torch.multinomial over one row of a large vocabulary
+    costs a visible share of a CPU decode step, a cumsum and one search a small fraction of that
+    (docs/BENCHMARKS.md, "The same with top-k 50, temperature 1, and a faster sampler"). A token of
     probability 0 has an empty CDF interval, and the draw is kept below the total, so it is never
     drawn."""
     flat = probs.reshape(-1, probs.shape[-1]).double()

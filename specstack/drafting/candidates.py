@@ -117,8 +117,9 @@ def children_of(probs: torch.Tensor, width: int, sampling: SamplingParams,
     """(column, prob) of the children of every row of probs [T, V']. Greedy: the top-`width`
     columns. Sampling: `width` draws without replacement from each row (Gumbel top-k), in draw
     order, as recursive rejection sampling expects. Zero-probability columns are never children.
-    One top-k call for the whole block: per-row calls cost 0.16 ms each at 49k columns, ~80 rows a
-    staged step; the probabilities come from one gather, not an index per child."""
+    One top-k call for the whole block: a staged step has tens of rows, and a call per row paid its
+    dispatch for each (docs/BENCHMARKS.md, "Small costs behind the code's choices"); the probabilities
+    come from one gather, not an index per child."""
     k = min(width, probs.shape[-1])
     if sampling.greedy:
         idx = torch.topk(probs, k, dim=-1).indices

@@ -59,7 +59,8 @@ class KatzTrigram:
         self._uni_order: list[int] = np.lexsort((np.arange(self.vocab_size), -self.unigram)).tolist()
         self._bi_cache: dict[int, _Entry] = {}
         self._tri_cache: dict[int, _Entry] = {}
-        # materialise the few very common contexts now (~10 ms), so no proposal pays for them later
+        # materialise the few very common contexts now (a small part of a load), so no proposal pays
+        # for them later
         for level, rows, cache in ((bigram, self._bi_row, self._bi_cache), (trigram, self._tri_row, self._tri_cache)):
             for row in np.flatnonzero(np.diff(level.off) > self._WARM_ENTRIES):
                 self._entry(level, rows, cache, int(level.ctx[row]))

@@ -1,12 +1,13 @@
 """Modules whose forward is a closure over their current tensors.
 
 A one-token decode step of the default model calls ~120 linears and 61 norms. Through nn.Module each
-call looks its weights up in `_parameters` / `_buffers` (`Module.__getattr__`, about 1 us each) and
-re-decides its kernel; bound once, a linear's call costs only its kernel (measured: 1.3-1.7 ms of an
-18 ms step). The closure is dropped whenever the tensors may be replaced: `.to()` / `.float()` /
-`.cuda()` (`_apply`), `load_state_dict`, copying and pickling; a subclass calls `unbind()` when a
-setting the closure captured changes. In-place writes to the tensors (`copy_`) need nothing: the
-closure holds the tensors themselves.
+call looks its weights up in `_parameters` / `_buffers` (`Module.__getattr__`, microseconds each) and
+re-decides its kernel; bound once, a linear's call costs only its kernel, which took a visible share
+off a one-token step (docs/BENCHMARKS.md, "Wide forwards on dense weights, bound layers"). The
+closure is dropped whenever the tensors may be replaced: `.to()` / `.float()` / `.cuda()` (`_apply`),
+`load_state_dict`, copying and pickling; a subclass calls `unbind()` when a setting the closure
+captured changes. In-place writes to the tensors (`copy_`) need nothing: the closure holds the
+tensors themselves.
 """
 from __future__ import annotations
 

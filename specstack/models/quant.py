@@ -15,12 +15,13 @@ w4a8: the GGUF's 4-bit codes with fp32 activations quantised per row and per gro
 Activations are fp32 for fp32, w8a8 and w4a8 and bf16 for the others (`activation_dtype`).
 
 Wide inputs: the int4/int8 kernels unpack every weight once per row block, so their cost grows with
-the rows (on 2 CPU cores a 130-token prefill takes 6 ms a layer in int4 against 1.1 ms for a bf16
-matmul). int8 and int4 layers therefore also keep their weight dequantised to the activation dtype
-(`dense`) and use it from `wide_rows` rows on: prefill, wide trees and batches of rows run at matmul
-speed, the one-token step keeps the small format's bandwidth. On a CPU without native bf16 (AVX2 only)
-a bf16 GEMM is emulated (16 rows of a 576 -> 3072 layer: 2.9 ms, fp32 0.8 ms), so there the wide
-path multiplies in fp32 by a copy oneDNN has laid out for its GEMM once (0.56 ms).
+the rows, and a prefill through them costs several times a bf16 matmul of the same weights
+(docs/BENCHMARKS.md, "Wide forwards on dense weights"). int8 and int4 layers therefore also keep their
+weight dequantised to the activation dtype (`dense`) and use it from `wide_rows` rows on: prefill, wide
+trees and batches of rows run at matmul speed, the one-token step keeps the small format's bandwidth.
+On a CPU without native bf16 (AVX2 only) a bf16 GEMM is emulated and slower than fp32, so there the
+wide path multiplies in fp32 by a copy oneDNN has laid out for its GEMM once, faster still than a plain
+fp32 matmul (docs/BENCHMARKS.md, "Batched decoding").
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ _LINEAR_PACKED = torch.ops.mkldnn._linear_pointwise.default if _ONEDNN else None
 @functools.cache
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX512-BF16 / AMX). Without it (AVX2), a bf16 GEMM
-    is emulated and costs ~3.5 x fp32 at 16 rows: wide inputs then multiply in fp32."""
+    is emulated and costs several times fp32 (docs/BENCHMARKS.md, "Batched decoding"): wide inputs
+    then multiply in fp32."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -136,7 +138,8 @@ class QLinear(BoundModule):
         quantized = fmt in ("int8", "int4")
         # the dequantised weight for wide inputs (see the module docstring). A persistent buffer, so the
         # built-model cache stores it: the packed int4 layout is opaque, and re-deriving the copy through
-        # the kernel takes ~1.7 s for the default model at every load
+        # the kernel would cost seconds at every load (docs/BENCHMARKS.md, "Small costs behind the code's
+        # choices")
         self._wide_rows: int | None = WIDE_ROWS.get(fmt)
         self.register_buffer("dense", torch.empty(out_features, k, dtype=act, device=device) if quantized else None)
         self.register_buffer("bias", torch.zeros(out_features, dtype=act, device=device) if bias else None)

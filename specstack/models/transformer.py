@@ -44,7 +44,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm through LayerNorm's fused kernel: [x, -x] has mean 0 and variance mean(x^2), so its
     first half normalised is x / sqrt(mean(x^2) + eps). On CPU F.rms_norm is a composite of ~8
-    kernels (18 us at d = 576 in fp32, 60 us in bf16); this is 4 (cat, neg, layer_norm, mul: 13 us)."""
+    kernels; this is 4 (cat, neg, layer_norm, mul), and a norm runs twice a block (docs/BENCHMARKS.md,
+    "A faster decode step and a cost-aware chain length")."""
     d = x.shape[-1]
     return F.layer_norm(torch.cat([x, x.neg()], dim=-1), (2 * d,), None, None, eps)[..., :d] * w
 
@@ -90,8 +91,8 @@ class Block(nn.Module):
         self.q_norm = Norm(cfg.head_dim, cfg.norm_eps, True, act) if f.qk_norm else None
         self.k_norm = Norm(cfg.head_dim, cfg.norm_eps, True, act) if f.qk_norm else None
         self.gated = f.gated
-        # plain references to the submodules (nn.Module.__getattr__ costs ~1 us a lookup, 30 layers a
-        # step); they are set here once and never reassigned
+        # plain references to the submodules (nn.Module.__getattr__ costs microseconds a lookup, every
+        # layer of every step); they are set here once and never reassigned
         self.parts = (self.attn_norm, self.qkv, self.o, self.mlp_norm, self.up, self.down)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
@@ -101,8 +102,8 @@ class Block(nn.Module):
         cfg = self.cfg
         attn_norm, qkv_proj, o_proj, mlp_norm, up_proj, down_proj = self.parts
         b, t = batch.positions.shape
-        # submodules are called through .forward: nn.Module.__call__'s hook checks cost ~2 us a call,
-        # ~200 calls a decode step (no hooks are ever set on these)
+        # submodules are called through .forward: nn.Module.__call__'s hook checks cost microseconds a
+        # call, hundreds of calls a decode step (no hooks are ever set on these)
         qkv = qkv_proj.forward(attn_norm.forward(x))
         hd, nq, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         qk = qkv[:, : cfg.q_dim + cfg.kv_dim].view(b, t, nq + nkv, hd)
@@ -142,8 +143,9 @@ class Transformer(Extends, nn.Module):
         self.layers = nn.ModuleList(Block(cfg, fmt, i, self.formats) for i in range(cfg.n_layers))
         self.norm = Norm(cfg.d_model, cfg.norm_eps, cfg.block.norm == "rms", act)
         # int4 keeps the unembedding in int8 and w4a8 in w8a8, as GGUF files do (Q8_0 embeddings): a
-        # 4-bit head costs visible logit fidelity. (fp32 activations would give fp32 logits, fewer bf16 ties, but the
-        # int8 kernel is 10x slower with them: 10 ms instead of 1 ms for this head.)
+        # 4-bit head costs visible logit fidelity. (fp32 activations would give fp32 logits, fewer bf16
+        # ties, but the int8 kernel is several times slower with them: docs/BENCHMARKS.md, "Small costs
+        # behind the code's choices".)
         head_fmt = self.formats.get("head", HEAD_FORMAT.get(fmt, fmt))
         self.head = QLinear(cfg.d_model, cfg.vocab_size, head_fmt, activation=act)
         self.head_tokens: torch.Tensor | None = None  # with_head_over: the tokens the head scores
@@ -231,8 +233,8 @@ class Transformer(Extends, nn.Module):
     @property
     def kv_dtype(self) -> torch.dtype:
         """bf16 activations keep fp32 keys/values on a CPU without native bf16: attention over an
-        emulated bf16 cache costs ~10 x fp32 for one-token queries (16 rows x 256 keys: 3.7 ms a layer
-        against 0.33), and a step of one row is ~18 % faster with it.
+        emulated bf16 cache costs many times fp32 for one-token queries, and a step of one row is
+        faster with it (docs/BENCHMARKS.md, "Batched decoding").
         The batch-invariant formats (w8a8, w4a8) keep them in float64, and attention computes in the cache's dtype: its fp32 sums are
         blocked differently for 1 query and for T (matmul or flash kernel, other tile shapes), which
         moves the last bit; in float64 those differences are ~1e-16 and vanish when the result is
@@ -248,8 +250,9 @@ class Transformer(Extends, nn.Module):
                 hidden_layers: Sequence[int] = (), logit_rows: slice | torch.Tensor = slice(None)) -> ModelOutput:
         """tokens [B, T] ([1, N] packed) -> logits [B, T, V] (fp32). hidden_layers: 0 = embeddings, i =
         output of block i. logit_rows: the positions of the block whose logits are wanted (a prefill
-        needs one or none: unembedding 130 prompt tokens takes 60 ms on the 2-core CPU, 37 decode steps'
-        worth); a tensor of indices into the flattened B * T tokens gives logits [1, len, V]."""
+        needs one or none: unembedding every prompt token costs many decode steps, docs/BENCHMARKS.md,
+        "Wide forwards on dense weights"); a tensor of indices into the flattened B * T tokens gives
+        logits [1, len, V]."""
         pos = batch.positions
         cache.begin_block(pos, batch.append, batch.counts)
         b, t = tokens.shape

@@ -13,8 +13,8 @@ q = round(x * (127 / amax)) in [-127, 127], dx = amax / 127, sx = dx * sum(q). T
 The layers a GGUF keeps in more than 4 bits (Q6_K, Q8_0, ...) and the unembedding take *8-bit
 groups* instead (the layer format `q8a8`): w = d[n, g] c[n, k] with c in -127..127, no m (GGUF
 Q8_0's layout, re-derived from the file's weights), times the same activation groups. Without them
-(those layers in `w8a8`'s per-row arithmetic) the model sits 9 x further from the file's fp32
-numbers (docs/BENCHMARKS.md).
+(those layers in `w8a8`'s per-row arithmetic) the model sits far further from the file's fp32
+numbers (docs/BENCHMARKS.md, the w4a8 section's "Distance from the GGUF").
 
 Why it is batch-invariant: a row's codes, scales and sums are its own, and the kernel visits a row's
 groups in one fixed order whatever other rows share the call, so a token's numbers never depend on

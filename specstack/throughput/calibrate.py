@@ -11,7 +11,8 @@ by non-negative least squares on relative errors. A sum, not the roofline's max:
 kernels are bound by unpacking weights, which competes with the multiply for the same two cores, so
 a forward's time grows with T from the first token on (DESIGN §3 table) instead of staying flat
 until a compute roof. c0 and c_layer are dispatch: eager PyTorch launches ~25 small operators per
-block (DESIGN §3: ~4 ms of a 13.7 ms int4 step). Each point is the median of its repeats, the
+block, a sizeable share of a small model's one-token step (DESIGN §3; docs/BENCHMARKS.md, "Against
+the foundation targets"). Each point is the median of its repeats, the
 statistic bench-forward reports: on a shared machine the fastest repeat describes an idle machine,
 while generation (and `specstack bench`) runs at the typical speed, and longer forwards lose more
 to interference than short ones. Measurements are at batch 1, so predictions for larger batches
