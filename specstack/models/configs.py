@@ -62,7 +62,8 @@ def checked_fields(f: Mapping[str, Any], names: Mapping[str, str] | None = None)
     unknown = sorted(set(f) - FIELDS)
     if unknown:
         validate.fail(", ".join(unknown), "is not a field of a model's config")
-    fam = architectures.BY_NAME.get(f.get("arch"))  # type: ignore[arg-type]
+    arch = f.get("arch")
+    fam = architectures.BY_NAME.get(arch) if isinstance(arch, str) else None  # a list would not even hash
     if fam is None:
         validate.fail(n("arch"), f"must be one of {', '.join(architectures.BY_NAME)}, got "
                                  f"{validate.shown(f.get('arch'))}")

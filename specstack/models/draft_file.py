@@ -78,8 +78,10 @@ def read_draft_header(path: str | Path) -> DraftHeader:
 def _spire_config(text: str | None, where: str) -> SpireConfig:
     """The SpireConfig in a draft's metadata, its model shape checked like any model's (configs.model_config,
     first: SpireConfig.from_json builds it unchecked, dividing by its head counts)."""
+    if text is None:
+        raise file_error(where, "its metadata has no config with a model shape")
     try:
-        raw = json.loads(text) if text is not None else None
+        raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise file_error(where, f"its config is not JSON ({library_error(e)})") from None
     model = raw.get("model") if isinstance(raw, dict) else None
@@ -122,6 +124,8 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
     dtype = activation_dtype(fmt)
     model = model.to(dtype=dtype, device=target.model.device).eval()
     model.rope_cos, model.rope_sin = (t.to(target.model.device) for t in rope_tables(config.model))  # fp32
+    if not isinstance(target.model, Transformer):
+        raise SpecstackError(f"draft {p.name} shares the embeddings of a Transformer target; {target.name} is not one")
     model.attach_target(*shared_weights(target.model))
     for prm in model.parameters():
         prm.requires_grad_(False)

@@ -113,6 +113,6 @@ def read_tensor(t: Any, want_codes: bool) -> Q4Weight | torch.Tensor:
     codes = QUANT_TYPES.get(t.tensor_type.name, OTHER).int4_codes
     if want_codes and codes is not None:
         return codes(np.asarray(t.data, dtype=np.uint8), rows, cols)
-    w = gguf.quants.dequantize(t.data, t.tensor_type)
-    w = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a writable copy: GGUF data is a read-only map
+    floats = gguf.quants.dequantize(t.data, t.tensor_type)
+    w = torch.from_numpy(np.array(floats, dtype=np.float32, order="C"))  # a writable copy: GGUF data is a read-only map
     return w.reshape(rows, cols) if len(t.shape) > 1 else w.reshape(cols)

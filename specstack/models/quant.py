@@ -98,6 +98,15 @@ def _pack_int4(q: torch.Tensor) -> torch.Tensor:
 class QLinear(BoundModule):
     """y = x W^T (+ b) with W stored in one of the four formats (bound: see models/bound.py)."""
 
+    # the buffers the formats register (register_buffer), declared for the type checker: a format
+    # registers only its own (`scales` is absent in int4, `scales_zeros` outside it)
+    weight: torch.Tensor  # floats, int8 codes, int4's packed layout, or w4a8's nibbles
+    scales: torch.Tensor  # per row (int8, w8a8) or per group of 32 (w4a8, q8a8)
+    scales_zeros: torch.Tensor  # int4: [in / 32, out padded to 16, (scale, zero)]
+    mins: torch.Tensor | None  # w4a8's group minimums (None in q8a8)
+    dense: torch.Tensor | None  # int8/int4: the dequantised copy wide inputs multiply by
+    bias: torch.Tensor | None
+
     def __init__(self, in_features: int, out_features: int, fmt: str, bias: bool = False,
                  device: torch.device | str | None = None, activation: torch.dtype | None = None) -> None:
         super().__init__()
@@ -166,7 +175,7 @@ class QLinear(BoundModule):
             scale = torch.where(scale.float() * 127 < w.abs().amax(dim=1), torch.nextafter(scale, scale * 2), scale)
             self.weight.copy_((w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8))
             self.scales.copy_(scale)
-            self.dense.copy_(self.weight.float() * scale.float()[:, None])
+            self._dense_copy().copy_(self.weight.float() * scale.float()[:, None])
         elif self.fmt == "w8a8":
             codes, scale = w8a8.quantize_weight(w)
             self.weight.copy_(codes)
@@ -187,6 +196,8 @@ class QLinear(BoundModule):
             q = ((g - zero[..., None]) / d[..., None] + 8).round().clamp(0, 15).view(n, k)
             self.set_int4(q, d, zero - 8 * d)
         if b is not None:
+            if self.bias is None:
+                raise ValueError("a bias given to a layer built without one (bias=False)")
             self.bias.copy_(b.to(self.bias.device, self.bias.dtype))
         self.unbind()  # a wide binding holds a copy of the weights (see bind)
         return self
@@ -213,7 +224,7 @@ class QLinear(BoundModule):
         self.scales_zeros.copy_(torch.stack([d.float(), zero], dim=-1).transpose(0, 1).to(dev))
         # the dense copy from the stored (rounded) scale and zero, as the kernel dequantises
         scale, zero = (self.scales_zeros[..., i].t().float().repeat_interleave(INT4_GROUP, 1) for i in (0, 1))
-        self.dense.copy_(((q.to(dev).float() - 8) * scale + zero)[: self.out_features])
+        self._dense_copy().copy_(((q.to(dev).float() - 8) * scale + zero)[: self.out_features])
         self.unbind()  # a wide binding holds a copy of the weights (see bind)
         return self
 
@@ -221,6 +232,7 @@ class QLinear(BoundModule):
         dev = self.weight.device
         self.weight.copy_(w4a8.pack_codes(q.to(dev)))
         self.scales.copy_(d)
+        assert self.mins is not None, "w4a8 registers its group minimums"
         self.mins.copy_(m)
         self.unbind()
         return self
@@ -267,7 +279,7 @@ class QLinear(BoundModule):
         rows = self._wide_rows if wide and w.device.type == "cpu" else None
         if rows is None:
             return quantized
-        dense = self.dense
+        dense = self._dense_copy()
         if native_bf16():
             return lambda x: F.linear(x, dense, b) if x.shape[0] >= rows else quantized(x)
         # the fp32 copy laid out by oneDNN is made on the first wide call of this binding (a setter
@@ -277,15 +289,15 @@ class QLinear(BoundModule):
         b32 = None if b is None else b.float()
         act = self.act_dtype
 
-        def wide(x: torch.Tensor) -> torch.Tensor:
+        def wide_fp32(x: torch.Tensor) -> torch.Tensor:
             if not packed:
                 w32 = dense.float()
                 packed.append(torch.ops.mkldnn._reorder_linear_weight(w32, None) if _ONEDNN else w32)
-            if not _ONEDNN:
+            if _LINEAR_PACKED is None:
                 return F.linear(x.float(), packed[0], b32).to(act)
             return _LINEAR_PACKED(x.float(), packed[0], b32, "none", [], "").to(act)
 
-        return lambda x: wide(x) if x.shape[0] >= rows else quantized(x)
+        return lambda x: wide_fp32(x) if x.shape[0] >= rows else quantized(x)
 
     def float_weight(self) -> torch.Tensor:
         """The weight as floats [out, in], without a forward: the stored floats, the dense copy, or the
@@ -296,6 +308,12 @@ class QLinear(BoundModule):
             return self.weight.float() * self.scales[:, None]
         if self.fmt in ("w4a8", "q8a8"):
             return w4a8.dequantize(self.weight, self.scales, self.mins)
+        return self._dense_copy()
+
+    def _dense_copy(self) -> torch.Tensor:
+        """int8/int4's dequantised copy (the formats that keep one)."""
+        if self.dense is None:
+            raise TypeError(f"a {self.fmt} layer keeps no dense copy")
         return self.dense
 
     def dequantized(self) -> torch.Tensor:

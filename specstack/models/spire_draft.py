@@ -88,6 +88,12 @@ class SpireConfig:
 class DraftBlock(nn.Module):
     """A trainable Llama block (plain nn.Linear: the draft is small, bf16 serves inference)."""
 
+    # trained as nn.Linear; SpireDraft.quantize_ replaces them with QLinear for inference
+    qkv: nn.Linear | QLinear
+    o: nn.Linear | QLinear
+    up: nn.Linear | QLinear
+    down: nn.Linear | QLinear
+
     def __init__(self, cfg: ModelConfig, n_levels: int, layer: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -134,6 +140,14 @@ class DraftBlock(nn.Module):
 class SpireDraft(Extends, nn.Module):
     """A DecoderModel that reads the target's activations (ReadsTargetActivations: models/base.py)."""
 
+    # buffers (register_buffer), declared for the type checker
+    vocab_ids: torch.Tensor  # [V'] the target's token ids the draft's head scores
+    embed: torch.Tensor  # [V, d] the target's embedding (attach_target), not stored with the draft
+    head: torch.Tensor  # [V', d] the target's unembedding rows vocab_ids (attach_target)
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    fuse: nn.Linear | QLinear  # feature input only; quantize_ replaces it
+
     def __init__(self, config: SpireConfig, vocab_ids: torch.Tensor | None = None) -> None:
         super().__init__()
         self.spire = config
@@ -160,6 +174,14 @@ class SpireDraft(Extends, nn.Module):
     @property
     def device(self) -> torch.device:
         return self.norm.device
+
+    def blocks(self) -> list[DraftBlock]:
+        """The blocks, typed (iterating the ModuleList `layers` gives plain Modules)."""
+        out = []
+        for blk in self.layers:
+            assert isinstance(blk, DraftBlock), "layers holds only DraftBlocks"
+            out.append(blk)
+        return out
 
     @property
     def target_hidden_layers(self) -> tuple[int, ...]:
@@ -200,14 +222,14 @@ class SpireDraft(Extends, nn.Module):
         if self.spire.feedback:
             # one fp32 matmul [layers, levels] @ [levels, B*T*d]: cheaper than bf16's at any T on CPU
             # (docs/BENCHMARKS.md, "Cost per forward: SPIRe's extra work is not free at one token")
-            w = torch.softmax(torch.stack([blk.mix for blk in self.layers]).float(), -1)
+            w = torch.softmax(torch.stack([blk.mix for blk in self.blocks()]).float(), -1)
             stacked = torch.stack(list(levels))
             memories = torch.mm(w, stacked.view(len(levels), -1).float()).to(stacked.dtype).view(n, *stacked.shape[1:])
         else:
             memories = torch.stack(list(levels[:n]))  # a plain decoder: block i keeps its own input
-        norm_w = torch.stack([blk.attn_norm for blk in self.layers]).to(memories.dtype)[:, None, None]
+        norm_w = torch.stack([blk.attn_norm for blk in self.blocks()]).to(memories.dtype)[:, None, None]
         h = rms_norm(memories, norm_w, cfg.norm_eps)
-        kv = torch.stack([blk.kv_proj(h[i]) for i, blk in enumerate(self.layers)])
+        kv = torch.stack([blk.kv_proj(h[i]) for i, blk in enumerate(self.blocks())])
         _, b, t, _ = kv.shape
         k = apply_rope(kv[..., : cfg.kv_dim].view(n, b, t, cfg.n_kv_heads, cfg.head_dim), *rope)
         v = kv[..., cfg.kv_dim :].view(n, b, t, cfg.n_kv_heads, cfg.head_dim)
@@ -238,6 +260,8 @@ class SpireDraft(Extends, nn.Module):
         if batch.mask is not None:
             cand &= batch.mask[:, 0, :, :s]
         idx = cand.int().argmax(-1)
+        if cache.feat is None:
+            raise ValueError("feature input needs a cache that keeps features (new_cache gives it one)")
         feat = torch.gather(cache.feat[:b, :s], 1, idx.unsqueeze(-1).expand(b, t, d))
         return feat * cand.any(-1, keepdim=True)
 
@@ -258,13 +282,18 @@ class SpireDraft(Extends, nn.Module):
 
         act = self.norm.dtype  # the kernels take fp32 activations too (a draft that computes in fp32)
 
-        def small(lin: nn.Module) -> QLinear:
+        def small(lin: nn.Linear | QLinear) -> QLinear:
+            if not isinstance(lin, nn.Linear):
+                raise ValueError("the draft is quantised already")
             return QLinear(lin.in_features, lin.out_features, fmt, device=self.device, activation=act).set_float(lin.weight)
 
-        for blk in self.layers:
+        for blk in self.blocks():
+            qkv = blk.qkv
+            if not isinstance(qkv, nn.Linear):
+                raise ValueError("the draft is quantised already")
             # the k/v rows quantised on their own give the same codes and scales (per-row formats)
-            blk.kv = QLinear(blk.qkv.in_features, 2 * self.config.kv_dim, fmt, device=self.device,
-                             activation=act).set_float(blk.qkv.weight[self.config.q_dim :])
+            blk.kv = QLinear(qkv.in_features, 2 * self.config.kv_dim, fmt, device=self.device,
+                             activation=act).set_float(qkv.weight[self.config.q_dim :])
             blk.qkv, blk.o, blk.up, blk.down = small(blk.qkv), small(blk.o), small(blk.up), small(blk.down)
         if self.spire.feature_input:
             self.fuse = small(self.fuse)
@@ -291,7 +320,7 @@ class SpireDraft(Extends, nn.Module):
         levels = [x]
         if self.spire.feature_input:
             x = self._fused(x, self._previous_features(batch, cache))
-        for i, blk in enumerate(self.layers):
+        for i, blk in enumerate(self.blocks()):
             q, k, v = blk.qkv_heads(x, rope)
             keys, values = cache.write(i, k, v)
             b, h, t, d = q.shape  # the one attention call (either layout: padded rows, or packed [1, N])
@@ -340,7 +369,7 @@ class SpireDraft(Extends, nn.Module):
         if target_hidden is None:
             x = x0
             mask = window_mask(pos, pos, self.spire.window) & causal_block_mask(t, pos.device)  # [T, T]
-            for blk in self.layers:
+            for blk in self.blocks():
                 q, k, v = blk.qkv_heads(x, rope)
                 x = blk.finish(x, F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
                                                                  enable_gqa=gqa))
@@ -357,7 +386,7 @@ class SpireDraft(Extends, nn.Module):
             if self.spire.feature_input:  # the token before: the target's (step 1) or the previous step's
                 prev = F.pad(tops[j - 1][:, :-1], (0, 0, 1, 0))
                 x = self._fused(x0, prev)
-            for i, blk in enumerate(self.layers):
+            for i, blk in enumerate(self.blocks()):
                 q, k, v = blk.qkv_heads(x, rope)
                 ks = [target_kv[0][i]] + [draft_kv[j - r - 1][0][i] for r in range(1, j)] + [k]
                 vs = [target_kv[1][i]] + [draft_kv[j - r - 1][1][i] for r in range(1, j)] + [v]

@@ -107,8 +107,9 @@ class Block(nn.Module):
         qkv = qkv_proj.forward(attn_norm.forward(x))
         hd, nq, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         qk = qkv[:, : cfg.q_dim + cfg.kv_dim].view(b, t, nq + nkv, hd)
-        if self.q_norm is not None:
-            qk = torch.cat([self.q_norm.forward(qk[:, :, :nq]), self.k_norm.forward(qk[:, :, nq:])], dim=2)
+        q_norm, k_norm = self.q_norm, self.k_norm
+        if q_norm is not None and k_norm is not None:
+            qk = torch.cat([q_norm.forward(qk[:, :, :nq]), k_norm.forward(qk[:, :, nq:])], dim=2)
         if rope is not None:  # rotate q and k heads in one go
             qk = apply_rope(qk, *rope)
         k = qk[:, :, nq:].transpose(1, 2)
@@ -126,6 +127,9 @@ class Block(nn.Module):
 
 class Transformer(Extends, nn.Module):
     """The target, and a draft of the target's kind (a DecoderModel: models/base.py)."""
+
+    rope_cos: torch.Tensor  # [max_seq_len, head_dim] buffers of rotary models (register_buffer)
+    rope_signed_sin: torch.Tensor
 
     def __init__(self, cfg: ModelConfig, fmt: str = "fp32", formats: Mapping[str, str] | None = None) -> None:
         """formats: the layers whose format differs from `fmt` ("layers.{i}.qkv", ..., "head"): a GGUF
@@ -158,6 +162,14 @@ class Transformer(Extends, nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
+    def blocks(self) -> list[Block]:
+        """The blocks, typed (iterating the ModuleList `layers` gives plain Modules)."""
+        out = []
+        for blk in self.layers:
+            assert isinstance(blk, Block), "layers holds only Blocks"
+            out.append(blk)
+        return out
+
     # -- weights ------------------------------------------------------------------------------------
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, Weight]) -> Transformer:
@@ -189,6 +201,8 @@ class Transformer(Extends, nn.Module):
             else:
                 dst.set_float(torch.cat([p.dequantize() if isinstance(p, Q4Weight) else p for p in parts]))
             if bias_names:
+                if dst.bias is None:
+                    raise ValueError(f"{names}: the weights carry biases the layer was built without")
                 dst.bias.copy_(torch.cat([dense(n, (-1,)) for n in bias_names]))
 
         self.embed.copy_(dense("embed", (cfg.vocab_size, cfg.d_model)))
@@ -205,11 +219,11 @@ class Transformer(Extends, nn.Module):
                 module.bias.copy_(dense(name + ".bias", (dim,)))
 
         up_names = ("gate", "up") if f.gated else ("up",)
-        for i, blk in enumerate(self.layers):
+        for i, blk in enumerate(self.blocks()):
             p = f"layers.{i}."
             norm(blk.attn_norm, p + "attn_norm", cfg.d_model)
             norm(blk.mlp_norm, p + "mlp_norm", cfg.d_model)
-            if blk.q_norm is not None:
+            if blk.q_norm is not None and blk.k_norm is not None:
                 norm(blk.q_norm, p + "q_norm", cfg.head_dim)
                 norm(blk.k_norm, p + "k_norm", cfg.head_dim)
             linear(blk.qkv, [p + "q", p + "k", p + "v"], biases(p, f.qkv_bias, "q", "k", "v"))

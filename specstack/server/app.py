@@ -40,7 +40,7 @@ from specstack.server.protocol import (
     parse_request,
 )
 from specstack.server.responses import DONE, Reply, sse
-from specstack.server.worker import EngineWorker, Event, Overloaded, finish_reason
+from specstack.server.worker import EngineWorker, Event, GenerationResult, Overloaded, finish_reason
 
 MAX_BODY_BYTES = 16 << 20  # a request body; a prompt of a whole context is well under 1 MB
 
@@ -238,8 +238,8 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
         finals = await collect(worker, request, events, ids)
     except ClientGone:
         return Response(status_code=499)  # nobody reads it
-    choices = [(finals[i].result.text, finish_reason(finals[i].result)) for i in range(len(ids))]
-    return JSONResponse(reply.response(choices, sum(len(e.result.tokens) for e in finals.values())))
+    choices = [(finals[i].text, finish_reason(finals[i])) for i in range(len(ids))]
+    return JSONResponse(reply.response(choices, sum(len(r.tokens) for r in finals.values())))
 
 
 async def disconnected(request: Request) -> None:
@@ -253,7 +253,8 @@ async def disconnected(request: Request) -> None:
 async def next_event(events: asyncio.Queue[tuple[int, Event]], gone: asyncio.Future[None]) -> tuple[int, Event]:
     """The next event of this request's jobs; ClientGone if the client leaves first."""
     get = asyncio.ensure_future(events.get())
-    done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+    either: set[asyncio.Future[Any]] = {get, gone}
+    done, _ = await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     if get not in done:
         get.cancel()
         raise ClientGone()
@@ -265,17 +266,17 @@ def engine_failure(event: Event) -> ApiError:
 
 
 async def collect(worker: EngineWorker, request: Request, events: asyncio.Queue[tuple[int, Event]],
-                  ids: list[int]) -> dict[int, Event]:
-    """Every job's last event, or ClientGone (its jobs cancelled)."""
+                  ids: list[int]) -> dict[int, GenerationResult]:
+    """Every job's result, or ClientGone (its jobs cancelled)."""
     gone = asyncio.ensure_future(disconnected(request))
-    finals: dict[int, Event] = {}
+    finals: dict[int, GenerationResult] = {}
     try:
         while len(finals) < len(ids):
             index, event = await next_event(events, gone)
             if event.error is not None:
                 raise engine_failure(event)
             if event.result is not None:
-                finals[index] = event
+                finals[index] = event.result
         return finals
     finally:
         gone.cancel()
