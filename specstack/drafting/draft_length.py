@@ -139,7 +139,7 @@ class CostAwareLength:
         L* = argmax over L in 0..len(chain) of (1 + sum_{j<=L} prod_{i<=j} p_i) / cost(1 + L),
 
     the expected tokens a step emits (accepted drafts plus the target's own token) over its cost.
-    `costs[T - 1]` is the measured time of a target forward over T tokens (engine/width_cost.py).
+    `costs[T - 1]` is the measured time of a target forward over T tokens (engine/batch_cost.py).
     """
 
     costs: Sequence[float]
@@ -192,7 +192,7 @@ class CostAwareBudget:
         n* = argmax over n in 0..len(scores) of  c * (1 + sum_{i<=n} s_i) / (draft + cost(1 + n)),
 
     draft = the step's drafting time so far, cost(T) the measured target forward over T tokens
-    (engine/width_cost.py), c a per-sequence calibration: accepted over predicted nodes of the trees
+    (engine/batch_cost.py), c a per-sequence calibration: accepted over predicted nodes of the trees
     verified so far (with one pseudo-step of each). On the 2-core CPU a target forward over 38 tokens
     costs 4 one-token steps, so the paper's 36-node trees only pay for a draft accepted 3+ deep.
 

@@ -28,14 +28,13 @@ from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.drafting.staged import StagedDrafter
 from specstack.engine.autoregressive import GenerationResult, generate
-from specstack.engine.batch_cost import batch_costs
+from specstack.engine.batch_cost import batch_costs, width_costs
 from specstack.engine.draft_sources import (
     DraftSources,
     load_ngram,
     resolve_draft,
 )
 from specstack.engine.speculative import speculative_generate
-from specstack.engine.width_cost import width_costs
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 from specstack.models.registry import MODELS, default_ngram_path

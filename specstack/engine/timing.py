@@ -1,11 +1,13 @@
 """Timed forwards of a loaded target that leave its committed cache unchanged: the one procedure
-behind the engine's width-cost curves (engine/width_cost.py), `specstack bench-forward` and the
+behind the engine's forward-cost curves (engine/batch_cost.py), `specstack bench-forward` and the
 throughput model's calibration. A forward writes scratch slots only (cache.py), so every repeat runs
 at the same context. One row (`forward_steps`: chains and trees) or many (`RowForwards`: B rows of
 chains, uniform or ragged in either layout of attention.row_blocks_batch)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
+from typing import Literal
 
 import torch
 
@@ -98,25 +100,27 @@ class RowForwards:
         self.model.forward(tokens, build_batch(self.cache, tokens.shape[1]), self.cache)
         self._check()
 
-    def ragged(self, counts: Sequence[int], layout: Layout) -> Callable[[torch.Tensor], torch.Tensor]:
+    def ragged(self, counts: Sequence[int], layout: Layout,
+               logits: Literal["last", "all"] = "last") -> Callable[[torch.Tensor], torch.Tensor]:
         """A forward of chains of counts[b] tokens per row in `layout` ("pad": tokens [B, max count],
-        "split": packed [1, sum]) that returns the logits [B, V] of each row's last token, the only
-        ones the engine asks for. The step's tokens come from `ragged_tokens`; it builds the metadata
-        and the index each call, as an engine step does."""
+        "split": packed [1, sum]) that returns the logits of each row's last token ([B, V]: what the
+        engine asks of a prompt chunk) or, `logits="all"`, of every token ([sum, V]: what it asks of a
+        root and its draft, to verify them). The step's tokens come from `ragged_tokens`; it builds the
+        metadata and the index each call, as an engine step does."""
         if len(counts) != self.rows:
             raise ValueError(f"{len(counts)} row counts for {self.rows} rows")
         parents = [list(range(-1, n - 1)) for n in counts]
         width = max(counts)
-        ends = (torch.tensor(counts).cumsum(0) - 1 if layout == "split"
-                else torch.arange(len(counts)) * width + torch.tensor(counts) - 1).tolist()
+        starts = [0, *accumulate(counts[:-1])] if layout == "split" else [b * width for b in range(len(counts))]
+        wanted = [s + j for s, n in zip(starts, counts, strict=True) for j in range(0 if logits == "all" else n - 1, n)]
         dev = self.model.device
 
         def step(tokens: torch.Tensor) -> torch.Tensor:
             batch = row_blocks_batch(self.cache, parents, layout)
-            index = torch.tensor(ends, dtype=torch.long, device=dev)
-            logits = self.model.forward(tokens, batch, self.cache, logit_rows=index).logits[0]
+            index = torch.tensor(wanted, dtype=torch.long, device=dev)
+            out = self.model.forward(tokens, batch, self.cache, logit_rows=index).logits[0]
             self._check()
-            return logits
+            return out
 
         return step
 

@@ -1,17 +1,23 @@
-"""engine/batch_cost.py: the cost of a batched target forward as a function of (rows, tokens).
+"""engine/batch_cost.py: the cost of a target forward as a function of (rows, tokens), one row being
+the verification width curve (`width_costs`).
 
 Hand-made curves pin the arithmetic (interpolation in extras and in rows, extrapolation past the
 grid, never cheaper for more); a counting stand-in for the measurement pins the laziness and the
 store (only the grid row counts a cost needs are measured, once per machine; a damaged store is
-measured again); the tiny model pins that a real measurement is positive and non-decreasing."""
+measured again; the width curve is the one-row curve of the same store entry, measured at every
+width asked for); a simulated clock pins the harness's order and median; the tiny model pins that a
+real measurement is positive and non-decreasing."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from specstack.engine import batch_cost
-from specstack.engine.batch_cost import BatchCosts, RowCurve, extra_cap, extra_grid, grid_rows, spread
+from specstack.engine.batch_cost import BatchCosts, RowCurve, extra_cap, extra_grid, grid_rows, spread, width_costs
+from specstack.errors import SpecstackError
 
 
 def curve(points: dict[int, float]) -> RowCurve:
@@ -71,6 +77,11 @@ def test_the_grid():
         g = extra_grid(rows)
         assert g[:5] == list(range(5)) and g == sorted(set(g)) and g[-1] == extra_cap(rows)
     assert extra_grid(1)[5:] == [6, 8, 12, 16] and extra_cap(64) == 128
+    # the one-row curve asked for a width curve: every integer up to it, then the same tail
+    assert extra_grid(1, 8) == [*range(9), 12, 16] and extra_grid(1, 36) == list(range(37))
+    assert extra_grid(1, 13) == [*range(14), 16]
+    assert RowCurve.monotone(extra_grid(1, 8), [1.0] * 11).dense_to(8)
+    assert not RowCurve.monotone(extra_grid(1), [1.0] * 9).dense_to(5)  # 0..4, 6: 5 is interpolated
     assert spread(3, 5) == [3, 3, 2] and spread(4, 0) == [1] * 4 and sum(spread(5, 17)) == 22
 
 
@@ -86,7 +97,7 @@ def counted(monkeypatch, tmp_path):
 
     def fake(lm, rows, extras, context=256, repeats=3, warmup=1):
         calls.append(rows)
-        return [0.01 * rows + 0.001 * e for e in extras]
+        return RowCurve(tuple(extras), tuple(0.01 * rows + 0.001 * e for e in extras))
 
     monkeypatch.setattr(batch_cost, "measure_batch_costs", fake)
     return calls
@@ -139,15 +150,16 @@ def test_a_measurement_times_split_forwards_with_the_extras_spread_as_chains(tin
     asked: list[tuple[list[int], str]] = []
     ragged = batch_cost.RowForwards.ragged
 
-    def recording(self, counts, layout):
-        asked.append((list(counts), layout))
-        return ragged(self, counts, layout)
+    def recording(self, counts, layout, logits="last"):
+        asked.append((list(counts), layout, logits))
+        return ragged(self, counts, layout, logits)
 
     monkeypatch.setattr(batch_cost.RowForwards, "ragged", recording)
     got = batch_cost.measure_batch_costs(tiny_llama.lm, 3, [0, 5, 2], context=16, repeats=2, warmup=0)
-    assert asked == [([1, 1, 1], "split"), ([3, 3, 2], "split"), ([2, 2, 1], "split")]
-    assert len(got) == 3 and all(s > 0 for s in got)
-    assert got[0] <= got[2] <= got[1]  # non-decreasing in extras, whatever order they came in
+    # every token's logits: a verify step needs them all, and their head is part of the cost
+    assert sorted(asked) == [([1, 1, 1], "split", "all"), ([2, 2, 1], "split", "all"), ([3, 3, 2], "split", "all")]
+    assert got.extras == (0, 2, 5) and all(s > 0 for s in got.seconds)
+    assert list(got.seconds) == sorted(got.seconds)  # non-decreasing in extras, whatever order they came in
     with pytest.raises(ValueError, match="rows >= 1"):
         batch_cost.measure_batch_costs(tiny_llama.lm, 0, [0])
 
@@ -158,3 +170,134 @@ def test_a_real_one_row_cost_is_positive_and_non_decreasing(tiny_llama, monkeypa
     seq = [costs.cost(1, t) for t in range(1, 80)]  # past the grid's end (64 extras) too
     assert all(s > 0 for s in seq) and seq == sorted(seq)
     assert list(costs.curves) == [1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The harness on a simulated clock
+# ---------------------------------------------------------------------------------------------------
+def simulate(monkeypatch, seconds) -> list[int]:
+    """RowForwards replaced by forwards that advance a fake clock by seconds(tokens, previous tokens);
+    returns the tokens of every forward, in the order they ran."""
+    clock, order = [0.0], []
+
+    class Forwards:
+        def __init__(self, lm, ctx, rows, scratch):
+            pass
+
+        def ragged(self, counts, layout, logits="last"):
+            def step(tokens):
+                clock[0] += seconds(sum(counts), order[-1] if order else None)
+                order.append(sum(counts))
+            return step
+
+    monkeypatch.setattr(batch_cost, "RowForwards", Forwards)
+    monkeypatch.setattr(batch_cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    return order
+
+
+def test_each_width_is_timed_in_a_new_order_every_round(tiny_llama, monkeypatch):
+    """On the CPU a forward right after the widest one runs slow. Timed in a fixed order, that always
+    hit T = 1 and made T = 2..4 look as cheap as one token. On a simulated clock where a forward costs
+    its width, plus 10 right after the widest, each width's median must be its own cost."""
+    widths = 6
+    order = simulate(monkeypatch, lambda t, before: t + (10.0 if before == widths else 0.0))
+    costs = batch_cost.measure_batch_costs(tiny_llama.lm, 1, range(widths), repeats=5)
+    assert costs.seconds == tuple(float(t) for t in range(1, widths + 1))
+    rounds = [order[i:i + widths] for i in range(0, len(order), widths)]
+    assert len(rounds) == 6 and all(sorted(r) == list(range(1, widths + 1)) for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # the order changes between rounds
+
+
+def test_a_wider_forward_measured_cheaper_is_raised_to_the_narrower(tiny_llama, monkeypatch):
+    simulate(monkeypatch, lambda t, before: {3: 0.5}.get(t, float(t)))
+    costs = batch_cost.measure_batch_costs(tiny_llama.lm, 1, range(5), repeats=1)
+    assert costs.seconds == (1.0, 2.0, 2.0, 4.0, 5.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The width curve: the one-row curve of the same store entry, every width measured
+# ---------------------------------------------------------------------------------------------------
+@pytest.fixture
+def stepped(monkeypatch, tmp_path):
+    """The measurement replaced by a stand-in whose cost is a step function of the tokens (blocks of
+    four, as int4 kernels give); the store in a fresh cache directory. Yields the measured (rows,
+    extras) pairs."""
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
+    calls: list[tuple[int, list[int]]] = []
+
+    def fake(lm, rows, extras, context=256, repeats=3, warmup=1):
+        calls.append((rows, list(extras)))
+        return RowCurve(tuple(extras), tuple(float(rows + (rows + e - 1) // 4) for e in extras))
+
+    monkeypatch.setattr(batch_cost, "measure_batch_costs", fake)
+    return calls
+
+
+def test_the_width_curve_and_the_one_row_costs_are_one_store_entry(tiny_llama, stepped, tmp_path):
+    widths = width_costs(tiny_llama.lm, 9)
+    # every width measured: the steps come through exactly (interpolating 6 and 8 would give 7 = 2.5)
+    assert widths == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 3.0]
+    assert stepped == [(1, [*range(9), 12, 16])]
+    costs = batch_cost.batch_costs(tiny_llama.lm)  # a new process
+    assert [costs.cost(1, t) for t in range(1, 10)] == widths
+    assert width_costs(tiny_llama.lm, 9) == widths and width_costs(tiny_llama.lm, 4) == widths[:4]
+    assert len(stepped) == 1  # a second call, narrower or as wide, measures nothing
+    store = json.loads((tmp_path / batch_cost.STORE_NAME).read_text(encoding="utf-8"))
+    assert [list(entry) for entry in store.values()] == [["1"]]  # one key, one one-row curve
+
+
+def test_one_row_costs_then_a_wider_width_curve_measures_again(tiny_llama, stepped):
+    costs = batch_cost.batch_costs(tiny_llama.lm)
+    costs.cost(1, 1)
+    assert stepped == [(1, extra_grid(1))]  # the lean grid: 0..4 dense
+    assert width_costs(tiny_llama.lm, 5) == [1.0] * 4 + [2.0] and len(stepped) == 1  # served by 0..4
+    assert width_costs(tiny_llama.lm, 20)[-1] == 5.0  # wider than measured: measured again, and kept
+    assert stepped[1] == (1, list(range(20)))
+    assert width_costs(tiny_llama.lm, 12) == [1.0 + (t - 1) // 4 for t in range(1, 13)] and len(stepped) == 2
+    assert batch_cost.batch_costs(tiny_llama.lm).cost(1, 20) == 5.0 and len(stepped) == 2
+
+
+def test_width_costs_are_measured_once_then_read_from_the_store(tiny_llama, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
+    calls: list[int] = []  # the widths each measurement covered at every T
+    real = batch_cost.measure_batch_costs
+
+    def counted(lm, rows, extras, **kw):
+        calls.append(next(t for t in range(len(extras) + 1) if t == len(extras) or extras[t] != t))
+        return real(lm, rows, extras, context=32, repeats=1)
+
+    monkeypatch.setattr(batch_cost, "measure_batch_costs", counted)
+    first = width_costs(tiny_llama.lm, 5)
+    assert calls == [5] and len(first) == 5 and first == sorted(first) and all(c > 0 for c in first)
+    assert (tmp_path / batch_cost.STORE_NAME).is_file()
+    assert width_costs(tiny_llama.lm, 5) == first  # from the store
+    assert width_costs(tiny_llama.lm, 3) == first[:3]  # a narrower request: the prefix
+    assert calls == [5]
+    wider = width_costs(tiny_llama.lm, 7)  # wider than stored: measured again, and kept
+    assert calls == [5, 7] and len(wider) == 7
+    assert width_costs(tiny_llama.lm, 6) == wider[:6] and calls == [5, 7]
+    # another thread count is another curve (never narrower than T = 1..5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        width_costs(tiny_llama.lm, 2)
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [5, 7, 5]
+    # a damaged store is measured again and rewritten whole
+    (tmp_path / batch_cost.STORE_NAME).write_text("{not json", encoding="utf-8")
+    assert len(width_costs(tiny_llama.lm, 4)) == 4 and calls == [5, 7, 5, 5]
+    assert width_costs(tiny_llama.lm, 4) and calls == [5, 7, 5, 5]
+    with pytest.raises(ValueError, match="widths"):
+        width_costs(tiny_llama.lm, 0)
+
+
+def test_measured_width_costs_cover_each_width_and_never_fall(tiny_llama, monkeypatch, tmp_path):
+    costs = batch_cost.measure_batch_costs(tiny_llama.lm, 1, range(6), context=32, repeats=2)
+    assert costs.extras == tuple(range(6))
+    assert all(c > 0 for c in costs.seconds)
+    assert list(costs.seconds) == sorted(costs.seconds)
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
+    n = tiny_llama.lm.config.max_seq_len  # n tokens after one of context: one past the model's positions
+    with pytest.raises(SpecstackError, match="does not fit"):
+        width_costs(tiny_llama.lm, n)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specstack.drafting.draft_length import (
     CostAwareBudget,
@@ -85,80 +84,6 @@ def test_cost_aware_longest_is_what_the_costs_cover_and_bad_costs_are_refused():
         CostAwareLength([])
     with pytest.raises(ValueError, match="prior"):
         CostAwareLength(COSTS, prior=(0.0, 1.0))
-
-
-def test_measured_width_costs_cover_each_width_and_never_fall(tiny_llama):
-    from specstack.engine.width_cost import measure_width_costs
-
-    costs = measure_width_costs(tiny_llama.lm, 6, context=32, repeats=2)
-    assert len(costs) == 6
-    assert all(c > 0 for c in costs)
-    assert costs == sorted(costs)
-    with pytest.raises(ValueError, match="widths"):
-        measure_width_costs(tiny_llama.lm, 0)
-
-
-def test_each_width_is_timed_in_a_new_order_every_round(tiny_llama, monkeypatch):
-    """On the CPU a forward right after the widest one runs slow. Timed in a fixed order, that always
-    hit T = 1 and made T = 2..4 look as cheap as one token. On a simulated clock where a forward costs
-    its width, plus 10 right after the widest, each width's median must be its own cost."""
-    from types import SimpleNamespace
-
-    from specstack.engine import width_cost
-
-    widths, clock, order = 6, [0.0], []
-
-    def steps(lm, ctx, n):
-        def chain(block):
-            t = block.shape[1]
-            clock[0] += t + (10.0 if order and order[-1] == widths else 0.0)
-            order.append(t)
-        return {f"specstack {lm.fmt} chain": chain}
-
-    monkeypatch.setattr(width_cost, "forward_steps", steps)
-    monkeypatch.setattr(width_cost, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    costs = width_cost.measure_width_costs(tiny_llama.lm, widths, repeats=5)
-    assert costs == [float(t) for t in range(1, widths + 1)]
-    rounds = [order[i:i + widths] for i in range(0, len(order), widths)]
-    assert len(rounds) == 6 and all(sorted(r) == list(range(1, widths + 1)) for r in rounds)
-    assert len({tuple(r) for r in rounds}) > 1  # the order changes between rounds
-
-
-def test_width_costs_are_measured_once_then_read_from_the_store(tiny_llama, monkeypatch, tmp_path):
-    from specstack.engine import width_cost
-
-    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
-    calls: list[int] = []
-    real = width_cost.measure_width_costs
-
-    def counted(lm, widths, **kw):
-        calls.append(widths)
-        return real(lm, widths, context=32, repeats=1)
-
-    monkeypatch.setattr(width_cost, "measure_width_costs", counted)
-    first = width_cost.width_costs(tiny_llama.lm, 5)
-    assert calls == [5] and len(first) == 5 and first == sorted(first)
-    assert (tmp_path / width_cost.STORE_NAME).is_file()
-    assert width_cost.width_costs(tiny_llama.lm, 5) == first  # from the store
-    assert width_cost.width_costs(tiny_llama.lm, 3) == first[:3]  # a narrower request: the prefix
-    assert calls == [5]
-    wider = width_cost.width_costs(tiny_llama.lm, 7)  # wider than stored: measured again, and kept
-    assert calls == [5, 7] and len(wider) == 7
-    assert width_cost.width_costs(tiny_llama.lm, 6) == wider[:6] and calls == [5, 7]
-    # another thread count is another curve
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1 if threads > 1 else 2)
-        width_cost.width_costs(tiny_llama.lm, 2)
-    finally:
-        torch.set_num_threads(threads)
-    assert calls == [5, 7, 2]
-    # a damaged store is measured again and rewritten whole
-    (tmp_path / width_cost.STORE_NAME).write_text("{not json", encoding="utf-8")
-    assert len(width_cost.width_costs(tiny_llama.lm, 4)) == 4 and calls == [5, 7, 2, 4]
-    assert width_cost.width_costs(tiny_llama.lm, 4) and calls == [5, 7, 2, 4]
-    with pytest.raises(ValueError, match="widths"):
-        width_cost.width_costs(tiny_llama.lm, 0)
 
 
 # ---- cost-aware tree budget ----------------------------------------------------------------------
