@@ -38,7 +38,7 @@ def run(lm, method, make, prompts, new: int) -> dict:
     while any(not r.stream.tokens for r in engine.rows) or engine.waiting:
         engine.step()
     emitted0 = sum(len(r.stream.tokens) for r in engine.rows)
-    steps0, drafted0, accepted0 = engine.stats.steps, sum(engine.stats.drafted), sum(engine.stats.accepted)
+    steps0, drafted0, accepted0, rows0 = engine.stats.steps, engine.stats.drafted, engine.stats.accepted, engine.stats.rows
     phases0 = engine.stats.phase_seconds()
     t0 = time.perf_counter()
     while engine.busy:
@@ -48,12 +48,12 @@ def run(lm, method, make, prompts, new: int) -> dict:
     st = engine.stats
     tokens = sum(len(r.tokens) for r in results) - emitted0
     steps = st.steps - steps0
-    row_steps = sum(st.rows[steps0:])
+    row_steps = st.rows - rows0
     phases = {k: v - phases0[k] for k, v in st.phase_seconds().items()}
     return {"method": describe(method), "rows": rows, "decode_tokens": tokens, "decode_seconds": seconds,
             "tokens_per_s": tokens / seconds, "steps": steps,
-            "drafted_per_row_step": (sum(st.drafted) - drafted0) / max(1, row_steps),
-            "accepted": sum(st.accepted) - accepted0, "drafted": sum(st.drafted) - drafted0, "phases": phases,
+            "drafted_per_row_step": (st.drafted - drafted0) / max(1, row_steps),
+            "accepted": st.accepted - accepted0, "drafted": st.drafted - drafted0, "phases": phases,
             "context": statistics.mean(len(p) for p in prompts)}
 
 

@@ -13,6 +13,13 @@ WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "w8a8", "w4a8")
 # Here, not in models/quant.py, so the throughput model reads it without importing torch.
 HEAD_FORMAT: dict[str, str] = {"int4": "int8", "w4a8": "q8a8"}
 DEVICES = ("cpu", "cuda")
+# The engine's sizes (engine/batched.py, engine/plan.py), here so the light CLI can show them without torch.
+# Tokens one step's forward may carry, prompt chunks and draft nodes together (vLLM's max_num_batched_tokens):
+# wide enough that a burst of prompts is read in few steps and one row's largest tree fits.
+DEFAULT_STEP_TOKENS = 256
+# Tokens a row holds (prompt + output) unless the caller says otherwise: the KV cache is allocated up front
+# for every row at this length.
+DEFAULT_MAX_CONTEXT = 2048
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,3 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, x, right=True).view(probs.shape[:-1])
 
-
-def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The next token for logits [..., V]: argmax when greedy, else a draw from warp(logits)."""
-    if params.greedy:
-        return logits.argmax(-1)
-    return sample(warp(logits, params), generator)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specstack.sampling import sample
+from specstack.config import SamplingParams
+from specstack.sampling import sample, warp
 from specstack.tree import DraftTree
 
 
@@ -107,3 +108,16 @@ def verify_rrs(tree: DraftTree, p: torch.Tensor, generator: torch.Generator | No
             return VerifyResult(accepted, [tree.tokens[i] for i in accepted] + [x])
         accepted.append(nxt)
         node = nxt
+
+
+def verify_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams,
+                generator: torch.Generator | None) -> VerifyResult:
+    """The verifier the data calls for (never the method): greedy when sampling is off, recursive
+    rejection sampling when every node carries its draft q, sample-walk otherwise. logits: [1 + n, V],
+    the root's row then one per node."""
+    if sampling.greedy:
+        return verify_greedy(tree, logits)
+    p = warp(logits, sampling)
+    if len(tree) and all(q is not None for q in tree.q):
+        return verify_rrs(tree, p, generator)
+    return verify_sample_walk(tree, p, generator)

@@ -11,7 +11,17 @@ def main() -> None:
     # specstack from whichever source tree PYTHONPATH names (old or new code): the same script serves both
     from specstack.bench.datasets import humaneval_prompts
     from specstack.config import GenerationConfig, SamplingParams
-    from specstack.engine.methods import DraftSources, build_drafter, parse_method, run_method
+    from specstack.engine.methods import DraftSources, build_drafter, length_rule, parse_method
+    try:  # one engine: generate(lm, ids, gen, drafter=, length=)
+        from specstack.engine.batched import generate
+
+        def run(lm, drafter, ids, gen, length):
+            return generate(lm, ids, gen, drafter=drafter, length=length)
+    except ImportError:  # before it: run_method(lm, drafter, ids, gen, length=)
+        from specstack.engine.methods import run_method
+
+        def run(lm, drafter, ids, gen, length):
+            return run_method(lm, drafter, ids, gen, length=length)
     from specstack.models.loading import load_model
     from specstack.prompts import encode_prompt
 
@@ -28,9 +38,11 @@ def main() -> None:
     for line in sys.stdin:
         method, i = line.split()
         if method not in drafters:
-            drafters[method] = build_drafter(parse_method(method), lm, sources)
+            spec = parse_method(method)
+            drafters[method] = build_drafter(spec, lm, sources), length_rule(spec, lm, 1)
+        drafter, length = drafters[method]
         t0 = time.perf_counter()
-        out = run_method(lm, drafters[method], prompts[int(i)], gen)
+        out = run(lm, drafter, prompts[int(i)], gen, length)
         print(f"{time.perf_counter() - t0:.4f} {len(out.tokens)}", flush=True)
 
 

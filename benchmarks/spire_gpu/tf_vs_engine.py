@@ -15,7 +15,8 @@ import torch
 
 from specstack.bench.datasets import humaneval_prompts
 from specstack.config import GenerationConfig
-from specstack.engine.methods import DraftSources, build_drafter, parse_method, run_method
+from specstack.engine.batched import generate
+from specstack.engine.methods import DraftSources, build_drafter, parse_method
 from specstack.models.draft_file import load_draft_file
 from specstack.models.loading import load_model
 from specstack.training.distill import ChainCounts
@@ -30,8 +31,8 @@ def main(draft_path: str, n: int, k: int, draft_dtype: str) -> None:
     texts, emitted, forwards, accepted = [], 0, 0, []
     for prompt in humaneval_prompts(n):  # the raw prompt, as `specstack bench` encodes it
         ids = target.tokenizer.encode(prompt)
-        texts.append((list(ids) + list(run_method(target, None, ids, gen).tokens), len(ids)))
-        r = run_method(target, build_drafter(parse_method(f"chain:k={k}"), target, sources, "cpu"), ids, gen)
+        texts.append((list(ids) + list(generate(target, ids, gen).tokens), len(ids)))
+        r = generate(target, ids, gen, drafter=build_drafter(parse_method(f"chain:k={k}"), target, sources, "cpu"))
         emitted, forwards = emitted + r.stats.new_tokens, forwards + r.stats.target_forwards
         accepted += [s.accepted for s in r.stats.steps]
     alpha = [sum(a >= j for a in accepted) / max(1, sum(a >= j - 1 for a in accepted)) for j in range(1, k + 1)]

@@ -10,7 +10,7 @@ batched engine (engine/batched.py), one engine per batch sized for it (built off
 drafter per row for speculative methods; `hf` is transformers' batched `generate` with left padding.
 A batch's wall time is timed around the decoding call alone, prefill included.
 
-The reference: every prompt decoded alone by our single-sequence `ar` (engine.autoregressive) at
+The reference: every prompt decoded alone by our one-row `ar` (engine.batched.generate) at
 each weight format the batch methods ask for, once, just before the first batch that holds it. Its
 rows are timed and kept (method `ar`, or `ar:dtype=D` at another format than --dtype: the
 single-sequence baseline); under greedy decoding every batch row is marked `identical_to_ar` against
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,10 +37,10 @@ from specstack.bench.llama_batched import LlamaBatched, find_binary, record_rows
 from specstack.bench.peers import ForwardCounter, hf_dtype, hf_generate_batch
 from specstack.bench.plan import BenchMethod, Plan
 from specstack.config import GenerationConfig, SamplingParams
-from specstack.drafting.base import Drafter
 from specstack.drafting.batch_length import BatchLength
 from specstack.engine.batched import BatchEngine, BatchRequest
 from specstack.engine.methods import DraftSources, drafter_factory, length_rule
+from specstack.engine.rows import DrafterFactory, DrafterPool
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 
@@ -82,38 +81,26 @@ class BatchOutput:
 BatchRunner = Callable[[list[list[int]], int], BatchOutput]
 
 
-class DrafterPool:
-    """One drafter per row for a speculative method (a drafter holds one sequence's state), made by the
-    method's factory (engine/methods.py: drafter_factory; the draft model and trigram are loaded once and
-    shared) as the batches grow, and reused from batch to batch (the engine resets each as its row joins)."""
-
-    def __init__(self, make: Callable[[], Drafter] | None) -> None:
-        self.make, self.drafters = make, []
-
-    def take(self, k: int) -> list[Drafter | None]:
-        if self.make is None:
-            return [None] * k
-        while len(self.drafters) < k:
-            self.drafters.append(self.make())
-        return list(self.drafters[:k])
-
-
-def engine_batch_runner(lm: LoadedModel, pool: DrafterPool, layout: str, sampling: SamplingParams,
+def engine_batch_runner(lm: LoadedModel, drafters: DrafterFactory | None, layout: str, sampling: SamplingParams,
                         length: Callable[[int], BatchLength] | None = None) -> BatchRunner:
-    """length(B): a new draft-length rule for a batch of B rows (the method's: engine/methods.py length_rule)."""
+    """drafters: the method's drafter factory (None: ar); its drafters are lent from one pool shared by
+    every batch, so a batch reuses the drafters the last one made. length(B): a new draft-length rule for
+    a batch of B rows (the method's: engine/methods.py length_rule)."""
+    pool = DrafterPool()
+
     def go(prompts: list[list[int]], n: int) -> BatchOutput:
         gen = GenerationConfig(max_new_tokens=n, sampling=sampling, stop_on_eos=False)
         longest = max(len(p) for p in prompts) + n
         engine = BatchEngine(lm, max_rows=len(prompts), max_context=min(lm.config.max_seq_len, longest),
                              layout=layout,  # type: ignore[arg-type]  # checked by plan.LAYOUTS
-                             length=None if length is None else length(len(prompts)))
-        requests = [BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, pool.take(len(prompts)), strict=True)]
+                             length=None if length is None else length(len(prompts)), drafters=drafters, pool=pool)
+        requests = [BatchRequest(p, gen) for p in prompts]
         t0 = time.perf_counter()
         results = engine.run(requests)
         seconds = time.perf_counter() - t0
         st = engine.stats
         return BatchOutput([r.tokens for r in results], seconds, lm.fmt, [r.stats.target_forwards for r in results],
-                           [r.stats.tau for r in results], st.phase_seconds(), st.steps, dict(Counter(st.layouts)))
+                           [r.stats.tau for r in results], st.phase_seconds(), st.steps, dict(st.layouts))
 
     return go
 
@@ -180,8 +167,7 @@ def build_batch_methods(plan: Plan, targets: dict[str, LoadedModel], hf: HfModel
             target = targets[m.dtype]
             spec = m.spec
             assert spec is not None  # an engine method
-            pool = DrafterPool(drafter_factory(spec, target, sources, s.device))
-            out.ready[m.label] = engine_batch_runner(target, pool, m.layout or "auto", s.sampling,
+            out.ready[m.label] = engine_batch_runner(target, drafter_factory(spec, target, sources, s.device), m.layout or "auto", s.sampling,
                                                      lambda b, t=target, sp=spec: length_rule(sp, t, b))
     out.notes.append("batches: B consecutive prompts of the set; the last batch is filled by wrapping around to the "
                      "set's first prompts (every batch holds B rows)")

@@ -46,7 +46,7 @@ from specstack.bench.peers import (
     load_llama_cpp,
 )
 from specstack.config import GenerationConfig, SamplingParams
-from specstack.engine.autoregressive import generate
+from specstack.engine.batched import generate
 from specstack.engine.timing import (
     ForwardStep,
     RowForwards,

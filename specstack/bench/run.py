@@ -46,8 +46,8 @@ from specstack.bench.rows import read_rows
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import Drafter
 from specstack.drafting.batch_length import BatchLength
+from specstack.engine.batched import generate
 from specstack.engine.methods import DraftSources, build_drafter, length_rule
-from specstack.engine.methods import run_method as engine_run_method
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text
 from specstack.machine import cpu_model, now, versions
@@ -81,7 +81,7 @@ Runner = Callable[[list[int], int], Output]
 
 
 def run_method(target, drafter, ids, gen, length=None):  # indirection: tests wrap it to count or alter generations
-    return engine_run_method(target, drafter, ids, gen, length=length)
+    return generate(target, ids, gen, drafter=drafter, length=length)
 
 
 def engine_runner(lm: LoadedModel, drafter: Drafter | None, sampling: SamplingParams,

@@ -3,7 +3,7 @@ the pass@first / pass@all figure): how often a user who samples n completions of
 once has a correct one within S seconds.
 
 Protocol: every model is loaded once and every method's drafters built once (one per row, the
-DrafterPool of bench/batched.py, sharing the method's draft model or trigram); one warm-up batch per
+engine's DrafterPool, one per method, sharing the method's draft model or trigram); one warm-up batch per
 method; then problem by problem, every method in turn, the order rotated from problem to problem (drift hits all alike). A method decodes the
 problem's prompt n times in one batch (the batched engine, n rows, the method's draft-length rule for
 a batch of n, engine.methods.length_rule; sample i gets seed --seed + i, as
@@ -33,7 +33,7 @@ from typing import Any
 from tqdm import tqdm
 
 from specstack import interrupt
-from specstack.bench.batched import DrafterPool, rotated
+from specstack.bench.batched import rotated
 from specstack.bench.datasets import EncodedPrompt, iter_prompts, select_prompts
 from specstack.bench.humaneval_exec import (
     DEFAULT_MEMORY,
@@ -48,10 +48,10 @@ from specstack.bench.plan import BenchMethod, check_batch_mode
 from specstack.bench.rows import Row
 from specstack.bench.run import load_targets
 from specstack.config import GenerationConfig, SamplingParams
-from specstack.drafting.base import Drafter
 from specstack.drafting.batch_length import BatchLength
 from specstack.engine.batched import BatchEngine, BatchRequest
 from specstack.engine.methods import DraftSources, MethodSpec, drafter_factory, length_rule
+from specstack.engine.rows import DrafterFactory, DrafterPool
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text, check_writable_dir
 from specstack.machine import cpu_model, now, versions
@@ -148,16 +148,18 @@ class Decoded:
     tau: float | None
 
 
-def decode_batch(lm: LoadedModel, drafters: Sequence[Drafter | None], prompt_ids: Sequence[int],
+def decode_batch(lm: LoadedModel, drafters: tuple[DrafterFactory | None, DrafterPool], prompt_ids: Sequence[int],
                  gens: Sequence[GenerationConfig], layout: str = "auto",
                  length: BatchLength | None = None) -> tuple[list[Decoded], float]:
     """Decode the prompt once per gen, all rows in one batch; each sample's finish time (module doc)
     and the batch's wall time. length: the method's draft-length rule for the batch (a fresh one: it
-    learns as it goes); None: each row verifies what its drafter proposes."""
+    learns as it goes); None: each row verifies what its drafter proposes. drafters: the method's factory
+    (None: ar) and the pool its drafters are lent from, shared by every batch of the method."""
     longest = len(prompt_ids) + max(g.max_new_tokens for g in gens)
     engine = BatchEngine(lm, max_rows=len(gens), max_context=min(lm.config.max_seq_len, longest),
-                         layout=layout, length=length)  # type: ignore[arg-type]  # plan.LAYOUTS checked it
-    handles = [engine.add(BatchRequest(list(prompt_ids), g, drafter=d)) for g, d in zip(gens, drafters, strict=True)]
+                         layout=layout, length=length,  # type: ignore[arg-type]  # plan.LAYOUTS checked it
+                         drafters=drafters[0], pool=drafters[1])
+    handles = [engine.add(BatchRequest(list(prompt_ids), g)) for g in gens]
     index = {h: i for i, h in enumerate(handles)}
     out: dict[int, Decoded] = {}
     t0 = time.perf_counter()
@@ -211,7 +213,7 @@ def run_time_budget(plan: TimeBudgetPlan, command: str) -> dict[str, Any]:
     problems: dict[str, Problem] = load_problems()
     sources = DraftSources.for_model(first.name, s.draft, s.draft_dtype, s.ngram)
     specs = {m.label: _spec(m) for m in plan.methods}
-    pools = {m.label: DrafterPool(drafter_factory(specs[m.label], targets[m.dtype], sources, s.device))
+    pools = {m.label: (drafter_factory(specs[m.label], targets[m.dtype], sources, s.device), DrafterPool())
              for m in plan.methods}
     gens = sample_gens(s)
 
@@ -222,7 +224,7 @@ def run_time_budget(plan: TimeBudgetPlan, command: str) -> dict[str, Any]:
     print(f"warming up {len(plan.methods)} methods", file=sys.stderr)
     for m in plan.methods:
         interrupt.check()
-        decode_batch(targets[m.dtype], pools[m.label].take(s.n), prompts[0].ids[-WARMUP_PROMPT_TOKENS:],
+        decode_batch(targets[m.dtype], pools[m.label], prompts[0].ids[-WARMUP_PROMPT_TOKENS:],
                      warmup_gens(s), m.layout or "auto", length_rule(specs[m.label], targets[m.dtype], s.n))
     totals: dict[str, list[float]] = {m.label: [0, 0.0] for m in plan.methods}
     bar = tqdm(total=len(prompts) * len(plan.methods), desc="time budget", unit="batch", file=sys.stderr)
@@ -230,7 +232,7 @@ def run_time_budget(plan: TimeBudgetPlan, command: str) -> dict[str, Any]:
         done: list[tuple[str, list[Decoded], float]] = []
         for m in rotated(plan.methods, i):
             interrupt.check()
-            decoded, seconds = decode_batch(targets[m.dtype], pools[m.label].take(s.n), p.ids, gens,
+            decoded, seconds = decode_batch(targets[m.dtype], pools[m.label], p.ids, gens,
                                             m.layout or "auto", length_rule(specs[m.label], targets[m.dtype], s.n))
             done.append((m.label, decoded, seconds))
             totals[m.label][0] += sum(len(d.tokens) for d in decoded)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from specstack.engine.autoregressive import GenerationResult
+    from specstack.engine.stats import GenerationResult
 
 
 @dataclass(frozen=True)

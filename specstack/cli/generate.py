@@ -45,8 +45,8 @@ from specstack.prompts import check_context, check_text, encode_prompt
 if TYPE_CHECKING:
     from specstack.drafting.base import Drafter
     from specstack.drafting.batch_length import BatchLength
-    from specstack.engine.autoregressive import GenerationResult
     from specstack.engine.methods import MethodSpec
+    from specstack.engine.stats import GenerationResult
     from specstack.models.base import LoadedModel
 
 DEFAULT_BATCH_SIZE = 8
@@ -247,10 +247,10 @@ def build_method(args: argparse.Namespace, method: MethodSpec, lm: LoadedModel, 
 def run_generation(lm: LoadedModel, prompt_ids: list[int], gen: GenerationConfig,
                    on_text: Callable[[str], None], built: Built) -> GenerationResult:
     """The one method-dependent step: autoregressive without a drafter, else speculative."""
-    from specstack.engine.methods import run_method
+    from specstack.engine.batched import generate
 
     drafter = None if built.drafters is None else built.drafters()
-    return run_method(lm, drafter, prompt_ids, gen, on_text=on_text, length=built.length)
+    return generate(lm, prompt_ids, gen, on_text=on_text, length=built.length, drafter=drafter)
 
 
 def print_text(text: str) -> None:

@@ -26,15 +26,13 @@ from specstack.cli.common import (
     check_model_args,
 )
 from specstack.cluster.deploy import parse_replicas, serve_replicas
+from specstack.config import DEFAULT_MAX_CONTEXT, DEFAULT_STEP_TOKENS
 from specstack.errors import SpecstackError
 from specstack.server.listen import bind, note, url_of
-from specstack.server.loader import DEFAULT_MAX_CONTEXT, load_engine
+from specstack.server.loader import load_engine
 
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_QUEUE = 256
-# prompt tokens per step: a joining prompt's chunk widens every running stream's step, so a server keeps it
-# smaller than the batch command's 128 (docs/BENCHMARKS.md, "Serving": the p99 inter-token latency)
-DEFAULT_PREFILL_CHUNK = 32
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -55,9 +53,10 @@ def add_parser(subparsers: Any) -> None:
     add_checked(g, "--max-context", validate.ints(2, validate.MAX_CONTEXT), default=None, metavar="N",
                 help=f"tokens a request may hold, prompt and completion (default: {DEFAULT_MAX_CONTEXT} or the "
                      "model's context if shorter)")
-    add_checked(g, "--prefill-chunk", validate.ints(1, validate.MAX_CONTEXT), default=DEFAULT_PREFILL_CHUNK,
-                metavar="N", help=f"prompt tokens read per step over all joining requests (default "
-                                  f"{DEFAULT_PREFILL_CHUNK}): smaller keeps the running streams' inter-token latency "
+    add_checked(g, "--step-tokens", validate.ints(1, validate.MAX_CONTEXT), default=DEFAULT_STEP_TOKENS,
+                metavar="N", help=f"tokens one step may carry, prompt chunks and draft tokens together (default "
+                                  f"{DEFAULT_STEP_TOKENS}): every running stream's root comes first, then prompts, "
+                                  "oldest first, then drafts; smaller keeps the running streams' inter-token latency "
                                   "even when requests join, larger gives a lower time to first token")
     g.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"), metavar="KEY",
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECSTACK_API_KEY, else none)")

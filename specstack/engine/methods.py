@@ -16,10 +16,9 @@ Draft sources (`DraftSources`, engine/draft_sources.py): where a method's drafts
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from specstack.config import GenerationConfig
 from specstack.drafting.base import Drafter
 from specstack.drafting.batch_length import AsProposed, BassLength, BatchLength, CostAwareBatchLength
 from specstack.drafting.batched_chain import ChainGroup
@@ -27,14 +26,13 @@ from specstack.drafting.draft_length import ChainLength, CostAwareBudget, CostAw
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.drafting.staged import StagedDrafter
-from specstack.engine.autoregressive import GenerationResult, generate
 from specstack.engine.batch_cost import batch_costs, width_costs
 from specstack.engine.draft_sources import (
     DraftSources,
     load_ngram,
     resolve_draft,
 )
-from specstack.engine.speculative import speculative_generate
+from specstack.engine.rows import DrafterFactory
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 from specstack.models.registry import MODELS, default_ngram_path
@@ -44,7 +42,6 @@ from specstack.validate import MAX_TREE, VERIFIED, bounded_int, fits_context
 # The registry
 # ---------------------------------------------------------------------------------------------------
 Params = Mapping[str, int]  # parameter name -> value, every declared parameter present
-DrafterFactory = Callable[[], Drafter]  # a new drafter (one per row), sharing what the builder loaded
 Builder = Callable[[LoadedModel, Params, DraftSources, str], DrafterFactory | None]  # (target, params, sources, device)
 # (target, params, rows) -> the rule sizing each step's drafts (rows: the most rows a step holds)
 LengthRule = Callable[[LoadedModel, Params, int], BatchLength]
@@ -96,7 +93,7 @@ class Method:
     # the DraftSources fields the method reads (a source given to a method that reads none is ignored)
     sources: frozenset[str] = frozenset()
     # n > 0: before it runs, the method measures target forwards of widths 1 .. n (its cost curve,
-    # engine/width_cost.py), which must fit the target's context after one token of it
+    # engine/batch_cost.py), which must fit the target's context after one token of it
     measures: Callable[[Params], int] = _no_measure
     length: LengthRule = as_proposed
 
@@ -185,13 +182,6 @@ def length_rule(method: MethodSpec, target: LoadedModel, rows: int = 1) -> Batch
     return lookup(method.name).length(target, method.params, rows)
 
 
-def run_method(target: LoadedModel, drafter: Drafter | None, prompt_ids: Sequence[int], gen: GenerationConfig,
-               on_text: Callable[[str], None] | None = None, length: BatchLength | None = None) -> GenerationResult:
-    if drafter is None:
-        return generate(target, prompt_ids, gen, on_text=on_text)
-    return speculative_generate(target, drafter, prompt_ids, gen, on_text=on_text, length=length)
-
-
 # ---------------------------------------------------------------------------------------------------
 # The methods
 # ---------------------------------------------------------------------------------------------------
@@ -215,7 +205,7 @@ def tree_measures(p: Params) -> int:
 
 def tree_budget(target: LoadedModel, p: Params) -> CostAwareBudget | None:
     """cost=1: a CostAwareBudget over the target's forward costs of widths 1 .. budget + 1
-    (measured once per machine and target format: engine/width_cost.py)."""
+    (measured once per machine and target format: engine/batch_cost.py)."""
     return CostAwareBudget(width_costs(target, tree_measures(p))) if p["cost"] else None
 
 

@@ -1,11 +1,19 @@
-"""Run statistics as data (DESIGN §2.7); reports are built from these."""
+"""Run statistics as data (DESIGN §2.7); reports are built from these.
+
+A request's `RunStats` live as long as its result (its steps are bounded by its tokens); the engine's
+`BatchStats` live as long as a server, so they keep totals and the last `HISTORY` steps only.
+"""
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from specstack.engine.stopping import FinishReason
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult
+
+# steps an engine remembers one by one (a window for reports and tests; totals cover every step)
+HISTORY = 256
 
 
 @dataclass
@@ -83,3 +91,59 @@ class RunStats:
         if self.steps:
             s += f"; tau {self.tau:.2f} tokens/forward over {self.target_forwards} target forwards"
         return s
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    tokens: list[int]
+    text: str
+    finish_reason: FinishReason
+    stats: RunStats = field(default_factory=RunStats)
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """One engine step: how full its forward was and what its rows drafted."""
+
+    rows: int  # rows in the forward
+    tokens: int  # real tokens in the forward
+    layout: str
+    drafted: int  # draft nodes verified (over all rows)
+    accepted: int  # of them, accepted
+    drafting: int  # rows that verified a draft
+
+
+@dataclass
+class BatchStats:
+    """The engine's steps: totals since it started, the last HISTORY steps, and where the time went.
+    Bounded: a server's engine steps for days."""
+
+    steps: int = 0
+    rows: int = 0  # totals over every step
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    layouts: Counter[str] = field(default_factory=Counter)
+    recent: deque[BatchStep] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    overhead_seconds: float = 0.0  # planning, admitting, committing, streaming
+
+    def add(self, step: BatchStep) -> None:
+        self.steps += 1
+        self.rows += step.rows
+        self.tokens += step.tokens
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.layouts[step.layout] += 1
+        self.recent.append(step)
+
+    @property
+    def last(self) -> BatchStep | None:
+        return self.recent[-1] if self.recent else None
+
+    def phase_seconds(self) -> dict[str, float]:
+        return {"draft": self.draft_seconds, "target": self.target_seconds, "verify": self.verify_seconds,
+                "overhead": self.overhead_seconds}

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from specstack.config import DEFAULT_MAX_CONTEXT
 from specstack.errors import SpecstackError
 
 if TYPE_CHECKING:
     from specstack.server.app import ServerState
-
-DEFAULT_MAX_CONTEXT = 2048  # the batched engine's per-row default (a row's KV is allocated up front)
 
 
 def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> None:
@@ -35,7 +34,7 @@ def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> Non
                              f"{lm.config.max_seq_len} tokens")
     sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram, args.draft_vocab)
     method = parse_method(args.method)
-    engine = BatchEngine(lm, max_rows=args.max_batch, max_context=max_context, prefill_chunk=args.prefill_chunk,
+    engine = BatchEngine(lm, max_rows=args.max_batch, max_context=max_context, step_tokens=args.step_tokens,
                          length=length_rule(method, lm, args.max_batch),
                          drafters=drafter_factory(method, lm, sources, args.device))
     # one short request before the first client's: the first forwards of a fresh process are slow

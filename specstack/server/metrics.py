@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from specstack.engine.session import GenerationResult
+from specstack.engine.stats import GenerationResult
 
 PREFIX = "specstack:"
 # vLLM's buckets (seconds)

@@ -10,8 +10,8 @@ Capacity is reserved at submit, under a lock, so a full server answers at once (
 queueing without bound: at most `capacity` jobs (the batch's rows plus the queue) are in flight.
 
 Per-request methods: a job may ask for another method than the server's (`speculation` in the body).
-`ar` opts the row out of drafting; any other method lends the row a drafter from that method's own
-pool, built by `build` on first use (`prepare`: the handler runs it off the event loop, so a
+`ar` opts the row out of drafting; any other method's rows are lent drafters by the engine's pool from
+that method's factory, built by `build` on first use (`prepare`: the handler runs it off the event loop, so a
 method that cannot run here is refused before the request is queued). All rows share
 the server's draft-length rule, which sizes every drafting row's tree for the step's measured cost.
 """
@@ -25,13 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specstack.config import GenerationConfig
-from specstack.drafting.base import Drafter
 from specstack.engine.batched import BatchEngine, BatchRequest
-from specstack.engine.session import GenerationResult
+from specstack.engine.rows import DrafterFactory
+from specstack.engine.stats import GenerationResult
 from specstack.errors import SpecstackError
 from specstack.server.metrics import ServerMetrics
-
-DrafterFactory = Callable[[], Drafter]
 
 
 @dataclass(frozen=True)
@@ -64,7 +62,6 @@ class Job:
     pieces: list[str] = field(default_factory=list)  # text released in this step, sent after it
     tokens: int = 0  # tokens sent so far
     last: float | None = None  # when its tokens last arrived
-    drafter: Drafter | None = None  # lent from a per-method pool
 
 
 class EngineWorker:
@@ -81,7 +78,6 @@ class EngineWorker:
         self._by_handle: dict[int, Job] = {}
         self._factories: dict[str, DrafterFactory | None] = {}  # built by prepare(), before submit
         self._build_lock = threading.Lock()
-        self._pools: dict[str, list[Drafter]] = {}
         self._thread = threading.Thread(target=self._run, name="specstack-engine", daemon=True)
 
     # -- called from the event loop -------------------------------------------------------------------
@@ -165,29 +161,22 @@ class EngineWorker:
 
     def _add(self, job: Job) -> None:
         try:
-            drafter = self._lend(job.method) if job.method not in (None, "ar") else None
-            request = BatchRequest(job.prompt_ids, job.gen, on_text=job.pieces.append, drafter=drafter,
-                                   speculate=job.method != "ar")
+            drafters = None
+            if job.method not in (None, "ar"):
+                self.prepare(job.method)  # done already by the handler; here for callers that did not
+                drafters = self._factories[job.method]
+            request = BatchRequest(job.prompt_ids, job.gen, on_text=job.pieces.append, drafters=drafters,
+                                   speculate=job.method != "ar" and (job.method is None or drafters is not None))
             job.handle = self.engine.add(request)
         except SpecstackError as e:  # a method whose draft cannot load, a prompt over the context
             self._release(job)
             job.sink(Event(error=str(e)))
             return
-        job.drafter = drafter
         self._jobs[job.id] = job
         self._by_handle[job.handle] = job
         self.metrics.admitted(len(job.prompt_ids))
 
-    def _lend(self, method: str) -> Drafter | None:
-        self.prepare(method)  # done already by the handler; here for callers that did not
-        pool = self._pools.setdefault(method, [])
-        factory = self._factories[method]
-        return pool.pop() if pool else (factory() if factory is not None else None)
-
     def _release(self, job: Job) -> None:
-        if job.drafter is not None:
-            self._pools[job.method].append(job.drafter)  # type: ignore[index]
-            job.drafter = None
         self._jobs.pop(job.id, None)
         if job.handle is not None:
             self._by_handle.pop(job.handle, None)
@@ -206,8 +195,9 @@ class EngineWorker:
     def _after_step(self, finished: list[tuple[int, GenerationResult]]) -> None:
         """Send every job the text its row released in the step; a finished job gets its result too."""
         now = time.perf_counter()
-        st = self.engine.stats
-        self.metrics.step(st.rows[-1], st.drafted[-1], st.accepted[-1], st.drafting[-1])
+        last = self.engine.stats.last
+        if last is not None:
+            self.metrics.step(last.rows, last.drafted, last.accepted, last.drafting)
         done = dict(finished)
         counts = self.engine.emitted() | {h: len(r.tokens) for h, r in finished}
         for handle, n in counts.items():
@@ -221,7 +211,8 @@ class EngineWorker:
             text = "".join(job.pieces)
             job.pieces.clear()
             if handle in done:
-                result = self.engine.pop_result(handle)
+                result = done[handle]
+                self.engine.pop_result(handle)  # the engine keeps no result a caller took
                 self.metrics.finished(result, finish_reason(result), now - job.arrived)
                 self._release(job)
                 job.sink(Event(text, n, result=result))

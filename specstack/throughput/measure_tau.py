@@ -20,8 +20,8 @@ from specstack.bench.datasets import iter_prompts, select_prompts
 from specstack.config import GenerationConfig, WindowSpec
 from specstack.drafting.base import Drafter
 from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.engine.batched import generate
 from specstack.engine.draft_sources import DraftSources, load_draft
-from specstack.engine.methods import run_method
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 from specstack.models.loading import load_model
@@ -67,7 +67,7 @@ def measure_tau(design: str, target: LoadedModel, drafter_for: DrafterFor, promp
     gen = GenerationConfig(max_new_tokens=new_tokens, stop_on_eos=False)
     emitted = rounds = 0
     for ids in prompts:
-        stats = run_method(target, drafter_for(ids), ids, gen).stats
+        stats = generate(target, ids, gen, drafter=drafter_for(ids)).stats
         emitted += stats.new_tokens
         rounds += stats.target_forwards
         if on_prompt is not None:

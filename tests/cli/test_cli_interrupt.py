@@ -121,7 +121,7 @@ class CountingModel:
 def test_engine_stops_at_the_next_step(tiny_llama, no_request, method):
     from specstack.config import GenerationConfig
     from specstack.drafting.model import ModelDrafter, TreeParams
-    from specstack.engine.methods import run_method
+    from specstack.engine.batched import generate
 
     counted = "extend" if method == "ar" else "forward"  # ar: one extend per token; chain: one forward per step
     model = CountingModel(tiny_llama.lm.model, counted, at=3)
@@ -129,13 +129,13 @@ def test_engine_stops_at_the_next_step(tiny_llama, no_request, method):
     drafter = ModelDrafter(tiny_llama.lm, TreeParams.chain(2)) if method == "chain" else None
     gen = GenerationConfig(max_new_tokens=100, stop_on_eos=False)
     with pytest.raises(KeyboardInterrupt):
-        run_method(target, drafter, [1, 5, 9], gen)
+        generate(target, [1, 5, 9], gen, drafter=drafter)
     assert model.calls == 3  # the step that saw the request finished, no other began
 
     interrupt.request()  # requested before the run: it stops before the prefill
     model.calls = 0
     with pytest.raises(KeyboardInterrupt):
-        run_method(target, drafter, [1, 5, 9], gen)
+        generate(target, [1, 5, 9], gen, drafter=drafter)
     assert model.calls == 0
 
 

@@ -13,9 +13,7 @@ import torch
 from specstack.attention import build_batch, tree_batch
 from specstack.config import GenerationConfig
 from specstack.drafting.model import ModelDrafter, TreeParams
-from specstack.engine.autoregressive import generate
-from specstack.engine.batched import BatchEngine, BatchRequest
-from specstack.engine.speculative import speculative_generate
+from specstack.engine.batched import BatchEngine, BatchRequest, generate
 from specstack.models.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -87,13 +85,13 @@ def test_speculation_equals_autoregressive(lm, shape):
     drafter = ModelDrafter(lm, params)  # a perfect draft: every step verifies a full chain or tree
     for prompt in PROMPTS:
         want = generate(lm, prompt, GEN).tokens
-        assert speculative_generate(lm, drafter, prompt, GEN).tokens == want
+        assert generate(lm, prompt, GEN, drafter=drafter).tokens == want
 
 
 def test_batched_rows_equal_autoregressive(lm):
     alone = {tuple(p): generate(lm, p, GEN).tokens for p in PROMPTS}
     for layout in ("pad", "split"):
-        engine = BatchEngine(lm, max_rows=3, max_context=128, layout=layout, prefill_chunk=8)
+        engine = BatchEngine(lm, max_rows=3, max_context=128, layout=layout, step_tokens=24)
         requests = [BatchRequest(p, GEN, drafter=ModelDrafter(lm, TreeParams.chain(3))) for p in PROMPTS]
         requests.append(BatchRequest(PROMPTS[2], GEN))  # a plain row beside the speculating ones
         for req, out in zip(requests, engine.run(requests), strict=True):

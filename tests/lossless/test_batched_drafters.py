@@ -19,10 +19,8 @@ from specstack.drafting.katz import KatzTrigram
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import NgramDrafter
 from specstack.drafting.staged import StagedDrafter
-from specstack.engine.autoregressive import generate
-from specstack.engine.batched import BatchEngine, BatchRequest
+from specstack.engine.batched import BatchEngine, BatchRequest, generate
 from specstack.engine.methods import DraftSources, resolve_draft
-from specstack.engine.speculative import speculative_generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,7 +47,7 @@ RULES = {"proposed": AsProposed, "fixed2": lambda: FixedLength(2), "bass": lambd
 
 
 def run_batch(lm, drafters, rule, layout, prompts=PROMPTS, max_rows=4, gen=GEN):
-    engine = BatchEngine(lm, max_rows=max_rows, max_context=160, layout=layout, prefill_chunk=16, length=rule)
+    engine = BatchEngine(lm, max_rows=max_rows, max_context=160, layout=layout, step_tokens=48, length=rule)
     requests = [BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, drafters, strict=True)]
     return engine, engine.run(requests)
 
@@ -70,7 +68,7 @@ def test_draft_models_of_every_quality_side_by_side(tiny, self_drafts, random_dr
     engine, results = run_batch(tiny.lm, drafters, RULES[rule](), layout)
     check(tiny.lm, PROMPTS, results, f"{rule}, {layout}")
     if rule != "cost-pause":  # (which may pause every row's drafting for good: low draft probabilities)
-        assert sum(engine.stats.accepted) > 0  # the perfect draft's rows really accepted drafts
+        assert engine.stats.accepted > 0  # the perfect draft's rows really accepted drafts
 
 
 @pytest.mark.parametrize("rule", list(RULES))
@@ -82,7 +80,7 @@ def test_ngram_rows(tiny, rule):
     drafters = [NgramDrafter(trigram, length=lengths[i % 3], max_n=6) for i in range(len(PROMPTS))]
     engine, results = run_batch(tiny.lm, drafters, RULES[rule](), "auto")
     check(tiny.lm, PROMPTS, results, rule)
-    assert sum(engine.stats.accepted) > 0
+    assert engine.stats.accepted > 0
 
 
 @pytest.mark.parametrize("rule", ["proposed", "cost"])
@@ -122,7 +120,7 @@ def test_a_drafter_reused_by_the_next_request_starts_afresh(tiny, self_drafts):
     a finished request serves the next one, reset with the new prompt."""
     drafter = ModelDrafter(self_drafts[tiny.arch], TreeParams.chain(3))
     gens = [GenerationConfig(max_new_tokens=n, stop_on_eos=False) for n in (4, 30, 12, 25)]
-    engine = BatchEngine(tiny.lm, max_rows=2, max_context=160, prefill_chunk=8)
+    engine = BatchEngine(tiny.lm, max_rows=2, max_context=160, step_tokens=24)
     first = engine.add(BatchRequest(PROMPTS[1], gens[0], drafter=drafter))
     others = [engine.add(BatchRequest(p, g, drafter=ModelDrafter(self_drafts[tiny.arch], TreeParams.chain(2))))
               for p, g in zip(PROMPTS[2:4], gens[1:3], strict=True)]
@@ -142,7 +140,7 @@ def test_cost_rule_turns_speculation_off_when_drafts_do_not_pay(tiny, random_dra
     drafters = [ModelDrafter(random_draft, TreeParams.chain(3)) for _ in PROMPTS[:4]]
     engine, results = run_batch(tiny.lm, drafters, rule, "auto", prompts=PROMPTS[:4])
     check(tiny.lm, PROMPTS[:4], results, "cost off")
-    assert sum(engine.stats.drafted[-10:]) == 0
+    assert sum(s.drafted for s in list(engine.stats.recent)[-10:]) == 0
 
 
 # ---- one draft forward per draft step for every row (drafting/batched_chain.py) --------------------
@@ -156,7 +154,7 @@ def test_chain_group_rows_of_every_quality(tiny, self_drafts, random_draft, rule
     engine, results = run_batch(tiny.lm, drafters, RULES[rule](), layout, max_rows=3)
     check(tiny.lm, PROMPTS, results, f"{rule}, {layout}")
     if rule != "cost-pause":
-        assert sum(engine.stats.accepted) > 0
+        assert engine.stats.accepted > 0
     if rule == "proposed":  # the perfect draft's rows accept every chain whole
         for i in (0, 4):
             assert all(s.accepted == s.tree_size == 4 for s in results[i].stats.steps[:-1]), f"row {i}"
@@ -166,7 +164,7 @@ def test_chain_group_alone_is_a_drafter(tiny, self_drafts):
     """One member (one sequence): the single-sequence engine's chains, lossless, reset for each prompt."""
     member = ChainGroup(self_drafts[tiny.arch], 3).member()
     for prompt in PROMPTS[:5]:
-        assert speculative_generate(tiny.lm, member, prompt, GEN).tokens == alone(tiny.lm, prompt)
+        assert generate(tiny.lm, prompt, GEN, drafter=member).tokens == alone(tiny.lm, prompt)
 
 
 @pytest.mark.parametrize("draft", ["spire-exact", "spire", "spire-int8"])
@@ -198,7 +196,7 @@ def test_chain_group_up_to_the_context_limit(tiny):
     rnd = random.Random(5)
     prompts = [[rnd.randrange(3, 257) for _ in range(n)] for n in (max_len - 12, max_len - 3, max_len - 1, 40)]
     group = ChainGroup(tiny.lm, 6)  # a perfect draft: every chain runs to its end
-    engine = BatchEngine(tiny.lm, max_rows=4, max_context=max_len, prefill_chunk=64)
+    engine = BatchEngine(tiny.lm, max_rows=4, max_context=max_len, step_tokens=128)
     results = engine.run([BatchRequest(p, GEN, drafter=group.member()) for p in prompts])
     for p, out in zip(prompts, results, strict=True):
         assert out.tokens == alone(tiny.lm, p)
@@ -228,6 +226,6 @@ def test_chain_group_drafts_what_a_lone_drafter_drafts(tiny_llama, spire_drafts,
     drafters = [group.member() for _ in PROMPTS]
     _, results = run_batch(tiny_llama.lm, drafters, AsProposed(), "auto", max_rows=4)
     for p, out in zip(PROMPTS, results, strict=True):
-        lone = speculative_generate(tiny_llama.lm, ModelDrafter(lm, TreeParams.chain(3)), p, GEN)
+        lone = generate(tiny_llama.lm, p, GEN, drafter=ModelDrafter(lm, TreeParams.chain(3)))
         assert out.tokens == lone.tokens
         assert [s.accepted for s in out.stats.steps] == [s.accepted for s in lone.stats.steps], f"prompt of {len(p)}"

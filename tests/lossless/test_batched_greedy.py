@@ -11,8 +11,7 @@ import pytest
 
 from specstack.config import GenerationConfig
 from specstack.drafting.model import ModelDrafter, TreeParams
-from specstack.engine.autoregressive import generate
-from specstack.engine.batched import BatchEngine, BatchRequest, generate_batch
+from specstack.engine.batched import BatchEngine, BatchRequest, generate, generate_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,7 +31,7 @@ def alone(tiny, prompt: list[int], gen: GenerationConfig) -> list[int]:
 def test_batched_greedy_equals_each_row_alone(tiny, layout):
     # max_new differs per row: rows finish at different steps and queued prompts take their slots
     gens = [GenerationConfig(max_new_tokens=8 + 5 * (i % 4), stop_on_eos=False) for i in range(len(PROMPTS))]
-    engine = BatchEngine(tiny.lm, max_rows=4, max_context=160, layout=layout, prefill_chunk=16)
+    engine = BatchEngine(tiny.lm, max_rows=4, max_context=160, layout=layout, step_tokens=16)
     seen_rows = []
     results = engine.run([BatchRequest(p, g) for p, g in zip(PROMPTS, gens, strict=True)],
                          on_step=lambda e, _: seen_rows.append(e.cache.batch_size))
@@ -40,14 +39,14 @@ def test_batched_greedy_equals_each_row_alone(tiny, layout):
         assert out.tokens == alone(tiny, prompt, gen), f"row {i} (prompt of {len(prompt)} tokens)"
         assert out.finish_reason == "length"
     assert max(seen_rows) == 4 and engine.cache.batch_size == 0
-    assert engine.stats.rows[0] == 4  # four rows started together, the rest joined later
+    assert engine.stats.recent[0].rows == 4  # four rows started together, the rest joined later
     if layout == "auto":
         assert set(engine.stats.layouts) == {"pad", "split"}  # uniform steps pad, ragged steps split
 
 
 def test_row_admitted_mid_flight_decodes_as_alone(tiny):
     gen = GenerationConfig(max_new_tokens=12, stop_on_eos=False)
-    engine = BatchEngine(tiny.lm, max_rows=3, max_context=160, prefill_chunk=8)
+    engine = BatchEngine(tiny.lm, max_rows=3, max_context=160, step_tokens=8)
     first = [engine.add(BatchRequest(p, gen)) for p in PROMPTS[:2]]
     for _ in range(5):
         engine.step()

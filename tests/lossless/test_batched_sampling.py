@@ -12,8 +12,7 @@ from chisq import chi2_pvalue
 from lossless.test_sampling_equivalence import PROMPT, V, exact_pairs
 
 from specstack.config import GenerationConfig, SamplingParams
-from specstack.engine.autoregressive import generate
-from specstack.engine.batched import BatchEngine, BatchRequest
+from specstack.engine.batched import BatchEngine, BatchRequest, generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,12 +10,11 @@ import torch
 
 from specstack.bench.ties import TIE_TOLERANCE, first_divergence, tie_gap
 from specstack.config import GenerationConfig
-from specstack.engine.autoregressive import generate
+from specstack.engine.batched import generate
 from specstack.engine.methods import (
     DraftSources,
     build_drafter,
     parse_method,
-    run_method,
 )
 from specstack.models.loading import load_model
 from specstack.prompts import encode_prompt
@@ -45,7 +44,7 @@ def test_bf16_divergences_are_near_ties(target, method):
     for text in PROMPTS:
         ids = encode_prompt(target.tokenizer, text)
         ref = generate(target, ids, gen).tokens
-        out = run_method(target, drafter, ids, gen).tokens
+        out = generate(target, ids, gen, drafter=drafter).tokens
         assert len(out) == len(ref)
         if out == ref:
             continue

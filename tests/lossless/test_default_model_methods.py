@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from specstack.config import GenerationConfig
-from specstack.engine.autoregressive import generate
-from specstack.engine.methods import DraftSources, build_drafter, parse_method, run_method
+from specstack.engine.batched import generate
+from specstack.engine.methods import DraftSources, build_drafter, parse_method
 from specstack.models.loading import load_model
 from specstack.prompts import encode_prompt
 
@@ -42,6 +42,6 @@ def test_method_equals_autoregressive_greedy(target, references, method):
     drafter = build_drafter(parse_method(method), target, DraftSources.for_model("smollm2-135m"))
     gen = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
     for text, (ids, ref) in references.items():
-        result = run_method(target, drafter, ids, gen)
+        result = generate(target, ids, gen, drafter=drafter)
         assert result.tokens == ref, f"{method} diverged on {text!r}"
         assert result.stats.target_forwards <= len(ref)  # never more forwards than tokens

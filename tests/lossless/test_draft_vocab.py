@@ -11,9 +11,8 @@ from stats.test_lossless_distribution import T1, Toy, run_and_check, sampled_tre
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine import draft_sources
-from specstack.engine.autoregressive import generate
+from specstack.engine.batched import generate
 from specstack.engine.draft_sources import DraftSources, resolve_draft
-from specstack.engine.speculative import speculative_generate
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 from specstack.verify import verify_rrs
@@ -53,7 +52,7 @@ def test_greedy_output_is_the_targets(tiny, k):
     gen = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
     accepted = 0
     for p in PROMPTS:
-        out = speculative_generate(lm, ModelDrafter(draft, TreeParams.chain(4)), p, gen)
+        out = generate(lm, p, gen, drafter=ModelDrafter(draft, TreeParams.chain(4)))
         assert out.tokens == generate(lm, p, gen).tokens, f"k={k}, prompt of {len(p)} tokens"
         accepted += sum(s.accepted for s in out.stats.steps)
     assert accepted > 0  # the restricted draft (the target's own layers) was right, and used
@@ -98,5 +97,5 @@ def test_sampled_rows_with_a_restricted_draft_run(tiny_llama):
     lm = tiny_llama.lm
     draft = LoadedModel("cut", lm.model.with_head_over(kept(lm, 60)), None, lm.config, lm.fmt)
     gen = GenerationConfig(max_new_tokens=16, sampling=SamplingParams(temperature=0.8, seed=3), stop_on_eos=False)
-    out = speculative_generate(lm, ModelDrafter(draft, TreeParams.chain(3)), PROMPTS[0], gen)
+    out = generate(lm, PROMPTS[0], gen, drafter=ModelDrafter(draft, TreeParams.chain(3)))
     assert len(out.tokens) == 16 and all(0 <= t < 257 for t in out.tokens)

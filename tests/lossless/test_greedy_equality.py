@@ -12,8 +12,7 @@ import torch
 
 from specstack.config import GenerationConfig
 from specstack.drafting.model import ModelDrafter, TreeParams
-from specstack.engine.autoregressive import generate
-from specstack.engine.speculative import speculative_generate
+from specstack.engine.batched import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,7 +55,7 @@ def test_speculative_greedy_equals_autoregressive(tiny, drafts, shape):
         start = 3 * s + 4 * d  # 3 prompts per draft, rotating so every prompt meets every draft
         for i in range(start, start + 3):
             prompt = PROMPTS[i % len(PROMPTS)]
-            out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+            out = generate(tiny.lm, prompt, GEN, drafter=drafter)
             assert out.tokens == ar_tokens(tiny, prompt), f"draft {name}, prompt {i % len(PROMPTS)}"
             assert out.finish_reason == "length"
             steps = out.stats.steps
@@ -85,7 +84,7 @@ def test_cost_sized_trees_equal_autoregressive(tiny, drafts, costs):
         sizes = []
         for i in range(2 * d, 2 * d + 2):
             prompt = PROMPTS[i % len(PROMPTS)]
-            out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+            out = generate(tiny.lm, prompt, GEN, drafter=drafter)
             assert out.tokens == ar_tokens(tiny, prompt), f"draft {name}, prompt {i % len(PROMPTS)}"
             sizes += [st.tree_size for st in out.stats.steps]
         if costs == "steep":
@@ -107,7 +106,7 @@ def test_eos_inside_an_accepted_run(tiny, drafts, shape, draft):
         gen = GenerationConfig(max_new_tokens=30, stop_on_eos=True)
         ar = generate(target, prompt, gen)
         assert ar.tokens == ref[:cut] and ar.finish_reason == "eos"
-        out = speculative_generate(target, ModelDrafter(drafts[draft], SHAPES[shape]), prompt, gen)
+        out = generate(target, prompt, gen, drafter=ModelDrafter(drafts[draft], SHAPES[shape]))
         assert out.tokens == ar.tokens
         assert out.finish_reason == "eos"
 
@@ -124,7 +123,7 @@ def test_generation_up_to_the_context_limit(tiny, drafts, shape, draft):
         prompt = [rnd.randrange(257) for _ in range(n_prompt)]
         ref = ar_tokens(tiny, prompt)
         assert len(ref) == min(30, max_len - n_prompt)
-        out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+        out = generate(tiny.lm, prompt, GEN, drafter=drafter)
         assert out.tokens == ref, f"prompt of {n_prompt} tokens"
 
 
@@ -163,7 +162,7 @@ def test_staged_greedy_equals_autoregressive(tiny, drafts, draft, oracle):
     source = RandomProposals(5, tiny.lm if oracle else None)
     drafter = StagedDrafter(drafts[draft], source, TreeParams(width=3, budget=20, depth=6), widths=(4, 3, 2, 1, 1))
     for prompt in PROMPTS[2:6]:
-        out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+        out = generate(tiny.lm, prompt, GEN, drafter=drafter)
         assert out.tokens == ar_tokens(tiny, prompt)
     if draft == "target" and oracle:
         assert out.stats.origins["draft2"] > 0  # draft2 really speculated the draft
@@ -178,7 +177,7 @@ def test_staged_up_to_the_context_limit(tiny, drafts, draft):
     drafter = StagedDrafter(drafts[draft], RandomProposals(3), TreeParams(width=3, budget=20, depth=6))
     for n_prompt in (max_len - 12, max_len - 3, max_len - 1):
         prompt = [rnd.randrange(257) for _ in range(n_prompt)]
-        assert speculative_generate(tiny.lm, drafter, prompt, GEN).tokens == ar_tokens(tiny, prompt)
+        assert generate(tiny.lm, prompt, GEN, drafter=drafter).tokens == ar_tokens(tiny, prompt)
 
 
 @pytest.mark.parametrize("length", [None, (1, 8), (7, 32), "cost"], ids=["tree", "dynamic1-8", "dynamic7-32", "cost"])
@@ -194,7 +193,7 @@ def test_ngram_drafter_greedy_equals_autoregressive(tiny, length):
     drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257), length=rule, max_n=6 if rule else 3)
     lengths = set()
     for prompt in PROMPTS[:6]:
-        out = speculative_generate(tiny.lm, drafter, prompt, GEN)
+        out = generate(tiny.lm, prompt, GEN, drafter=drafter)
         assert out.tokens == ar_tokens(tiny, prompt)
         lengths |= {s.tree_size for s in out.stats.steps}
     if length:  # the chain really changed length (the corpus holds some outputs: long runs get accepted)
@@ -222,7 +221,7 @@ def test_int4_target_across_the_wide_kernel_switch(tiny_models, random_draft, sh
         drafter = ModelDrafter(draft, SHAPES[shape])
         for prompt in PROMPTS[4:]:
             ref = refs[tuple(prompt)]
-            out = speculative_generate(target, drafter, prompt, GEN).tokens
+            out = generate(target, prompt, GEN, drafter=drafter).tokens
             i = first_divergence(ref, out)
             if i is None:
                 continue

@@ -16,9 +16,7 @@ from specstack.drafting.katz import KatzTrigram
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import NgramDrafter
 from specstack.drafting.staged import StagedDrafter
-from specstack.engine.autoregressive import generate
-from specstack.engine.batched import BatchEngine, BatchRequest
-from specstack.engine.speculative import speculative_generate
+from specstack.engine.batched import BatchEngine, BatchRequest, generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -60,7 +58,7 @@ def trigram(qwen, alone):
 def test_every_drafter_alone_equals_autoregressive(qwen, alone, self_drafts, random_draft, trigram):
     for i, drafter in enumerate(drafters_of(qwen, self_drafts, random_draft, trigram)):
         for prompt in PROMPTS:
-            out = speculative_generate(qwen.lm, drafter, prompt, GEN)
+            out = generate(qwen.lm, prompt, GEN, drafter=drafter)
             assert out.tokens == alone[tuple(prompt)], f"{qwen.arch}: drafter {i}, prompt of {len(prompt)} tokens"
         if i == 0:  # the target drafting for itself: every verified token accepted, so trees really ran
             assert out.stats.tau > 2
@@ -69,7 +67,7 @@ def test_every_drafter_alone_equals_autoregressive(qwen, alone, self_drafts, ran
 @pytest.mark.parametrize("layout", ["pad", "split"])
 def test_every_drafter_in_one_batch_equals_each_row_alone(qwen, alone, self_drafts, random_draft, trigram, layout):
     drafters = drafters_of(qwen, self_drafts, random_draft, trigram)
-    engine = BatchEngine(qwen.lm, max_rows=3, max_context=128, layout=layout, prefill_chunk=8)
+    engine = BatchEngine(qwen.lm, max_rows=3, max_context=128, layout=layout, step_tokens=24)
     requests = [BatchRequest(p, GEN, drafter=d) for p, d in zip(PROMPTS, drafters, strict=True)]
     requests.append(BatchRequest(PROMPTS[2], GEN))  # a plain row beside the speculating ones
     results = engine.run(requests)

@@ -16,8 +16,7 @@ from chisq import chi2_pvalue
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.base import DraftContext
 from specstack.drafting.model import ModelDrafter, TreeParams
-from specstack.engine.autoregressive import generate
-from specstack.engine.speculative import speculative_generate
+from specstack.engine.batched import generate
 from specstack.sampling import warp
 from specstack.tree import DraftTree
 from specstack.verify import verify_rrs
@@ -123,7 +122,7 @@ def test_staged_first_two_tokens_follow_the_target(vocab8, sized):
     drafter = StagedDrafter(draft, NextTwo(), TreeParams(width=2, budget=6, depth=3), widths=(2, 1), budget=budget)
     check_first_two_tokens(target, drafter, dict(temperature=1.0))
     gen = GenerationConfig(max_new_tokens=12, stop_on_eos=False, sampling=SamplingParams(temperature=1.0, seed=1))
-    sizes = [st.tree_size for st in speculative_generate(target, drafter, PROMPT, gen).stats.steps]
+    sizes = [st.tree_size for st in generate(target, PROMPT, gen, drafter=drafter).stats.steps]
     assert (max(sizes) <= 2) if sized else (max(sizes) > 2)  # a third node never pays before the cost wall
 
 
@@ -134,7 +133,7 @@ def check_first_two_tokens(target, drafter, warp_args: dict) -> None:
     accepted = 0
     for seed in range(n):
         gen = GenerationConfig(max_new_tokens=2, stop_on_eos=False, sampling=SamplingParams(**warp_args, seed=seed))
-        out = speculative_generate(target, drafter, PROMPT, gen)
+        out = generate(target, PROMPT, gen, drafter=drafter)
         counts[out.tokens[0], out.tokens[1]] += 1
         accepted += out.stats.steps[0].accepted
     assert 0.1 * n < accepted, "the draft is (almost) never accepted: the test would not exercise RRS"

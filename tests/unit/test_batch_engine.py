@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from specstack.config import GenerationConfig
-from specstack.engine.autoregressive import generate
-from specstack.engine.batched import BatchEngine, BatchRequest
+from specstack.engine.batched import BatchEngine, BatchRequest, generate
 from specstack.errors import SpecstackError
 
 GEN = GenerationConfig(max_new_tokens=6, stop_on_eos=False)
@@ -16,7 +15,7 @@ GEN = GenerationConfig(max_new_tokens=6, stop_on_eos=False)
 
 def test_bad_requests_are_refused_and_the_batch_goes_on(tiny_llama):
     lm = tiny_llama.lm
-    engine = BatchEngine(lm, max_rows=2, max_context=32, max_queue=1)
+    engine = BatchEngine(lm, max_rows=2, max_context=32)
     ok = engine.add(BatchRequest([5, 6, 7], GEN))
     engine.step()
     with pytest.raises(SpecstackError, match="empty"):
@@ -26,8 +25,7 @@ def test_bad_requests_are_refused_and_the_batch_goes_on(tiny_llama):
     queued = engine.add(BatchRequest([9, 9], GEN))  # joins: a free row
     engine.step()
     waiting = engine.add(BatchRequest([8], GEN))  # both rows busy: it waits
-    with pytest.raises(SpecstackError, match="queue is full"):
-        engine.add(BatchRequest([8, 8], GEN))
+    assert engine.waiting == 1
     while engine.busy:
         engine.step()
     for h, p in ((ok, [5, 6, 7]), (queued, [9, 9]), (waiting, [8])):
@@ -36,7 +34,7 @@ def test_bad_requests_are_refused_and_the_batch_goes_on(tiny_llama):
 
 @pytest.mark.parametrize("kwargs, match", [(dict(max_rows=0), "at least one row"),
                                            (dict(layout="diagonal"), "unknown layout"),
-                                           (dict(prefill_chunk=0), "prefill chunk"),
+                                           (dict(step_tokens=0), "token budget"),
                                            (dict(max_context=1), "at least 2 tokens")])
 def test_bad_engine_settings(tiny_llama, kwargs, match):
     with pytest.raises(SpecstackError, match=match):
@@ -45,8 +43,9 @@ def test_bad_engine_settings(tiny_llama, kwargs, match):
 
 def test_a_batch_over_the_memory_budget_is_refused(tiny_llama):
     from specstack.engine.batched import kv_cache_bytes
+    from specstack.validate import MAX_TREE
 
-    need = kv_cache_bytes(tiny_llama.lm, 8, 64 + 128)  # 8 rows of 64 tokens plus one block of scratch
+    need = kv_cache_bytes(tiny_llama.lm, 8, 64 + MAX_TREE + 1)  # 8 rows of 64 tokens plus a tree's scratch
     BatchEngine(tiny_llama.lm, max_rows=8, max_context=64, max_kv_bytes=need)
     with pytest.raises(SpecstackError, match=r"KV cache for 8 rows of 64 tokens needs .* over the budget"):
         BatchEngine(tiny_llama.lm, max_rows=8, max_context=64, max_kv_bytes=need - 1)
@@ -77,11 +76,11 @@ def test_cache_rows_are_allocated_once_and_reused(tiny_llama):
 
 
 def test_prompts_are_read_oldest_request_first(tiny_llama):
-    """The step's prefill budget goes to the oldest request still reading its prompt, whatever its slot:
+    """The step's token budget left by the roots goes to the oldest request still reading its prompt, whatever its slot:
     when A leaves, the newest row C moves into A's slot, ahead of B in slot order, yet B (older, and
     ahead by one chunk) gets its first token first. In slot order C would take every chunk until done."""
     lm = tiny_llama.lm
-    engine = BatchEngine(lm, max_rows=3, max_context=64, prefill_chunk=4)
+    engine = BatchEngine(lm, max_rows=3, max_context=64, step_tokens=4)
     a = engine.add(BatchRequest([5], GenerationConfig(max_new_tokens=1, stop_on_eos=False)))
     b = engine.add(BatchRequest(list(range(3, 23)), GEN))
     c = engine.add(BatchRequest(list(range(4, 24)), GEN))
@@ -94,3 +93,94 @@ def test_prompts_are_read_oldest_request_first(tiny_llama):
         engine.step()
     for h, p in ((b, list(range(3, 23))), (c, list(range(4, 24)))):
         assert engine.pop_result(h).tokens == generate(lm, p, GEN).tokens
+
+
+def _row_state(engine: BatchEngine, handle: int):
+    return next(r.state for r in list(engine.rows) + list(engine.queue) if r.handle == handle)
+
+
+def test_a_request_is_cancelled_in_every_state_and_its_row_serves_the_next(tiny_llama):
+    """Waiting, reading its prompt, decoding: cancel frees the request's place at once; a finished or
+    unknown request cannot be cancelled; the requests left decode as they would alone."""
+    from specstack.engine.plan import RowState
+
+    lm = tiny_llama.lm
+    engine = BatchEngine(lm, max_rows=2, max_context=64, step_tokens=4)
+    decoding = engine.add(BatchRequest([5, 6], GEN))
+    reading = engine.add(BatchRequest(list(range(3, 30)), GEN))
+    waiting = engine.add(BatchRequest([7, 8, 9], GEN))
+    engine.step()
+    engine.step()
+    assert [_row_state(engine, h) for h in (decoding, reading, waiting)] == [
+        RowState.DECODING, RowState.PREFILLING, RowState.WAITING]
+    for h in (waiting, reading, decoding):
+        assert engine.cancel(h)
+        assert not engine.cancel(h)  # once only
+    assert not engine.busy and engine.cache.batch_size == 0
+    last = engine.add(BatchRequest([4, 4, 4], GEN))
+    while engine.busy:
+        engine.step()
+    result = engine.pop_result(last)
+    assert result.tokens == generate(lm, [4, 4, 4], GEN).tokens
+    assert not engine.cancel(last)  # finished: nothing to cancel
+    assert engine.pop_result(decoding) is None  # a cancelled request leaves no result behind
+
+
+def test_engine_stats_stay_bounded_over_many_steps(tiny_llama, monkeypatch):
+    """A server's engine steps for days: totals grow, the remembered steps do not."""
+    import specstack.engine.stats as stats
+
+    monkeypatch.setattr(stats, "HISTORY", 5)
+    engine = BatchEngine(tiny_llama.lm, max_rows=2, max_context=64)
+    gen = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
+    engine.run([BatchRequest([3, 4, 5], gen), BatchRequest([6, 7], gen)])
+    st = engine.stats
+    assert st.steps >= 20 and len(st.recent) == 5
+    assert st.rows >= 2 * 19 and st.tokens >= st.rows  # totals cover every step
+    assert sum(st.layouts.values()) == st.steps
+    assert st.last == st.recent[-1]
+
+
+class _Idle:
+    """A drafter that never proposes (the engine then decodes as ar): it records the rows it served."""
+
+    target_layers = ()
+    group = None
+
+    def __init__(self, served: list) -> None:
+        self.served = served
+
+    def reset(self, prompt_ids, target_hidden=None) -> None:
+        self.served.append(list(prompt_ids))
+
+    def propose(self, ctx):
+        from specstack.tree import DraftTree
+
+        return DraftTree()
+
+    def observe(self, tree, result, target_hidden=None) -> None:
+        pass
+
+
+def test_drafters_are_lent_from_one_pool_per_factory_and_reused(tiny_llama):
+    """A row whose request brings no drafter is lent one from its factory's pool (the engine's, or the
+    request's method's); a row that leaves gives it back and the next row of that factory reuses it."""
+    made: dict[str, list[_Idle]] = {"engine": [], "other": []}
+    served: list = []
+
+    def factory(name):
+        def make():
+            made[name].append(_Idle(served))
+            return made[name][-1]
+        return make
+
+    engine_make, other_make = factory("engine"), factory("other")
+    engine = BatchEngine(tiny_llama.lm, max_rows=1, max_context=32, drafters=engine_make)  # one row at a time
+    gen = GenerationConfig(max_new_tokens=3, stop_on_eos=False)
+    requests = [BatchRequest([3, 4], gen), BatchRequest([5, 6], gen, drafters=other_make),
+                BatchRequest([7, 8], gen), BatchRequest([9, 9], gen, speculate=False), BatchRequest([2, 3], gen)]
+    outs = engine.run(requests)
+    assert len(made["engine"]) == 1 and len(made["other"]) == 1  # each made once, then reused
+    assert [p for p in served] == [[3, 4], [5, 6], [7, 8], [2, 3]]  # the opted-out row had none
+    for r, o in zip(requests, outs, strict=True):
+        assert o.tokens == generate(tiny_llama.lm, r.prompt_ids, gen).tokens

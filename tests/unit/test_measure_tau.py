@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from specstack.config import GenerationConfig, WindowSpec
-from specstack.engine.autoregressive import generate
+from specstack.engine.batched import generate
 from specstack.throughput.measure_tau import (
     magicdec_drafters,
     measure_tau,
@@ -47,8 +47,7 @@ def test_sparse_self_draft_is_lossless_and_evicts(tiny_llama):
         window = drafter.cache.window
         assert window == WindowSpec(1, len(ids) // 8)  # sink 1 + L // 8 positions
         assert drafter.cache.lengths[0] < len(ids)  # it evicted: far fewer slots than the prompt alone
-    from specstack.engine.methods import run_method
 
     for ids in prompts:
         gen = GenerationConfig(max_new_tokens=new, stop_on_eos=False)
-        assert run_method(lm, make(ids), ids, gen).tokens == generate(lm, ids, gen).tokens
+        assert generate(lm, ids, gen, drafter=make(ids)).tokens == generate(lm, ids, gen).tokens

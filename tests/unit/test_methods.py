@@ -10,7 +10,7 @@ import torch
 import specstack.engine.methods as methods
 from specstack.config import GenerationConfig
 from specstack.drafting.model import ModelDrafter, TreeParams
-from specstack.engine.autoregressive import generate
+from specstack.engine.batched import generate
 from specstack.engine.methods import (
     MAX_MATCH,
     METHODS,
@@ -24,7 +24,6 @@ from specstack.engine.methods import (
     parse_method,
     register,
     resolve_draft,
-    run_method,
 )
 from specstack.errors import SpecstackError
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, fallback_draft, shipped_draft
@@ -157,7 +156,7 @@ def test_a_new_method_is_one_registered_entry(registry, tiny_llama):
     assert built == [(4, DraftSources(), "cpu")]
     gen = GenerationConfig(max_new_tokens=12, stop_on_eos=False)
     ids = [5, 9, 3, 7]
-    out = run_method(tiny_llama.lm, drafter, ids, gen)
+    out = generate(tiny_llama.lm, ids, gen, drafter=drafter)
     assert out.tokens == generate(tiny_llama.lm, ids, gen).tokens
     assert [st.accepted for st in out.stats.steps][:2] == [4, 4]  # a perfect draft: whole chains accepted
 

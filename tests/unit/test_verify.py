@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specstack.config import SamplingParams
-from specstack.engine.speculative import verify
 from specstack.tree import DraftTree
 from specstack.verify import verify_greedy, verify_rrs, verify_sample_walk
+from specstack.verify import verify_tree as verify
 
 V = 8
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 31's serving check: the old commit's server and the new one's, both `specstack serve --threads 2
+# --max-batch 32` on the default model (int4, method auto), each its own process on 127.0.0.1, driven
+# level by level by the same `bench-serve` load (12 HumanEval prompts, 128 tokens each, ignore_eos),
+# alternating old and new at each level; then 2,000 short requests to the new server with its resident
+# memory read before, after 1,000 and after 2,000 (bench-serve reports process_resident_memory_bytes).
+#   bash benchmarks/one_engine_ab/serve.sh OLD_TREE NEW_TREE OUT_DIR
+set -euo pipefail
+old=$(cd "$1" && pwd); new=$(cd "$2" && pwd); out=$3
+mkdir -p "$out"
+serve() {  # tree port
+  PYTHONPATH=$1 python -c "import sys; from specstack.cli import main; sys.exit(main())" serve --threads 2 \
+    --max-batch 32 --port "$2" --log-level error > "$out/server-$2.log" 2>&1 &
+  echo $!
+}
+wait_ready() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0; sleep 1; done; return 1; }
+p_old=$(serve "$old" 8031); p_new=$(serve "$new" 8032)
+trap 'kill $p_old $p_new 2>/dev/null || true' EXIT
+wait_ready 8031; wait_ready 8032
+for c in 1 8 32; do
+  for side in old new; do
+    port=$([ $side = old ] && echo 8031 || echo 8032)
+    specstack bench-serve --url "http://127.0.0.1:$port/v1" --label "$side" --concurrency "$c" --limit 12 \
+      --max-tokens 128 --ignore-eos --out "$out/$side-c$c" > /dev/null
+  done
+done
+kill $p_old
+for half in 1 2; do
+  specstack bench-serve --url http://127.0.0.1:8032/v1 --label new --concurrency 8 --requests 1000 --limit 12 \
+    --max-tokens 4 --ignore-eos --out "$out/rss-$half" > /dev/null
+done

@@ -1,0 +1,108 @@
+"""What the engine keeps per request: the request as given, its row (stream, generator, pending tokens,
+drafter, state), its block of a step's forward, and the pool its drafter is lent from."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specstack.config import GenerationConfig
+from specstack.drafting.base import DraftContext, Drafter
+from specstack.engine.plan import RowState, RowView, transition
+from specstack.engine.stats import RunStats
+from specstack.engine.stopping import TokenStream
+from specstack.tree import DraftTree
+
+DrafterFactory = Callable[[], Drafter]  # a new drafter (one per row), sharing what its method loaded
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    prompt_ids: Sequence[int]
+    gen: GenerationConfig = field(default_factory=GenerationConfig)
+    on_text: Callable[[str], None] | None = None  # this row's text as it becomes final (streaming)
+    drafter: Drafter | None = None  # proposes this row's trees, for this request alone
+    # lends this row a drafter from the engine's pool of this factory (None: the engine's own factory)
+    drafters: DrafterFactory | None = None
+    speculate: bool = True  # False: this row decodes autoregressively even in a speculating engine
+
+
+class DrafterPool:
+    """Drafters lent to rows, one pool per factory: a drafter made for a row that left serves the next
+    (its model and trigram are shared; it is reset with the next row's prompt)."""
+
+    def __init__(self) -> None:
+        self._free: dict[DrafterFactory, list[Drafter]] = {}
+
+    def lend(self, factory: DrafterFactory) -> Drafter:
+        free = self._free.get(factory)
+        return free.pop() if free else factory()
+
+    def give_back(self, factory: DrafterFactory, drafter: Drafter) -> None:
+        self._free.setdefault(factory, []).append(drafter)
+
+
+@dataclass
+class Block:
+    """One row's part of a step's forward: `chain` (pending tokens, each continuing the last; a prompt
+    chunk or the root alone) then `tree` hanging off the chain's last token when it is the root."""
+
+    chain: list[int]
+    tree: DraftTree
+    reaches_root: bool  # the chain ends at the row's root: its logits are verified
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.chain + self.tree.tokens
+
+    @property
+    def parents(self) -> list[int]:
+        c = len(self.chain)
+        return list(range(-1, c - 1)) + [p + c for p in self.tree.parent]
+
+    def __len__(self) -> int:
+        return len(self.chain) + len(self.tree)
+
+
+@dataclass
+class Row:
+    handle: int
+    request: BatchRequest
+    stream: TokenStream
+    generator: torch.Generator | None
+    pending: list[int]  # tokens not in the cache yet; the last is the root
+    ctx: DraftContext
+    stats: RunStats
+    factory: DrafterFactory | None  # where its lent drafter comes from (None: its request's own or none)
+    state: RowState = RowState.WAITING
+    added: float = 0.0  # when it joined the batch
+    first_token: float | None = None
+    # when its prompt was read: a row with a drafter, when all but its root is in the cache (its steps
+    # then are decoding); one without, when its first token came (as autoregressive decoding counts it)
+    prefilled: float | None = None
+    started: bool = False  # its drafter has been reset with the prompt
+    lent: Drafter | None = None  # lent by the engine's pool for as long as the row runs
+    # the target's activations of the prompt read so far ([1, T, L, d] chunks), for a drafter that reads them
+    hidden: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def drafter(self) -> Drafter | None:
+        return self.request.drafter if self.request.drafter is not None else self.lent
+
+    @property
+    def drafts(self) -> bool:
+        return self.request.drafter is not None or self.factory is not None
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(self.drafter.target_layers) if self.drafter is not None else ()
+
+    def move(self, to: RowState) -> None:
+        self.state = transition(self.state, to)
+
+    def view(self, max_seq_len: int) -> RowView:
+        """room: a tree's nodes sit past the row's tokens, within the model's positions (the cache's
+        scratch holds a tree past the row's context: the row then finishes)."""
+        return RowView(self.handle, self.state, len(self.pending), self.drafts,
+                       room=max(0, max_seq_len - len(self.ctx.tokens) - 1))
