@@ -4,7 +4,9 @@ row; a full server answers 503; bad input gets OpenAI's error shape with the rig
 parses and moves; /health says loading, then ok."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +18,7 @@ import pytest
 from server.servers import TOKENS, Server, chat, complete, start_server, stop_server, wait_ready
 
 from specstack.cli import main
+from specstack.server.metrics import MAX_POSITION
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "Once upon a time",
            "SELECT * FROM", "class Stack:"]
@@ -80,10 +83,15 @@ def test_usage_counts_prompt_and_completion_tokens(tiny_server: Server) -> None:
 
 def test_n_choices_and_seeded_samples(tiny_server: Server) -> None:
     client = tiny_server.client()
-    r = client.completions.create(model=tiny_server.model, prompt=PROMPTS[1], max_tokens=8, temperature=0, n=3)
+    greedy = {"model": tiny_server.model, "prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0,
+              "extra_body": {"ignore_eos": True}}
+    r = client.completions.create(n=3, **greedy)
+    single = client.completions.create(**greedy)
     assert [c.index for c in r.choices] == [0, 1, 2]
-    assert len({c.text for c in r.choices}) == 1  # greedy: every choice is the same text
-    assert r.usage.completion_tokens == sum(len(c.text) > 0 for c in r.choices) * (r.usage.completion_tokens // 3)
+    assert [c.text for c in r.choices] == [single.choices[0].text] * 3  # greedy: each choice is the text alone
+    # usage: the prompt counted once, the tokens of all three choices (8 each: max_tokens, EOS ignored)
+    assert single.usage.completion_tokens == 8
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (single.usage.prompt_tokens, 3 * 8)
     # sampled: choice j uses seed + j, so a request is reproducible and its choices differ
     kw = {"model": tiny_server.model, "prompt": PROMPTS[1], "max_tokens": 12, "temperature": 1.5, "seed": 7}
     a = client.completions.create(n=3, **kw)
@@ -158,6 +166,20 @@ def aborted(server: Server) -> float:
     return server.metrics().get("specstack:request_aborted_total{}", 0)
 
 
+def steps_by_rows(server: Server) -> tuple[float, float]:
+    """(engine steps, of them the steps whose forward held two rows or more), from /metrics."""
+    m = server.metrics()
+    steps = m["specstack:step_rows_count{}"]
+    return steps, steps - m['specstack:step_rows_bucket{le="1.0"}']
+
+
+def wait_for(condition, timeout: float = 10) -> None:
+    """Until `condition()` holds (the caller asserts what it needs afterwards)."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_full_server_answers_503_and_a_disconnect_frees_the_row(two_row_server: Server) -> None:
     server = two_row_server
     before = aborted(server)
@@ -171,20 +193,18 @@ def test_full_server_answers_503_and_a_disconnect_frees_the_row(two_row_server: 
         assert refused.json()["error"]["code"] == "queue_full"
         assert refused.headers["retry-after"] == "1"
         a.close()  # a client goes away mid-stream: its row is free at the next step
-        deadline = time.monotonic() + 10
-        while True:
-            r = httpx.post(server.url + "/completions", json={"prompt": "hi", "max_tokens": 8, "temperature": 0})
-            if r.status_code == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        wait_for(lambda: aborted(server) == before + 1)  # counted once its row is free
+        steps_before = steps_by_rows(server)
+        r = httpx.post(server.url + "/completions", timeout=60,
+                       json={"prompt": "hi", "max_tokens": 8, "temperature": 0, "ignore_eos": True})
         assert r.status_code == 200, r.text
-        # ... and the new request joined the batch beside b, which is still decoding: continuous batching
-        assert r.json()["usage"]["completion_tokens"] >= 1
+        assert r.json()["usage"]["completion_tokens"] == 8
+        # ... and it joined the batch beside b, which is still decoding: continuous batching. Only b and this
+        # request were in flight meanwhile, so a step of two rows decoded both together
+        steps, two_rows = (after - since for after, since in zip(steps_by_rows(server), steps_before, strict=True))
+        assert two_rows >= 1, (steps, two_rows)
         assert next_data(lines_b) != "data: [DONE]"
-    deadline = time.monotonic() + 10
-    while (aborted(server) < before + 2 or server.metrics()["specstack:num_requests_running{}"]) \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: aborted(server) >= before + 2 and not server.metrics()["specstack:num_requests_running{}"])
     assert aborted(server) == before + 2  # a, and b closed by the with block
     assert server.metrics()["specstack:num_requests_running{}"] == 0
 
@@ -196,9 +216,7 @@ def test_disconnect_while_waiting_for_a_whole_response_cancels_it(two_row_server
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/completions", timeout=0.3,
                    json={"prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0, "ignore_eos": True})
-    deadline = time.monotonic() + 10
-    while aborted(server) == before and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: aborted(server) > before)
     assert aborted(server) == before + 1
 
 
@@ -297,26 +315,128 @@ def test_metrics_parse_and_move_with_requests(tiny_server: Server) -> None:
     assert sum(moved(k) for k in reasons) == 1
     origins = [k for k in after if k.startswith("specstack:generation_tokens_by_origin_total{")]
     assert sum(moved(k) for k in origins) == usage.completion_tokens
-    # what speculation did: accepted tokens never exceed draft tokens; steps were counted
-    assert after["specstack:spec_decode_num_accepted_tokens_total{}"] <= after["specstack:spec_decode_num_draft_tokens_total{}"]
-    assert sum(moved(k) for k in after if k.startswith("specstack:engine_steps_total{")) >= 1
     assert after["process_resident_memory_bytes{}"] > 0
+    # the steps: each counted, each of one row (the request was alone on the server); what speculation did
+    # in them (auto may draft nothing here: its lengths follow this machine's measured costs) adds up
+    steps = sum(moved(k) for k in after if k.startswith("specstack:engine_steps_total{"))
+    assert steps >= 1
+    assert moved("specstack:step_rows_count{}") == moved("specstack:step_rows_sum{}") == steps
+    spec = speculation_moved(moved)
+    assert spec["accepted"] <= spec["drafted"]
+    assert spec["drafting steps"] == moved('specstack:engine_steps_total{speculating="true"}')
 
 
-def test_health_is_503_while_loading_then_200(server_model_dir: Path, tmp_path: Path) -> None:
-    """A fresh cache makes the load slow enough to see (it converts the weights and measures the cost
-    of each batch width); requests meanwhile get 503 too."""
-    server = start_server(server_model_dir, tmp_path, "--max-batch", "8", wait=False)
+def speculation_moved(moved) -> dict[str, float]:
+    """What /metrics says speculation did between two scrapes (`moved`: a sample's change), its counts checked
+    against each other: the per-step draft histogram against the draft token counter, the accepted tokens
+    per draft position (counted from each request's own steps when it ends) against the accepted tokens
+    counted at each step."""
+    out = {"drafted": moved("specstack:spec_decode_num_draft_tokens_total{}"),
+           "accepted": moved("specstack:spec_decode_num_accepted_tokens_total{}"),
+           "drafting steps": moved("specstack:spec_decode_num_drafts_total{}")}
+    assert moved("specstack:step_draft_tokens_sum{}") == out["drafted"]
+    positions = sum(moved(f'specstack:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}')
+                    for i in range(MAX_POSITION))
+    assert positions == out["accepted"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def chain_server(server_model_dir: Path, server_tmp: Path):
+    """Every request speculates alike: a chain of 3 draft tokens from the target's first layer at every step,
+    verified whole (no cost rule: what is drafted does not depend on this machine's timings)."""
+    server = start_server(server_model_dir, server_tmp, "--max-batch", "2", "--method", "chain:k=3",
+                          "--draft", "self:1")
+    yield server
+    stop_server(server)
+
+
+def test_speculation_metrics_count_the_drafts(chain_server: Server) -> None:
+    before = chain_server.metrics()
+    _, _, usage = complete(chain_server, PROMPTS[0], True, extra_body={"ignore_eos": True})
+    after = chain_server.metrics()
+
+    def moved(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert usage.completion_tokens == TOKENS
+    spec = speculation_moved(moved)
+    # one row, a chain of 3 at each of its decoding steps: verified, and on this prompt accepted in part
+    assert spec["drafting steps"] == moved('specstack:engine_steps_total{speculating="true"}') >= 1
+    assert spec["drafted"] == 3 * spec["drafting steps"]
+    assert 0 < spec["accepted"] < spec["drafted"]
+    # every accepted draft token was emitted, but for any cut by max_tokens
+    from_draft = moved('specstack:generation_tokens_by_origin_total{origin="draft"}')
+    assert 0 < from_draft <= spec["accepted"]
+    assert from_draft + moved('specstack:generation_tokens_by_origin_total{origin="target"}') == TOKENS
+
+
+def cached_config_as_pipe(model: Path, cache: Path) -> tuple[Path, bytes]:
+    """Build `model` in fp32 into the weight cache `cache`, as a server's first load leaves it, then make
+    the cached config a named pipe: a server loading `model` from `cache` waits, reading the pipe, until
+    the test writes into it. Returns the pipe and what to write (the config)."""
+    from specstack.models.loading import load_model, model_cache_dir
+    from specstack.models.registry import resolve
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECSTACK_CACHE", str(cache))
+        load_model(str(model), dtype="fp32")
+        config = model_cache_dir(resolve(str(model))) / "config.json"
+    text = config.read_bytes()
+    config.unlink()
+    os.mkfifo(config)
+    return config, text
+
+
+def reader_of(pipe: Path, timeout: float = 60) -> int | None:
+    """A write end of `pipe` once a reader has it open (the server blocked on reading it), else None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while nobody reads it
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+        time.sleep(0.02)
+    return None
+
+
+def release(pipe: Path, fd: int, text: bytes) -> None:
+    """Put the real file in the pipe's place (for whoever reads it next), then give the waiting reader its
+    bytes and the end of its file."""
+    pipe.with_suffix(".json.real").write_bytes(text)
+    pipe.with_suffix(".json.real").replace(pipe)
     try:
-        first = httpx.get(server.root + "/health")
-        early = httpx.post(server.url + "/completions", json={"prompt": "hi"})
-        wait_ready(server)
-        assert first.status_code == 503 and first.json()["status"] == "loading"
-        assert early.status_code in (200, 503)
-        if early.status_code == 503:
-            assert early.json()["error"]["code"] == "loading"
-        assert httpx.get(server.root + "/health").json() == {"status": "ok"}
+        os.write(fd, text)  # shorter than a pipe's buffer: written whole
     finally:
+        os.close(fd)
+
+
+def test_health_and_requests_are_503_while_loading_then_200(server_model_dir: Path, tmp_path: Path) -> None:
+    """While the model loads, /health says so and a request gets 503 `loading` with Retry-After; once it has
+    loaded, both answer. The load is held for certain: the server's loader thread reads the cached config
+    from a pipe, which the test fills only after its checks."""
+    pipe, text = cached_config_as_pipe(server_model_dir, tmp_path / "cache")  # the server's cache
+    server = start_server(server_model_dir, tmp_path, "--max-batch", "8", wait=False)
+    fd = reader_of(pipe)
+    try:
+        assert fd is not None, f"the server never read its cached config:\n{server.stderr()}"
+        health = httpx.get(server.root + "/health")
+        assert health.status_code == 503 and health.json()["status"] == "loading", health.text
+        early = httpx.post(server.url + "/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert error_of(early, 503)["code"] == "loading"
+        assert early.headers["retry-after"] == "1"
+        with pytest.raises(openai.InternalServerError):  # the openai client's error for a 503
+            server.client().completions.create(model=server.model, prompt="hi", max_tokens=2)
+        release(pipe, fd, text)
+        fd = None
+        wait_ready(server)
+        assert httpx.get(server.root + "/health").json() == {"status": "ok"}
+        r = httpx.post(server.url + "/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2, r.text
+    finally:
+        if fd is not None:  # a load left waiting would keep the server from stopping
+            release(pipe, fd, text)
         stop_server(server)
 
 
