@@ -11,6 +11,7 @@ the last one stops it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -115,30 +116,78 @@ def replica_actor(replica_id: str):
     return ray.get_actor(f"SERVE_REPLICA::specstack#specstack#{replica_id}", namespace="serve")
 
 
-def test_killing_a_replica_keeps_the_endpoint_serving(replicas: Server, tiny_server: Server) -> None:
+def ongoing(replica_id: str) -> int:
+    """The requests a replica is handling now, as Ray Serve counts them (the count its router balances on)."""
     import ray
 
+    return ray.get(replica_actor(replica_id).get_num_ongoing_requests.remote(), timeout=30)
+
+
+def successes(server: Server, replica: str, until: float | None = None, timeout: float = 10) -> float:
+    """Requests `replica` has finished, by its own count (up to a second old); with `until`, asked again
+    until the count reaches it or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            text = httpx.get(server.root + "/metrics/replicas", timeout=5).text
+        except httpx.TimeoutException:  # routed to a replica that cannot answer: ask again
+            continue
+        per = samples(text, "specstack:request_success_total")
+        count = sum(v for k, v in per.items() if dict(k)["replica"] == replica)
+        if until is None or count >= until or time.monotonic() > deadline:
+            return count
+        time.sleep(0.2)
+
+
+def test_killing_a_replica_keeps_the_endpoint_serving(replicas: Server, tiny_server: Server) -> None:
+    """The killed replica holds requests for certain: it is frozen (SIGSTOP) while it handles more requests
+    than its two rows, then killed once the other has finished all it had. The requests it held then end as
+    the failover promises: a whole one retried on the other replica, a stream that had begun with the
+    error event; every other request is answered in full."""
     expected = {p: text(tiny_server, p, False, LONG) for p in PROMPTS}
-    victim = health(replicas)["replicas"][0]["replica"]
-    jobs = [(PROMPTS[i % 4], i % 3 == 0) for i in range(12)]  # whole requests, and every third a stream
+    victim, survivor = (r["replica"] for r in health(replicas)["replicas"])
+    pid = next(r["pid"] for r in health(replicas)["replicas"] if r["replica"] == victim)
+    jobs = [(PROMPTS[i % 4], i % 3 == 0) for i in range(16)]  # whole requests, and every third a stream
 
     def run(job: tuple[str, bool]) -> str | Exception:
-        try:
-            return text(replicas, job[0], job[1], LONG)
+        try:  # autoregressive (the same text): 200 steps a request, so a queued one waits long
+            return complete(replicas, job[0], job[1], max_tokens=LONG,
+                            extra_body={"speculation": {"enabled": False}})[0]
         except openai.APIError as e:
             return e
 
-    with ThreadPoolExecutor(12) as pool:
+    with ThreadPoolExecutor(len(jobs)) as pool:
         futures = [pool.submit(run, j) for j in jobs]
-        time.sleep(0.3)  # every request taken, both replicas decoding, most still queued
-        ray.kill(replica_actor(victim), no_restart=True)
-        results = [f.result() for f in futures]
-    for (prompt, stream), r in zip(jobs, results, strict=True):
-        if isinstance(r, Exception):  # only a stream that had begun on the killed replica may fail: a whole
-            # request it held must have been retried (without the failover it would be a 500 here)
-            assert stream and "replica serving this request stopped" in str(r), r
-        else:
-            assert r == expected[prompt], (stream, r)
+        killed = False
+        try:
+            while ongoing(victim) < 3:  # both rows decoding and one waiting
+                assert not all(f.done() for f in futures), "the victim never had three requests at once"
+            os.kill(pid, signal.SIGSTOP)  # what it holds now, it holds until it dies
+            while ongoing(survivor) > 0:  # the survivor finishes what it had
+                time.sleep(0.1)
+            settled = None
+            while settled != (done := sum(f.done() for f in futures)):  # the survivor's answers have arrived
+                settled = done
+                time.sleep(1)
+            held = [i for i, f in enumerate(futures) if not f.done()]
+            assert held, "the victim held no request when it was killed"
+            before = successes(replicas, survivor)
+            os.kill(pid, signal.SIGKILL)
+            killed = True
+            results = [f.result() for f in futures]
+        finally:
+            if not killed:
+                os.kill(pid, signal.SIGKILL)
+    failed = [i for i, r in enumerate(results) if isinstance(r, Exception)]
+    for i in failed:  # only a stream that had begun on the killed replica may fail: a whole request it held
+        # must have been retried (without the failover it would be a 500 here)
+        assert i in held and jobs[i][1] and "replica serving this request stopped" in str(results[i]), results[i]
+    for i, r in enumerate(results):
+        if i not in failed:
+            assert r == expected[jobs[i][0]], (jobs[i], r)
+    # the held requests that were answered were answered by the survivor, after the kill: retried
+    retried = len(held) - len(failed)
+    assert successes(replicas, survivor, until=before + retried) - before == retried
     deadline = time.monotonic() + 45  # Ray replaces the replica
     while True:
         ids = {r["replica"] for r in health(replicas)["replicas"]}
