@@ -133,14 +133,21 @@ def test_a_drafter_reused_by_the_next_request_starts_afresh(tiny, self_drafts):
         assert engine.pop_result(h).tokens == alone(tiny.lm, p, g)
 
 
-def test_cost_rule_turns_speculation_off_when_drafts_do_not_pay(tiny, random_draft):
+def test_cost_rule_turns_speculation_off_when_drafts_do_not_pay(tiny, random_draft, monkeypatch):
     """With every extra token costing as much as a row, a random draft's tokens never pay: after a few
     steps the rule keeps no node, and with pause the drafters stop drafting (limit 0) except to probe."""
+    forwards = []  # the draft model's forwards: the drafters' work
+    forward = random_draft.model.forward
+    monkeypatch.setattr(random_draft.model, "forward", lambda *a, **k: forwards.append(1) or forward(*a, **k))
     rule = CostAwareBatchLength(lambda rows, tokens: float(tokens), pause=True)
     drafters = [ModelDrafter(random_draft, TreeParams.chain(3)) for _ in PROMPTS[:4]]
     engine, results = run_batch(tiny.lm, drafters, rule, "auto", prompts=PROMPTS[:4])
     check(tiny.lm, PROMPTS[:4], results, "cost off")
     assert sum(s.drafted for s in list(engine.stats.recent)[-10:]) == 0
+    # no draft token is verified, so each row step emits one token: a row's steps are its tokens. Drafting
+    # every step, a chain of 3 costs 3 draft forwards a row step (240 here); paused, a drafter runs only in
+    # the first quiet steps, to probe and to catch up on the tokens it skipped: fewer than one a step
+    assert len(forwards) < sum(len(r.tokens) for r in results)
 
 
 # ---- one draft forward per draft step for every row (drafting/batched_chain.py) --------------------
