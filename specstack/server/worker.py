@@ -226,6 +226,7 @@ class EngineWorker:
                 self.engine.cancel(job.handle)
             self._release(job)
             job.sink(Event(error=message))
+        stop = False
         while True:  # jobs submitted but not yet taken
             try:
                 kind, payload = self._inbox.get_nowait()
@@ -234,6 +235,9 @@ class EngineWorker:
             if kind == "submit":
                 self._release(payload)  # type: ignore[arg-type]
                 payload.sink(Event(error=message))  # type: ignore[attr-defined]
+            stop = stop or kind == "stop"
+        if stop:  # a stop that came while a step failed: the next drain ends the thread
+            self._inbox.put(("stop", None))
 
 
 def finish_reason(result: GenerationResult) -> str:
