@@ -193,6 +193,8 @@ def _method(body: dict[str, Any]) -> str | None:
         return None
     if not isinstance(spec, dict) or set(spec) - {"method", "enabled"}:
         raise bad('speculation must be an object: {"method": NAME} or {"enabled": false}', "speculation")
+    if not isinstance(spec.get("enabled", True), bool):  # "no" or 0 would have left speculation on
+        raise bad(f"speculation.enabled must be true or false, got {validate.shown(spec['enabled'])}", "speculation")
     if spec.get("enabled", True) is False:
         return "ar"
     method = spec.get("method")
@@ -222,7 +224,8 @@ def parse_request(route: Route, body: object) -> CompletionRequest:
         prompts = [Prompt(messages=chat_messages(body.get("messages")))]
     else:
         prompts = completion_prompts(body.get("prompt"))
-    n = checked("n", validate.ints(1, MAX_CHOICES, "choices decode as rows of the batch"), body.get("n", 1) or 1)
+    n = body.get("n")  # null: OpenAI's default, 1 (0 is an error, as there)
+    n = 1 if n is None else checked("n", validate.ints(1, MAX_CHOICES, "choices decode as rows of the batch"), n)
     if n * len(prompts) > MAX_CHOICES:
         raise bad(f"{len(prompts)} prompts x n {n} = {n * len(prompts)} choices, over {MAX_CHOICES}", "n")
     best_of = body.get("best_of")
