@@ -6,7 +6,7 @@ the ancestors-or-self mask, both derived from `parent` through attention.py (the
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -26,15 +26,22 @@ class DraftTree:
     # for deterministic proposals (top-k without sampling, n-gram lists).
     q: list[torch.Tensor | None] = field(default_factory=list)
     # confidence[i]: the drafter's estimate that the target accepts the path to node i (its cumulative
-    # draft probability, or a learned rate), or None. Only a batch's draft-length rule reads it, to size
-    # the step (drafting/batch_length.py); a drafter sets it only where sizing a tree by it keeps
-    # verification lossless (deterministic proposals, or a greedy target).
+    # draft probability), or None. Only the step's draft-length rule reads it, to size the step
+    # (drafting/batch_length.py); a drafter sets it only where sizing a tree by it keeps verification
+    # lossless (deterministic proposals, or a greedy target).
     confidence: list[float | None] = field(default_factory=list)
+    # evidence[i]: what the drafter knows of node i that predicts its acceptance (an n-gram's origin, the
+    # length of the match behind it, its depth), or None; the length rule learns a rate per class of it
+    evidence: list[Hashable | None] = field(default_factory=list)
+    # (evidence, right?) of earlier proposals the engine cut unverified, which the drafter has since
+    # checked against the target's tokens (a deterministic proposal is accepted exactly when it equals
+    # the target's token): the length rule counts them as trials of their class
+    learned: list[tuple[Hashable, bool]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
         if not (len(self.parent) == n and len(self.origin) in (0, n) and len(self.q) in (0, n)
-                and len(self.confidence) in (0, n)):
+                and len(self.confidence) in (0, n) and len(self.evidence) in (0, n)):
             raise ValueError("DraftTree fields must have one entry per node")
         for i, p in enumerate(self.parent):
             if not -1 <= p < i:
@@ -45,12 +52,14 @@ class DraftTree:
             self.q = [None] * n
         if not self.confidence:
             self.confidence = [None] * n
+        if not self.evidence:
+            self.evidence = [None] * n
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def add(self, token: int, parent: int, origin: Origin = "draft", q: torch.Tensor | None = None,
-            confidence: float | None = None) -> int:
+            confidence: float | None = None, evidence: Hashable | None = None) -> int:
         if not -1 <= parent < len(self.tokens):
             raise ValueError(f"parent {parent} does not exist")
         self.tokens.append(int(token))
@@ -58,6 +67,7 @@ class DraftTree:
         self.origin.append(origin)
         self.q.append(q)
         self.confidence.append(confidence)
+        self.evidence.append(evidence)
         return len(self.tokens) - 1
 
     @property
@@ -87,7 +97,8 @@ class DraftTree:
         """The first n nodes: still a tree, since parents precede their children."""
         if n >= len(self):
             return self
-        return DraftTree(self.tokens[:n], self.parent[:n], self.origin[:n], self.q[:n], self.confidence[:n])
+        return DraftTree(self.tokens[:n], self.parent[:n], self.origin[:n], self.q[:n], self.confidence[:n],
+                         self.evidence[:n], self.learned)
 
     @staticmethod
     def chain(tokens: Sequence[int], origin: Origin = "draft") -> "DraftTree":

@@ -6,7 +6,7 @@ step which of its nodes were accepted, so it can commit them and catch up.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,9 +22,12 @@ class DraftContext:
     tokens: list[int]  # prompt + every emitted token; the tree hangs off tokens[-1] (the root)
     sampling: SamplingParams  # the target's warp: a drafter that reports q must warp with it
     generator: torch.Generator | None = None
-    # the most nodes the engine will verify this step (a batch's draft-length rule sets it before the
+    # the most nodes the engine will verify this step (the step's draft-length rule sets it before the
     # drafter proposes, so no draft work goes into nodes it would cut); None: the drafter's own size
     limit: int | None = None
+    # the same rule's estimate, while a best-first tree grows, of how many of its nodes (their cumulative
+    # draft probabilities, best first) it would keep (drafting/batch_length.py `size`); None: none
+    size: Callable[[Sequence[float]], int] | None = None
 
 
 class DraftGroup(Protocol):

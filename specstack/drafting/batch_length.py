@@ -1,43 +1,62 @@
-"""Draft-length rules for a batch (BASS, Qian et al. 2024; DESIGN §6): each step, how many of each
-row's proposed nodes one target forward verifies.
+"""Draft-length rules (BASS, Qian et al. 2024; DESIGN §6): each step, how many of each row's proposed
+nodes one target forward verifies. One rule serves one row and many: one sequence is a batch of one,
+and a forward of one row over T tokens costs cost(1, T).
 
 Terms. A *step* scores every row's block in one forward: decoding rows carry their root plus the
-nodes kept from their drafter's tree, prompt rows a chunk of their prompt. A rule acts twice a step:
-`limit()` before the drafters propose (the most nodes any row's tree may have: draft work beyond it
-would be cut anyway), and `choose(trees, rows, tokens)` after, the number of nodes of each tree to
-keep (always a prefix in tree order, so the kept nodes are still a tree: parents precede children).
+nodes kept from their drafter's tree, prompt rows a chunk of their prompt. A rule acts before the
+drafters propose, `limit()`: the most nodes any row's tree may have (draft work beyond it would be cut
+anyway), and after, `choose(trees, rows, tokens)`: the number of nodes of each tree to keep (always a
+prefix in tree order, so the kept nodes are still a tree: parents precede children).
 `observe(trees, accepted)` then reports the kept trees and how many nodes of each the target accepted.
+Drafters own no rule: they propose up to ctx.limit and say what they know of each node
+(DraftTree.confidence, .evidence, .learned). A rule's `size` (None for most), handed to the drafters
+as ctx.size, lets a best-first drafter stop growing nodes the rule would cut (drafting/model.py).
 
 Rules:
-- `AsProposed`: every row verifies what its drafter proposed (the drafter's own size or length rule).
+- `AsProposed`: every row verifies what its drafter proposed.
 - `FixedLength(k)`: at most k nodes a row.
-- `BassLength`: BASS's shared length l (drafting/draft_length.py, DynamicDraftLength.update over the
-  rows' accepted counts): l0 = 7, +2 (up to 32) when some row accepted all it was given, else shrink.
-- `CostAwareBatchLength`: from the measured cost of a forward of B rows x N tokens, the nodes (over all
-  rows) that maximise expected emitted tokens per second (draft_length.best_prefixes). A node's gain is
-  its drafter's `confidence` (calibrated online by accepted over predicted), or, for nodes without
-  one, the product of per-depth acceptance rates learned online. At large B a draft token costs about
-  what a row costs, so only near-certain tokens pay and the rule turns speculation off by itself.
+- `BassLength`: BASS's length l, shared by the batch: start at l = start; after each step, if some
+  row accepted all it was given, l = min(l + 2, cap) and s = 0; else shrink towards what was accepted,
+  l = max(1, max_i accepted_i, l - ceil(l / 10) - s), s = 1 (a second miss in a row shrinks one more).
+  A fixed length wastes tokens where drafts are wrong and stops too early where they are right (n-gram
+  drafts are bimodal: on code a context match is usually right for many tokens in a row).
+- `CostAwareLength`: from the measured cost of a forward of B rows x N tokens, the nodes (over all
+  rows) that maximise expected emitted tokens per second (draft_length.best_prefixes); the time the
+  step has spent drafting counts in its cost. A node's gain is its drafter's `confidence` (its
+  cumulative draft probability, calibrated online by accepted over predicted), else the product of
+  learned acceptance rates (draft_length.AcceptanceRates) down its path: per evidence class on a
+  chain whose nodes carry evidence, per depth otherwise. A forward's cost is a step function of its
+  tokens on an int4 CPU target (the kernel works in blocks of rows), so the best length depends on how
+  sure each node is, which BASS's rule, counting only acceptances, does not see. At large B a draft
+  token costs about what a row costs, so only near-certain tokens pay and the rule turns speculation
+  off by itself.
 
 Lossless: a rule may size a tree by its nodes' values only where the drafter says so (`confidence`
-set: deterministic proposals, or a greedy target). A tree whose nodes carry a draft q (verified by
-recursive rejection sampling) is cut only by what the rule knew before it was drawn: a chain by its
-learned per-depth rates, a branching tree not at all.
+set: deterministic proposals, or a greedy target; `evidence` on nodes without q). A tree whose nodes
+carry a draft q (verified by recursive rejection sampling) is cut only by what the rule knew before it
+was drawn: a chain by its learned per-depth rates, a branching tree not at all.
 """
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specstack.drafting.draft_length import DynamicDraftLength, best_prefixes
+from specstack.drafting.draft_length import AcceptanceRates, Evidence, best_prefixes
 from specstack.tree import DraftTree
 
 # seconds of one target forward over `rows` rows carrying `tokens` tokens in all (engine/batch_cost.py)
 ForwardCost = Callable[[int, int], float]
+# scores of a growing best-first tree's nodes, best first -> how many of them the rule would keep
+Sizer = Callable[[Sequence[float]], int]
 
 
 class BatchLength(Protocol):
+    # while a best-first tree grows, how many of its nodes the rule would keep (None: no such estimate)
+    size: Sizer | None
+
     def limit(self) -> int | None:
         """Before proposing: the most nodes a row's tree may have this step (None: no limit)."""
 
@@ -54,100 +73,127 @@ def is_chain(tree: DraftTree) -> bool:
 
 
 @dataclass
-class AsProposed:
-    def limit(self) -> int | None:
-        return None
-
-    def choose(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> list[int]:
-        return [len(t) for t in trees]
-
-    def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:
-        pass
-
-
-@dataclass
 class FixedLength:
-    k: int
+    k: int | None = None  # None: as proposed
+    size = None
 
     def limit(self) -> int | None:
         return self.k
 
     def choose(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> list[int]:
-        return [min(self.k, len(t)) for t in trees]
+        return [len(t) if self.k is None else min(self.k, len(t)) for t in trees]
 
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:
         pass
 
 
-@dataclass
-class BassLength:
-    """BASS's dynamic draft length, one l shared by the batch (DESIGN §6)."""
+class AsProposed(FixedLength):
+    """Every row verifies what its drafter proposed: FixedLength(None)."""
 
+
+@dataclass
+class BassLength(FixedLength):
+    """BASS's dynamic draft length, one l shared by the batch (module docstring)."""
+
+    k: int | None = field(init=False, default=None)  # l, from start on
     start: int = 7
     cap: int = 32
-    rule: DynamicDraftLength = field(init=False)
+    _shrink: int = field(init=False, default=0)  # s: 1 after a step in which no row accepted all
 
     def __post_init__(self) -> None:
-        self.rule = DynamicDraftLength(self.start, self.cap)
-
-    def limit(self) -> int | None:
-        return self.rule.value
-
-    def choose(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> list[int]:
-        return [min(self.rule.value, len(t)) for t in trees]
+        if not 1 <= self.start <= self.cap:
+            raise ValueError(f"draft length: need 1 <= start <= cap, got start {self.start}, cap {self.cap}")
+        self.k = self.start
 
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:
-        if trees:  # a step in which no row drafted says nothing about l
-            self.rule.update(list(accepted))
+        if not trees:  # a step in which no row drafted says nothing about l
+            return
+        l = self.k or 1
+        if any(a >= l for a in accepted):
+            self.k, self._shrink = min(l + 2, self.cap), 0
+        else:
+            self.k = max(1, max(accepted), l - math.ceil(l / 10) - self._shrink)
+            self._shrink = 1
 
 
 @dataclass
-class CostAwareBatchLength:
+class CostAwareLength:
     """Each step's nodes for the most expected tokens per second (module docstring).
 
+    longest: the most nodes a row may verify (None: what its drafter proposes).
     pause: the drafter costs real time (a draft model): after `quiet` steps in which the rule kept no
     node at all, `limit()` is 0 (the drafters do no work) except every `probe`-th step, which proposes
     again to see whether drafts pay once more (a context match, fewer rows)."""
 
     cost: ForwardCost
+    longest: int | None = None
     pause: bool = False
     quiet: int = 3
     probe: int = 8
-    prior: tuple[float, float] = (1.0, 1.0)  # Beta pseudo-counts of each depth's acceptance
-    _depth: dict[int, list[float]] = field(init=False, default_factory=dict)  # depth -> [accepted, tried]
+    prior: tuple[float, float] = (1.0, 1.0)  # Beta pseudo-counts of each class's acceptance
+    clock: Callable[[], float] = time.perf_counter  # seconds, for the step's drafting time
+    rates: AcceptanceRates = field(init=False)
     _accepted: float = field(init=False, default=1.0)  # calibration of confidences: accepted / predicted
     _predicted: float = field(init=False, default=1.0)
     _idle: int = field(init=False, default=0)  # consecutive steps that kept no node
+    _began: float | None = field(init=False, default=None)  # when this step's drafting began (limit)
+    _last: tuple[int, int, int] = field(init=False, default=(1, 1, 1))  # the last step's rows, tokens, trees
 
-    def rate(self, depth: int) -> float:
-        """Learned chance that a node at `depth` is accepted once its parent is."""
-        a, n = self._depth.get(depth, (0.0, 0.0))
-        return (a + self.prior[0]) / (n + self.prior[0] + self.prior[1])
+    def __post_init__(self) -> None:
+        self.rates = AcceptanceRates(self.prior)
 
     def limit(self) -> int | None:
+        self._began = self.clock()
         if self.pause and self._idle >= self.quiet and (self._idle - self.quiet) % self.probe:
             return 0
-        return None
+        return self.longest
+
+    def classes(self, tree: DraftTree) -> list[Evidence]:
+        """What each node's acceptance is learned and predicted by: its evidence on a deterministic
+        chain, else its depth (known before any draw; a branching tree's verdict names no node)."""
+        if is_chain(tree) and all(e is not None for e in tree.evidence) and all(q is None for q in tree.q):
+            return list(tree.evidence)
+        return tree.depth
 
     def gains(self, tree: DraftTree) -> list[float] | None:
         """Each node's expected acceptance; None for a tree that must be verified whole."""
-        if any(q is not None for q in tree.q) and not is_chain(tree):
+        sampled = any(q is not None for q in tree.q)
+        if sampled and not is_chain(tree):
             return None  # RRS over sampled siblings: never cut by what was drawn
-        if all(c is not None for c in tree.confidence) and not any(q is not None for q in tree.q):
-            c = self._accepted / self._predicted
-            return [min(1.0, c * float(s)) for s in tree.confidence]  # type: ignore[arg-type]
-        along: list[float] = []  # per-depth rates, multiplied down each path
-        for p, d in zip(tree.parent, tree.depth, strict=True):
-            along.append((1.0 if p < 0 else along[p]) * self.rate(d))
+        if not sampled and all(c is not None for c in tree.confidence):
+            return self.calibrated(tree.confidence)  # type: ignore[arg-type]
+        along: list[float] = []  # learned rates, multiplied down each path
+        for p, cls in zip(tree.parent, self.classes(tree), strict=True):
+            along.append((1.0 if p < 0 else along[p]) * self.rates.p(cls))
         return along
 
+    def calibrated(self, confidence: Sequence[float]) -> list[float]:
+        c = self._accepted / self._predicted
+        return [min(1.0, c * float(s)) for s in confidence]
+
+    def step_cost(self, rows: int, tokens: int) -> Callable[[int], float]:
+        """The step's seconds with `extra` draft nodes: its drafting so far, then the forward."""
+        drafted = 0.0 if self._began is None else self.clock() - self._began
+        return lambda extra: drafted + self.cost(rows, tokens + extra)
+
+    def size(self, scores: Sequence[float]) -> int:
+        """While a best-first tree grows: how many of its nodes (scores: cumulative draft probabilities,
+        best first) pay, were they the only draft of a step shaped like the last one."""
+        rows, tokens, trees = self._last
+        gains = self.calibrated(scores[: self.longest])
+        return best_prefixes([gains], self.step_cost(rows, tokens), float(trees))[0]
+
     def choose(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> list[int]:
+        for tree in trees:  # what the drafters have learned since of nodes cut unverified
+            for cls, right in tree.learned:
+                self.rates.trial(cls, right)
         gains = [self.gains(t) for t in trees]
         fixed = tokens + sum(len(t) for t, g in zip(trees, gains, strict=True) if g is None)
-        keep = best_prefixes([g or [] for g in gains], lambda extra: self.cost(rows, fixed + extra),
+        keep = best_prefixes([(g or [])[: self.longest] for g in gains], self.step_cost(rows, fixed),
                              emitted=float(len(trees)))
         keep = [len(t) if g is None else k for t, g, k in zip(trees, gains, keep, strict=True)]
         self._idle = self._idle + 1 if trees and not any(keep) else 0
+        self._last = (rows, tokens, max(1, len(trees)))
         return keep
 
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:
@@ -157,9 +203,9 @@ class CostAwareBatchLength:
             if all(c is not None for c in tree.confidence):
                 self._predicted += sum(float(c) for c in tree.confidence)  # type: ignore[arg-type]
                 self._accepted += a
-            # depths 1..a were accepted; depth a + 1, where the tree goes that deep, was tried and failed
-            for d in range(1, min(a + 1, max(tree.depth)) + 1):
-                counts = self._depth.setdefault(d, [0.0, 0.0])
-                counts[0] += d <= a
-                counts[1] += 1
-
+            # the accepted path's nodes were trials that succeeded; the next one, where the tree goes that
+            # deep, failed (a chain's nodes in order; a tree's by depth)
+            classes = self.classes(tree)
+            path = classes if is_chain(tree) else list(range(1, max(classes) + 1))
+            for i, cls in enumerate(path[: a + 1]):
+                self.rates.trial(cls, i < a)

@@ -1,24 +1,21 @@
-"""Model drafter: a small LM (sharing the target's tokenizer) proposes a chain or a best-first tree.
+"""Model drafter: a small LM (sharing the target's tokenizer) proposes a best-first tree (a chain is a
+tree of width 1; the chain drafter of one row or many is drafting/batched_chain.py).
 
-State: the draft's KV cache holds the committed context except the tokens it has not run yet
-(`pending`: at least the root, the last emitted token). A round runs, in the draft's scratch:
+State: the draft's cache, one row (drafting/draft_cache.py: the tokens it has not run yet, `pending`,
+at least the root; the accepted nodes it ran committed; SPIRe memories). A round runs, in the scratch:
   1. the pending tokens as a causal chain (catch-up; its last row is the root's distribution),
   2. then, level by level, the best unexpanded candidates as one tree block each (`grow`).
-`observe` commits the pending tokens plus the accepted nodes that the draft ran (their keys/values
-were computed with exactly their accepted ancestors), so no token is ever run twice.
 
 Tree (staged paper, DESIGN §4): the round's candidates (drafting/candidates.py) are scored by
 cumulative draft probability; the target batch is the `budget` best. Greedy target: the top-`width`
 children of each expanded node. Sampling target: `width` children drawn from the warped q without
 replacement, so recursive rejection sampling can use q (CandidateTree.rank says how they are kept).
-A CostAwareBudget may size the batch below `budget` (`sized`): only the nodes that pay for their width.
-
-A draft that reads the target's activations (SPIRe, models/base.py ReadsTargetActivations) never runs
-verified tokens: `reset` and `observe` write them to its cache from the target's hidden states.
+Where sizing by them is lossless (a greedy target, or trees verified by sample-walk) nodes carry their
+score as `confidence`, and the step's length rule may size the batch below `budget` while it grows
+(`sized`, by ctx.size): the draft expands no node the rule would cut.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,9 +25,9 @@ from specstack.attention import build_batch, scratch_tree_mask
 from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext
 from specstack.drafting.candidates import CandidateTree, ChildPicker, NextTokens
-from specstack.drafting.draft_length import CostAwareBudget
+from specstack.drafting.draft_cache import DraftCache
 from specstack.errors import SpecstackError
-from specstack.models.base import LoadedModel, ReadsTargetActivations
+from specstack.models.base import LoadedModel
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult
 
@@ -62,28 +59,24 @@ class ModelDrafter:
     group = None  # proposes alone
 
     def __init__(self, draft: LoadedModel, params: TreeParams, capacity: int | None = None,
-                 window: WindowSpec | None = None, budget: CostAwareBudget | None = None) -> None:
-        """window: a sliding-window KV for the draft (MagicDec: the target itself as its own draft).
-        budget: verify each step only the nodes that pay for their width (at most params.budget);
-        it sizes trees of deterministic proposals only (see CostAwareBudget), else params.budget holds."""
+                 window: WindowSpec | None = None) -> None:
+        """window: a sliding-window KV for the draft (MagicDec: the target itself as its own draft)."""
         self.draft = draft
         self.params = params
-        self.budget = budget
-        model = draft.model
-        self.cache = model.new_cache(1, capacity or draft.config.max_seq_len + self.scratch_bound(), window)
-        # the one check of the capability (a SPIRe draft built without target activations has it, but
-        # reads no layer: it runs every token itself, like any other draft)
-        reads = isinstance(model, ReadsTargetActivations) and bool(model.target_hidden_layers)
-        self._reader: ReadsTargetActivations | None = model if reads else None
-        self.target_layers: tuple[int, ...] = tuple(model.target_hidden_layers) if reads else ()
-        self.pending: list[int] = []
+        self.state = DraftCache(draft, capacity or draft.config.max_seq_len + self.scratch_bound(), window)
+        self.state.add_row()
+        self.cache = self.state.cache
+        self.target_layers = self.state.target_layers
         self.candidates = CandidateTree()  # this round's
-        self.sized = False  # this round's tree is sized by `budget`
+        self.sized = False  # this round's tree is sized by the step's length rule (ctx.size)
+        self._size = None  # ctx.size, while sized
         self._picker = ChildPicker(params.width, draft.config.vocab_size)
         self._tree_ids: list[int] = []  # candidate of each node of the proposed tree
-        self._t0 = 0.0  # when this round's proposal began
         self._limit = params.budget  # this round's most nodes (params.budget, or less when the engine limits it)
-        self._ran = True  # this round ran the draft (catch-up and growth)
+
+    @property
+    def pending(self) -> list[int]:
+        return self.state.pending[0]
 
     def scratch_bound(self) -> int:
         """Most scratch slots one round can write: the pending tokens (at most an accepted path and
@@ -92,67 +85,36 @@ class ModelDrafter:
 
     # -- the draft's cache ------------------------------------------------------------------------
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
-        self.cache.reset()
-        if self.budget is not None:
-            self.budget.reset()
-        self.pending = list(prompt_ids)
-        if self._reader is not None:  # the target's prefill gave the memories of all but the root
-            self._remember(self.pending[:-1], target_hidden)
-            self.pending = self.pending[-1:]
-
-    def _remember(self, tokens: list[int], hidden: torch.Tensor | None) -> None:
-        if hidden is None or hidden.shape[1] != len(tokens):
-            raise ValueError(f"this draft needs the target's hidden states of {len(tokens)} verified tokens")
-        if tokens:
-            ids = torch.tensor([tokens], device=self.draft.model.device)
-            self._reader.write_memories(ids, hidden, self.cache)
+        self.state.reset(0, prompt_ids, target_hidden)
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
         """target_hidden [1, 1 + len(tree), L, d]: the target's hidden states of root + tree (rows as
         scored), for a draft with target_layers."""
-        if self.sized:
-            self.budget.observe([self.candidates.score(c) for c in self._tree_ids], len(result.accepted))
-        if self._reader is not None:  # root and accepted path stored from the target's activations
-            rows = [0] + [a + 1 for a in result.accepted]
-            self._remember(self.pending + [tree.tokens[a] for a in result.accepted],
-                           None if target_hidden is None else target_hidden[:, rows])
-            self.pending = [result.next_token]
-            return
-        if not self._ran:  # the round ran no draft forward: the emitted token joins the pending ones
-            self.pending.append(result.next_token)
-            return
-        keep = list(range(len(self.pending)))
-        run = []
-        for node in result.accepted:
-            slot = self.candidates[self._tree_ids[node]].slot
-            if slot < 0:
-                break  # an accepted leaf the draft never ran: it becomes pending
-            run.append(node)
-            keep.append(slot)
-        self.cache.commit_nodes(0, keep)
-        self.pending = [tree.tokens[n] for n in result.accepted[len(run):]] + [result.next_token]
+        self.state.observe(0, tree, result, target_hidden, lambda node: self.candidates[self._tree_ids[node]].slot)
 
     # -- proposing --------------------------------------------------------------------------------
     def propose(self, ctx: DraftContext) -> DraftTree:
         model = self.draft.model
-        self._t0 = time.perf_counter()
-        self.sized = self.budget is not None and (ctx.sampling.greedy or not self.carries_q)
+        # sizing by the nodes' own scores is lossless for a greedy target and for sample-walk only
+        self.sized = ctx.size is not None and (ctx.sampling.greedy or not self.carries_q)
+        self._size = ctx.size if self.sized else None
         self.candidates = CandidateTree()
         self._limit = self.params.budget if ctx.limit is None else min(ctx.limit, self.params.budget)
         # nothing will be verified: no draft forward; the pending tokens wait (up to a bound, so the next
         # catch-up stays within the scratch)
-        self._ran = not (self._limit == 0 and len(self.pending) <= self.params.depth)
-        if not self._ran:
-            self._tree_ids = []
+        self.state.ran[0] = not (self._limit == 0 and len(self.pending) <= self.params.depth)
+        self._tree_ids = []
+        if not self.state.ran[0]:
             return DraftTree()
+        self.state.write_memories()
         # 1. catch up on the pending tokens (the last one is the root): only the root's row is scored
         pend = torch.tensor([self.pending], device=model.device)
         out = model.forward(pend, build_batch(self.cache, len(self.pending)), self.cache,
                             logit_rows=slice(-1, None))
         # 2. grow the candidate tree
         self.grow(self._picker.pick(out, ctx), ctx)
-        # 3. the target batch as a DraftTree; where sizing by them is lossless (see CostAwareBudget), each
-        # node carries its cumulative draft probability for a batch's length rule
+        # 3. the target batch as a DraftTree; where sizing by them is lossless (above), each node carries
+        # its cumulative draft probability for the step's length rule
         self._tree_ids = self.selected()
         tree = self.candidates.draft_tree(self._tree_ids)
         if ctx.sampling.greedy or not self.carries_q:
@@ -177,12 +139,11 @@ class ModelDrafter:
                 self.expand(i, dists, row, ctx)
 
     def selected(self) -> list[int]:
-        """Candidate ids of the target batch: the `budget` best (or as many of them as pay, for a
-        sized tree), parents before children."""
+        """Candidate ids of the target batch: the `budget` best (or as many of them as the step's length
+        rule would keep, for a sized tree), parents before children."""
         order = self.candidates.best(self._limit)
-        if self.sized:
-            n = self.budget.choose([self.candidates.score(i) for i in order], time.perf_counter() - self._t0)
-            order = order[:n]
+        if self._size is not None:
+            order = order[: self._size([self.candidates.score(i) for i in order])]
         return sorted(order)
 
     def expand(self, parent: int, dists: NextTokens, row: int, ctx: DraftContext) -> None:

@@ -3,9 +3,10 @@
 `NgramDrafter` (reset / propose / observe) hangs the staged paper's proposal tree off the root:
 widths (12, 7, 4, 1, 1, 1) = 12 candidates, 7 under the best, 4 under its best, then a chain. The
 context lookup's continuation (lookup.py) is the spine; the Katz trigram (katz.py) fills the siblings.
-Proposals are deterministic (q = None), so sampling targets verify them by sample-walk. With a
-`length` rule (draft_length.py: BASS's dynamic rule, or the cost-aware choice) it proposes a chain
-whose length the rule sets each step instead.
+Proposals are deterministic (q = None), so sampling targets verify them by sample-walk. Widths
+(1, 1, ...) make a chain; the step's length rule (drafting/batch_length.py) sets how much of it is
+proposed (ctx.limit) and verified, from each node's `evidence`: its origin, the length of the context
+match behind it, its depth.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specstack.drafting.base import DraftContext
-from specstack.drafting.draft_length import ChainLength, Evidence
+from specstack.drafting.draft_length import Evidence
 from specstack.drafting.katz import KatzTrigram
 from specstack.drafting.lookup import ContextLookup
 from specstack.tree import DraftTree, Origin
@@ -37,11 +38,9 @@ class NgramDrafter:
     max_n: int = 3  # longest suffix the context lookup matches
     context_min_n: int = 1  # shortest context match whose continuation is proposed
     context_per_level: int = 5  # at most this many context candidates among a level's siblings
-    # set: propose a chain whose length this rule chooses each step (widths unused)
-    length: ChainLength | None = None
     lookup: ContextLookup = field(init=False)
-    _classes: list[Evidence] = field(init=False, default_factory=list)  # of the chain last proposed
-    _proposed: list[int] = field(init=False, default_factory=list)  # its tokens (before the engine cut it)
+    _proposed: DraftTree = field(init=False, default_factory=DraftTree)  # the last tree, before the engine cut it
+    _learned: list[tuple[Evidence, bool]] = field(init=False, default_factory=list)  # for the next tree
 
     def __post_init__(self) -> None:
         self.widths = tuple(int(w) for w in self.widths)
@@ -55,56 +54,37 @@ class NgramDrafter:
 
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         self.lookup.reset(prompt_ids)
-        self._classes = []
-        if self.length is not None:  # every sequence starts afresh: its speed never depends on the last
-            self.length.reset()
+        self._proposed, self._learned = DraftTree(), []
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        if self.length is None:
-            tree = self.proposal_tree(ctx.tokens, self.widths)
-            return tree if ctx.limit is None else tree.truncated(ctx.limit)
-        longest = self.length.longest() if ctx.limit is None else min(ctx.limit, self.length.longest())
-        tree, classes = self._grow(ctx.tokens, (1,) * longest)
-        n = self.length.choose(classes)
-        self._classes = classes[:n]
-        self._proposed = tree.tokens[:n]
-        tree = tree.truncated(n)
-        # proposals are deterministic: a batch's length rule may size the step by them (lossless)
-        tree.confidence = self.length.confidence(self._classes) or [None] * n
+        widths = self.widths if ctx.limit is None else self.widths[: ctx.limit]  # n nodes are at most n deep
+        tree = self.proposal_tree(ctx.tokens, widths)
+        tree = tree if ctx.limit is None else tree.truncated(ctx.limit)
+        tree.learned, self._learned = self._learned, []
+        self._proposed = tree
         return tree
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
-        # the next propose indexes the emitted tokens (ctx.tokens grows by result.tokens)
-        if self.length is not None:
-            self.length.observe(*self._shadow(result.tokens))
-
-    def _shadow(self, emitted: Sequence[int]) -> tuple[list[Evidence], int]:
-        """What the emitted tokens say about the chain as proposed, verified or not: a deterministic
-        proposal is accepted exactly when the target's token (greedy, or sampled by sample-walk) equals
-        it, so the proposal's first m tokens, m = its common prefix with the emitted tokens, were right,
-        and its (m+1)-th wrong if the emitted tokens go on past m. A batch's length rule often verifies
-        none of a row's chain (the forward's cost): the rates still learn, from the step's own token.
-        Returns (classes, accepted) for the length rule: the chain up to its first known failure."""
-        m = 0
-        while m < min(len(self._proposed), len(emitted)) and self._proposed[m] == emitted[m]:
-            m += 1
-        if m < len(emitted) and m < len(self._proposed):  # the (m+1)-th proposed token was wrong
-            return self._classes[: m + 1], m
-        return self._classes[:m], m  # right as far as the emitted tokens go
+        """A deterministic proposal is accepted exactly when it equals the target's token: when the
+        engine kept a prefix of the chain proposed and the target accepted all of it, the target's next
+        token says whether the first node cut was right. The next tree carries that to the length rule
+        (DraftTree.learned), which so learns even from chains a batch's forward cost cut to nothing.
+        (The next propose indexes the emitted tokens: ctx.tokens grows by result.tokens.)"""
+        n, p = len(tree), self._proposed
+        if len(result.accepted) == n < len(p) and p.parent[n] == n - 1 and p.evidence[n] is not None:
+            self._learned.append((p.evidence[n], p.tokens[n] == result.next_token))
 
     # ---- the proposal tree ----------------------------------------------------------------------
     def proposal_tree(self, context: Sequence[int], widths: Sequence[int] | None = None) -> DraftTree:
         """A tree hanging off context[-1]: widths[0] siblings at level 1, widths[1] children under
         the best of them, and so on (staged paper: 12, 7, 4, 1, 1, 1). Siblings are the context
         lookup's candidates first (origin "context"; the best match's continuation is the spine),
-        then the trigram's top tokens (origin "draft2"); no token twice among siblings."""
-        return self._grow(context, self.widths if widths is None else widths)[0]
-
-    def _grow(self, context: Sequence[int], widths: Sequence[int]) -> tuple[DraftTree, list[Evidence]]:
-        """The proposal tree and each node's evidence class (what a chain-length rule learns from):
-        ("context", n, depth) for the spine, continuing a match of the last n tokens; ("context", 0,
-        depth) for another context candidate; ("draft2", b, depth) for a trigram token, b = 2, 1, 0 as
-        its probability is >= 0.5, >= 0.2 or less. Depths past 4 share a class."""
+        then the trigram's top tokens (origin "draft2"); no token twice among siblings.
+        Each node's evidence (what a length rule learns acceptance rates of): ("context", n, depth) for
+        the spine, continuing a match of the last n tokens; ("context", 0, depth) for another context
+        candidate; ("draft2", b, depth) for a trigram token, b = 2, 1, 0 as its probability is >= 0.5,
+        >= 0.2 or less. Depths past 4 share a class."""
+        widths = self.widths if widths is None else widths
         lookup = self.lookup
         lookup.attach(context)
         base = len(lookup)
@@ -112,7 +92,6 @@ class NgramDrafter:
         if n < self.context_min_n:
             spine = []
         tree = DraftTree()
-        evidence: list[Evidence] = []
         parent = -1
         try:
             for d, width in enumerate(widths):
@@ -143,10 +122,9 @@ class NgramDrafter:
                     break
                 first = len(tree)
                 for t, ev in zip(cand[:width], found[:width], strict=True):
-                    tree.add(t, parent, ev[0])
-                    evidence.append(ev)
+                    tree.add(t, parent, ev[0], evidence=ev)
                 parent = first
                 lookup.extend((cand[0],))  # the next level is proposed under the best node
         finally:
             lookup.truncate(base)
-        return tree, evidence
+        return tree

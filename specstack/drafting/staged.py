@@ -24,7 +24,6 @@ import torch
 from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext
 from specstack.drafting.candidates import NextTokens
-from specstack.drafting.draft_length import CostAwareBudget
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import STAGED_WIDTHS
 from specstack.models.base import LoadedModel
@@ -42,9 +41,9 @@ class StagedDrafter(ModelDrafter):
 
     def __init__(self, draft: LoadedModel, draft2: ProposalSource, params: TreeParams,
                  widths: Sequence[int] = STAGED_WIDTHS, capacity: int | None = None,
-                 window: WindowSpec | None = None, budget: CostAwareBudget | None = None) -> None:
+                 window: WindowSpec | None = None) -> None:
         self.widths = tuple(widths)  # before ModelDrafter sizes the cache by scratch_bound
-        super().__init__(draft, params, capacity, window, budget)
+        super().__init__(draft, params, capacity, window)
         self.draft2 = draft2
 
     def scratch_bound(self) -> int:

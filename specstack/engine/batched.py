@@ -248,6 +248,7 @@ class BatchEngine:
                     row.started, row.hidden = True, []
                 cap = plan.drafts.get(row.handle, 0)
                 row.ctx.limit = cap if limit is None else min(limit, cap)
+                row.ctx.size = self.length.size  # a best-first drafter sizes its tree by the rule as it grows
                 drafting[i] = drafter, row.ctx.limit
         groups: dict[int, tuple[DraftGroup, list[int]]] = {}
         for i, (drafter, _) in drafting.items():

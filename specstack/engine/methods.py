@@ -20,9 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from specstack.drafting.base import Drafter
-from specstack.drafting.batch_length import AsProposed, BassLength, BatchLength, CostAwareBatchLength
+from specstack.drafting.batch_length import AsProposed, BassLength, BatchLength, CostAwareLength, ForwardCost
 from specstack.drafting.batched_chain import ChainGroup
-from specstack.drafting.draft_length import ChainLength, CostAwareBudget, CostAwareLength, DynamicDraftLength
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.drafting.staged import StagedDrafter
@@ -179,16 +178,20 @@ def length_rule(method: MethodSpec, target: LoadedModel, rows: int = 1) -> Batch
     """The rule sizing each step's drafts for `method` in steps of up to `rows` rows (a fresh one per
     engine: it learns acceptance rates as it goes)."""
     method = resolved_auto(method, target.name)
+    check_fits(method, target.config.max_seq_len)
     return lookup(method.name).length(target, method.params, rows)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The methods
 # ---------------------------------------------------------------------------------------------------
-def batch_cost(target: LoadedModel, rows: int) -> Callable[[int, int], float]:
+def forward_cost(target: LoadedModel, rows: int, widths: int = 0) -> ForwardCost:
     """The target's forward cost per (rows, tokens) for steps of up to `rows` rows, every grid row count
-    it needs measured now (once per machine, then stored: engine/batch_cost.py), so that no step of a
-    timed run stops to measure."""
+    it needs measured now, and the one-row curve at every width 1 .. `widths` (the widths a lone row's
+    rule chooses between; interpolation would blur their steps): once per machine, then stored
+    (engine/batch_cost.py), so that no step of a timed run stops to measure."""
+    if widths:
+        width_costs(target, widths)
     costs = batch_costs(target)
     r = 1
     while True:
@@ -203,12 +206,6 @@ def tree_measures(p: Params) -> int:
     return p["budget"] + 1 if p["cost"] else 0
 
 
-def tree_budget(target: LoadedModel, p: Params) -> CostAwareBudget | None:
-    """cost=1: a CostAwareBudget over the target's forward costs of widths 1 .. budget + 1
-    (measured once per machine and target format: engine/batch_cost.py)."""
-    return CostAwareBudget(width_costs(target, tree_measures(p))) if p["cost"] else None
-
-
 def build_chain(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
     """Every drafter of the factory is a member of one ChainGroup: in a batch, one draft forward per
     draft step for all rows (drafting/batched_chain.py)."""
@@ -218,8 +215,8 @@ def build_chain(target: LoadedModel, p: Params, sources: DraftSources, device: s
 
 
 def chain_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
-    if p["cost"]:  # a draft model's forwards cost time: drafting pauses while no draft token pays
-        return CostAwareBatchLength(batch_cost(target, rows), pause=True)
+    if p["cost"]:  # a chain is drafted whole before the rule sees it: drafting pauses while no draft token pays
+        return CostAwareLength(forward_cost(target, rows), pause=True)
     if p["max"]:
         return BassLength(start=p["k"], cap=p["max"])
     return AsProposed()
@@ -234,14 +231,15 @@ def check_chain(p: Params) -> str | None:
 def build_tree(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
     d = resolve_draft(target, sources, device)
     shape = TreeParams(p["width"], p["budget"], p["depth"], p["expand"])
-    return lambda: ModelDrafter(d.lm, shape, window=d.window, budget=tree_budget(target, p))
+    return lambda: ModelDrafter(d.lm, shape, window=d.window)
 
 
 def tree_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
-    """cost=1: one row's trees are sized by their CostAwareBudget alone; a batch's steps also by the
-    batch's forward cost (a draft node then costs about what a row does)."""
-    if p["cost"] and rows > 1:
-        return CostAwareBatchLength(batch_cost(target, rows), pause=True)
+    """cost=1: each step's nodes by their calibrated draft probabilities and the forward's measured cost;
+    the rule also sizes each tree while it grows (ctx.size), so a lone row whose nodes do not pay costs a
+    catch-up forward, and only a batch's rows pause their drafting while none pays."""
+    if p["cost"]:
+        return CostAwareLength(forward_cost(target, rows, tree_measures(p)), pause=rows > 1)
     return AsProposed()
 
 
@@ -252,25 +250,19 @@ def ngram_measures(p: Params) -> int:
 
 def build_ngram(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
     trigram = load_ngram(target, sources)
-    costs = width_costs(target, ngram_measures(p)) if p["cost"] else None  # measured once, then stored
-
-    def make() -> Drafter:
-        length: ChainLength | None = None
-        if costs is not None:
-            length = CostAwareLength(costs)
-        elif p["max"]:
-            length = DynamicDraftLength(start=p["depth"], cap=p["max"])
-        return NgramDrafter(trigram, widths=(p["width"],) + (1,) * (p["depth"] - 1), max_n=p["match"], length=length)
-
-    return make
+    widths = (1,) * p["max"] if p["max"] else (p["width"],) + (1,) * (p["depth"] - 1)  # max: a chain, cut by the rule
+    return lambda: NgramDrafter(trigram, widths=widths, max_n=p["match"])
 
 
 def ngram_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
-    """cost=1: one row's chain is sized by its CostAwareLength; a batch's steps also by the batch's forward
-    cost. Proposals cost no target time but are not free (lookups for every row, 2 % of a batched step on
-    HumanEval at B = 4..16): while none pays, drafting pauses between probes."""
-    if p["cost"] and rows > 1:
-        return CostAwareBatchLength(batch_cost(target, rows), pause=True)
+    """cost=1: the chain's length (up to max) by the acceptance rates learned per evidence class and the
+    forward's measured cost; max alone: BASS's length from depth up. Proposals cost no target time but are
+    not free (lookups for every row add up in a batch): in a batch, while none pays, drafting pauses
+    between probes; a lone row keeps looking (its next context match pays)."""
+    if p["cost"]:
+        return CostAwareLength(forward_cost(target, rows, ngram_measures(p)), longest=p["max"], pause=rows > 1)
+    if p["max"]:
+        return BassLength(start=p["depth"], cap=p["max"])
     return AsProposed()
 
 
@@ -287,8 +279,7 @@ def build_staged(target: LoadedModel, p: Params, sources: DraftSources, device: 
     d = resolve_draft(target, sources, device)
     trigram = load_ngram(target, sources)
     return lambda: StagedDrafter(d.lm, NgramDrafter(trigram), TreeParams(p["width"], p["budget"], p["depth"]),
-                                 window=d.window, widths=(1,) * p["d2"] if p["d2"] else STAGED_WIDTHS,
-                                 budget=tree_budget(target, p))
+                                 window=d.window, widths=(1,) * p["d2"] if p["d2"] else STAGED_WIDTHS)
 
 
 # a draft size: no more than MAX_TREE draft tokens are ever verified in one step
@@ -335,17 +326,16 @@ register(Method("ngram", "proposals from the trigram and the context (prompt loo
 ), check_ngram, sources=TRIGRAM, measures=ngram_measures, length=ngram_length))
 # `auto`, the default: the fastest lossless choice measured on these CPUs, for one row and many
 # (docs/BENCHMARKS.md): the cost-aware n-gram chain. Its drafts cost no target time, and its rules verify only
-# the tokens that pay (one row: CostAwareLength over the width costs; a batch: CostAwareBatchLength over the
-# batch's forward costs), so it falls back to plain decoding by itself where speculation does not pay. The
-# draft-model methods run below `ar` at one row here (0.85-0.96 x with the shipped draft) and are not chosen.
+# the tokens that pay (CostAwareLength over the forward's measured cost, one row's width curve or a batch's),
+# so it falls back to plain decoding by itself where speculation does not pay. The
+# draft-model methods run below `ar` at one row here (docs/BENCHMARKS.md) and are not chosen.
 AUTO = "ngram:max=8,cost=1,match=6"
 
 
 def build_auto(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
     spec = parse_method(AUTO)
     if sources.ngram is None and default_ngram_path(target.name) is None:  # no trigram: the context alone
-        costs = width_costs(target, ngram_measures(spec.params))
-        return lambda: NgramDrafter(None, widths=(1,), max_n=spec.params["match"], length=CostAwareLength(costs))
+        return lambda: NgramDrafter(None, widths=(1,) * spec.params["max"], max_n=spec.params["match"])
     return build_ngram(target, spec.params, sources, device)
 
 

@@ -12,12 +12,11 @@ import pytest
 from lossless.test_greedy_equality import RandomProposals
 
 from specstack.config import GenerationConfig
-from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareBatchLength, FixedLength
+from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareLength, FixedLength
 from specstack.drafting.batched_chain import ChainGroup
-from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
 from specstack.drafting.katz import KatzTrigram
 from specstack.drafting.model import ModelDrafter, TreeParams
-from specstack.drafting.ngram import NgramDrafter
+from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.drafting.staged import StagedDrafter
 from specstack.engine.batched import BatchEngine, BatchRequest, generate
 from specstack.engine.methods import DraftSources, resolve_draft
@@ -43,7 +42,7 @@ def cost(rows: int, tokens: int) -> float:
 
 
 RULES = {"proposed": AsProposed, "fixed2": lambda: FixedLength(2), "bass": lambda: BassLength(3, 8),
-         "cost": lambda: CostAwareBatchLength(cost), "cost-pause": lambda: CostAwareBatchLength(cost, pause=True)}
+         "cost": lambda: CostAwareLength(cost), "cost-pause": lambda: CostAwareLength(cost, pause=True)}
 
 
 def run_batch(lm, drafters, rule, layout, prompts=PROMPTS, max_rows=4, gen=GEN):
@@ -73,11 +72,12 @@ def test_draft_models_of_every_quality_side_by_side(tiny, self_drafts, random_dr
 
 @pytest.mark.parametrize("rule", list(RULES))
 def test_ngram_rows(tiny, rule):
-    """n-gram chains (BASS's per-row length, the cost-aware length) and the staged paper's proposal tree."""
+    """n-gram chains (of 8 and of 6, cut by the step's rule, which learns their evidence) and the staged
+    paper's proposal tree."""
     corpus = [[_rnd.randrange(257) for _ in range(300)] for _ in range(2)] + [alone(tiny.lm, p) for p in PROMPTS[:4]]
     trigram = KatzTrigram.train(corpus, vocab_size=257)
-    lengths = [DynamicDraftLength(2, 8), CostAwareLength([1.0, 1.05, 1.1, 1.15, 2.0, 2.1, 2.2]), None]
-    drafters = [NgramDrafter(trigram, length=lengths[i % 3], max_n=6) for i in range(len(PROMPTS))]
+    widths = [(1,) * 8, (1,) * 6, STAGED_WIDTHS]
+    drafters = [NgramDrafter(trigram, widths=widths[i % 3], max_n=6) for i in range(len(PROMPTS))]
     engine, results = run_batch(tiny.lm, drafters, RULES[rule](), "auto")
     check(tiny.lm, PROMPTS, results, rule)
     assert engine.stats.accepted > 0
@@ -139,7 +139,7 @@ def test_cost_rule_turns_speculation_off_when_drafts_do_not_pay(tiny, random_dra
     forwards = []  # the draft model's forwards: the drafters' work
     forward = random_draft.model.forward
     monkeypatch.setattr(random_draft.model, "forward", lambda *a, **k: forwards.append(1) or forward(*a, **k))
-    rule = CostAwareBatchLength(lambda rows, tokens: float(tokens), pause=True)
+    rule = CostAwareLength(lambda rows, tokens: float(tokens), pause=True)
     drafters = [ModelDrafter(random_draft, TreeParams.chain(3)) for _ in PROMPTS[:4]]
     engine, results = run_batch(tiny.lm, drafters, rule, "auto", prompts=PROMPTS[:4])
     check(tiny.lm, PROMPTS[:4], results, "cost off")

@@ -14,7 +14,7 @@ from chisq import chi2_pvalue
 from lossless.test_sampling_equivalence import PROMPT, NextTwo, V, exact_pairs
 
 from specstack.config import GenerationConfig, SamplingParams
-from specstack.drafting.batch_length import BassLength, CostAwareBatchLength
+from specstack.drafting.batch_length import BassLength, CostAwareLength
 from specstack.drafting.batched_chain import ChainGroup
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.staged import StagedDrafter
@@ -31,7 +31,7 @@ KINDS = {
 }
 ROWS = 700  # per (kind, setting)
 RULES = {"bass": lambda: BassLength(start=2, cap=4),
-         "cost": lambda: CostAwareBatchLength(lambda rows, tokens: rows + 0.2 * (tokens - rows))}
+         "cost": lambda: CostAwareLength(lambda rows, tokens: rows + 0.2 * (tokens - rows))}
 
 
 @pytest.mark.parametrize("rule", list(RULES))

@@ -9,7 +9,7 @@ import pytest
 
 from specstack.config import GenerationConfig
 from specstack.engine.batched import generate
-from specstack.engine.methods import DraftSources, build_drafter, parse_method
+from specstack.engine.methods import DraftSources, build_drafter, length_rule, parse_method
 from specstack.models.loading import load_model
 from specstack.prompts import encode_prompt
 
@@ -39,9 +39,10 @@ def references(target):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_method_equals_autoregressive_greedy(target, references, method):
-    drafter = build_drafter(parse_method(method), target, DraftSources.for_model("smollm2-135m"))
+    spec = parse_method(method)
+    drafter = build_drafter(spec, target, DraftSources.for_model("smollm2-135m"))
     gen = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
     for text, (ids, ref) in references.items():
-        result = generate(target, ids, gen, drafter=drafter)
+        result = generate(target, ids, gen, drafter=drafter, length=length_rule(spec, target))
         assert result.tokens == ref, f"{method} diverged on {text!r}"
         assert result.stats.target_forwards <= len(ref)  # never more forwards than tokens

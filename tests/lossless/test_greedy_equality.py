@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specstack.config import GenerationConfig
+from specstack.drafting.batch_length import CostAwareLength
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine.batched import generate
 
@@ -31,6 +32,11 @@ GEN = GenerationConfig(max_new_tokens=30, stop_on_eos=False)
 DRAFTS = ("target", "self1", "random")
 
 _ar_cache: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
+
+
+def one_row_rule(curve: list[float]) -> CostAwareLength:
+    """The cost-aware rule of a lone row over its width curve (curve[T - 1]: a forward over T tokens)."""
+    return CostAwareLength(lambda rows, tokens: curve[tokens - 1], longest=len(curve) - 1)
 
 
 def ar_tokens(tiny, prompt: list[int], max_new: int = 30) -> list[int]:
@@ -73,18 +79,16 @@ def test_speculative_greedy_equals_autoregressive(tiny, drafts, shape):
 
 @pytest.mark.parametrize("costs", ["flat", "steep"])
 def test_cost_sized_trees_equal_autoregressive(tiny, drafts, costs):
-    """Trees sized each step by the cost-aware budget (on a flat cost curve every node pays: the full
-    36-node tree; a wall after 3 nodes cuts them to 3 or fewer), from every draft: the output is
-    still autoregressive's."""
-    from specstack.drafting.draft_length import CostAwareBudget
-
+    """Trees sized each step by the cost-aware rule, as they grow and once grown (on a flat cost curve
+    every node pays: the full 36-node tree; a wall after 3 nodes cuts them to 3 or fewer), from every
+    draft: the output is still autoregressive's."""
     curve = [1.0] * 37 if costs == "flat" else [1.0, 1.1, 1.2, 1.3] + [100.0] * 33
     for d, name in enumerate(DRAFTS):
-        drafter = ModelDrafter(drafts[name], SHAPES["tree4-36-8-4"], budget=CostAwareBudget(curve))
+        drafter = ModelDrafter(drafts[name], SHAPES["tree4-36-8-4"])
         sizes = []
         for i in range(2 * d, 2 * d + 2):
             prompt = PROMPTS[i % len(PROMPTS)]
-            out = generate(tiny.lm, prompt, GEN, drafter=drafter)
+            out = generate(tiny.lm, prompt, GEN, drafter=drafter, length=one_row_rule(curve))
             assert out.tokens == ar_tokens(tiny, prompt), f"draft {name}, prompt {i % len(PROMPTS)}"
             sizes += [st.tree_size for st in out.stats.steps]
         if costs == "steep":
@@ -182,18 +186,20 @@ def test_staged_up_to_the_context_limit(tiny, drafts, draft):
 
 @pytest.mark.parametrize("length", [None, (1, 8), (7, 32), "cost"], ids=["tree", "dynamic1-8", "dynamic7-32", "cost"])
 def test_ngram_drafter_greedy_equals_autoregressive(tiny, length):
-    from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
+    from specstack.drafting.batch_length import BassLength
     from specstack.drafting.katz import KatzTrigram
-    from specstack.drafting.ngram import NgramDrafter
+    from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 
     corpus = [[_rnd.randrange(257) for _ in range(400)] for _ in range(3)] + [ar_tokens(tiny, p) for p in PROMPTS[:4]]
     # "cost": a cost curve flat to 4 tokens, then twice as dear (the int4 CPU shape)
-    rule = (CostAwareLength([1.0, 1.05, 1.1, 1.15, 2.0, 2.1, 2.2]) if length == "cost"
-            else DynamicDraftLength(*length) if length else None)
-    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257), length=rule, max_n=6 if rule else 3)
+    curve = [1.0, 1.05, 1.1, 1.15, 2.0, 2.1, 2.2]
+    rule = (lambda: one_row_rule(curve)) if length == "cost" else (lambda: BassLength(*length)) if length else None
+    longest = 0 if rule is None else len(curve) - 1 if length == "cost" else length[1]
+    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=257), widths=(1,) * longest or STAGED_WIDTHS,
+                           max_n=6 if rule else 3)
     lengths = set()
     for prompt in PROMPTS[:6]:
-        out = generate(tiny.lm, prompt, GEN, drafter=drafter)
+        out = generate(tiny.lm, prompt, GEN, drafter=drafter, length=rule and rule())
         assert out.tokens == ar_tokens(tiny, prompt)
         lengths |= {s.tree_size for s in out.stats.steps}
     if length:  # the chain really changed length (the corpus holds some outputs: long runs get accepted)

@@ -80,7 +80,9 @@ def test_ngram_dynamic_chain_first_two_tokens_follow_the_target(vocab8, warp_arg
     """Deterministic n-gram chains (sample-walk) whose length follows BASS's rule: 2 tokens first,
     1 after a step that accepted none, so the second step's shape depends on the first step's draws;
     or chosen by the cost-aware rule, whose learned rates after step one also depend on them."""
-    from specstack.drafting.draft_length import CostAwareLength, DynamicDraftLength
+    from lossless.test_greedy_equality import one_row_rule
+
+    from specstack.drafting.batch_length import BassLength
     from specstack.drafting.katz import KatzTrigram
     from specstack.drafting.ngram import NgramDrafter
 
@@ -91,9 +93,9 @@ def test_ngram_dynamic_chain_first_two_tokens_follow_the_target(vocab8, warp_arg
                                                                                          seed=1000 + i))).tokens
               for i in range(20)]
     # cost-aware: cheap widths so that it drafts (p = 1/2 before any evidence makes 2 tokens pay)
-    length = DynamicDraftLength(start=2, cap=4) if rule == "bass" else CostAwareLength([1.0, 1.05, 1.1, 2.0])
-    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=V), length=length)
-    check_first_two_tokens(target, drafter, warp_args)
+    length = (lambda: BassLength(start=2, cap=4)) if rule == "bass" else lambda: one_row_rule([1.0, 1.05, 1.1, 2.0])
+    drafter = NgramDrafter(KatzTrigram.train(corpus, vocab_size=V), widths=(1,) * (4 if rule == "bass" else 3))
+    check_first_two_tokens(target, drafter, warp_args, length)
 
 
 class NextTwo:
@@ -112,28 +114,31 @@ class NextTwo:
 @pytest.mark.parametrize("sized", [False, True])
 def test_staged_first_two_tokens_follow_the_target(vocab8, sized):
     """Staged trees under sampling carry no q and are verified by sample-walk, at the fixed budget
-    and sized each step by the cost-aware budget (which reads every node's own draft probability:
+    and sized each step by the cost-aware rule (which reads every node's own draft probability:
     harmless for sample-walk, which any tree built before the target's draws keeps lossless)."""
-    from specstack.drafting.draft_length import CostAwareBudget
+    from lossless.test_greedy_equality import one_row_rule
+
     from specstack.drafting.staged import StagedDrafter
 
     target, draft = vocab8
-    budget = CostAwareBudget([1.0, 1.1, 1.2, 5.0, 5.0, 5.0, 5.0]) if sized else None
-    drafter = StagedDrafter(draft, NextTwo(), TreeParams(width=2, budget=6, depth=3), widths=(2, 1), budget=budget)
-    check_first_two_tokens(target, drafter, dict(temperature=1.0))
+    length = (lambda: one_row_rule([1.0, 1.1, 1.2, 5.0, 5.0, 5.0, 5.0])) if sized else None
+    drafter = StagedDrafter(draft, NextTwo(), TreeParams(width=2, budget=6, depth=3), widths=(2, 1))
+    check_first_two_tokens(target, drafter, dict(temperature=1.0), length)
     gen = GenerationConfig(max_new_tokens=12, stop_on_eos=False, sampling=SamplingParams(temperature=1.0, seed=1))
-    sizes = [st.tree_size for st in generate(target, PROMPT, gen, drafter=drafter).stats.steps]
+    sizes = [st.tree_size for st in generate(target, PROMPT, gen, drafter=drafter,
+                                             length=length and length()).stats.steps]
     assert (max(sizes) <= 2) if sized else (max(sizes) > 2)  # a third node never pays before the cost wall
 
 
-def check_first_two_tokens(target, drafter, warp_args: dict) -> None:
+def check_first_two_tokens(target, drafter, warp_args: dict, length=None) -> None:
+    """length: makes each generation's draft-length rule (None: as proposed)."""
     expected = exact_pairs(target, SamplingParams(**warp_args))
     n = 1000
     counts = np.zeros((V, V))
     accepted = 0
     for seed in range(n):
         gen = GenerationConfig(max_new_tokens=2, stop_on_eos=False, sampling=SamplingParams(**warp_args, seed=seed))
-        out = generate(target, PROMPT, gen, drafter=drafter)
+        out = generate(target, PROMPT, gen, drafter=drafter, length=length and length())
         counts[out.tokens[0], out.tokens[1]] += 1
         accepted += out.stats.steps[0].accepted
     assert 0.1 * n < accepted, "the draft is (almost) never accepted: the test would not exercise RRS"

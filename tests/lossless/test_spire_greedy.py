@@ -16,10 +16,10 @@ from lossless.test_greedy_equality import (
     SHAPES,
     RandomProposals,
     ar_tokens,
+    one_row_rule,
 )
 
 from specstack.config import WindowSpec
-from specstack.drafting.draft_length import CostAwareBudget
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.staged import StagedDrafter
 from specstack.engine.batched import generate
@@ -54,11 +54,10 @@ def test_spire_staged_greedy_equals_autoregressive(tiny_llama, spire_drafts, dra
     """sized: trees cut each step by the cost-aware budget (a cost wall after 4 nodes), which also
     stops the spine once it leaves the nodes worth verifying."""
     source = RandomProposals(5, tiny_llama.lm if oracle else None)
-    budget = CostAwareBudget([1.0, 1.1, 1.2, 1.3, 1.4] + [100.0] * 16) if sized else None
-    drafter = StagedDrafter(spire_drafts[draft], source, TreeParams(width=3, budget=20, depth=6), widths=(4, 3, 2, 1, 1),
-                            budget=budget)
+    curve = [1.0, 1.1, 1.2, 1.3, 1.4] + [100.0] * 16
+    drafter = StagedDrafter(spire_drafts[draft], source, TreeParams(width=3, budget=20, depth=6), widths=(4, 3, 2, 1, 1))
     for prompt in PROMPTS[2:6]:
-        out = generate(tiny_llama.lm, prompt, GEN, drafter=drafter)
+        out = generate(tiny_llama.lm, prompt, GEN, drafter=drafter, length=one_row_rule(curve) if sized else None)
         assert out.tokens == ar_tokens(tiny_llama, prompt)
         if sized:  # the wall after 4 nodes holds (unsized staged trees reach 20)
             assert max(st.tree_size for st in out.stats.steps) <= 4

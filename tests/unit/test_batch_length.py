@@ -1,12 +1,12 @@
-"""The batch's draft-length rules (drafting/batch_length.py) and the batch cost-aware choice
-(draft_length.best_prefixes) worked by hand."""
+"""The draft-length rules in a batch (drafting/batch_length.py) and the cost-aware choice
+(draft_length.best_prefixes) worked by hand; one row's cases are tests/unit/test_draft_length.py."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareBatchLength, FixedLength
-from specstack.drafting.draft_length import best_prefix, best_prefixes
+from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareLength, FixedLength
+from specstack.drafting.draft_length import best_prefixes
 from specstack.tree import DraftTree
 
 
@@ -18,12 +18,12 @@ def chain(n: int, confidence: list[float] | None = None) -> DraftTree:
 
 
 # ---- best_prefixes ---------------------------------------------------------------------------------
-def test_one_row_is_best_prefix():
+def test_one_row_is_the_best_prefix_by_rate():
     costs = [1.0, 1.1, 1.2, 1.3, 2.0]
     for gains in ([0.9, 0.8, 0.7, 0.6], [0.05, 0.01], [0.9, 0.85, 0.8, 0.75], []):
-        want = best_prefix(gains, costs)
-        assert best_prefixes([gains], lambda e: costs[e], 1.0) == [want]
-    assert best_prefix([0.9, 0.8, 0.7, 0.6], costs) == 3  # the fourth would cross the jump to 2.0
+        rates = [(1 + sum(gains[:n])) / costs[n] for n in range(len(gains) + 1)]
+        assert best_prefixes([gains], lambda e: costs[e], 1.0) == [rates.index(max(rates))]
+    assert best_prefixes([[0.9, 0.8, 0.7, 0.6]], lambda e: costs[e], 1.0) == [3]  # the fourth crosses the jump
 
 
 def test_the_batch_takes_the_surest_nodes_of_any_row():
@@ -66,7 +66,7 @@ def test_bass_shares_one_length_across_the_batch():
 
 def test_cost_rule_uses_confidences_and_calibrates_them():
     cost = lambda rows, tokens: rows + 0.5 * (tokens - rows)  # noqa: E731
-    rule = CostAwareBatchLength(cost)
+    rule = CostAwareLength(cost)
     sure, unsure = chain(3, [0.95, 0.9, 0.2]), chain(3, [0.3, 0.1, 0.05])
     # rates: 2/2; +0.95: 2.95/2.5 = 1.18; +0.9: 3.85/3 = 1.283; +0.3: 4.15/3.5 = 1.186
     assert rule.choose([sure, unsure], 2, 2) == [2, 0]
@@ -78,29 +78,32 @@ def test_cost_rule_uses_confidences_and_calibrates_them():
 
 
 def test_cost_rule_learns_depth_rates_for_trees_without_confidences():
-    rule = CostAwareBatchLength(lambda rows, tokens: rows + 0.3 * (tokens - rows))
-    assert rule.rate(1) == 0.5  # the Beta(1, 1) prior
+    rule = CostAwareLength(lambda rows, tokens: rows + 0.3 * (tokens - rows))
+    assert rule.rates.p(1) == 0.5  # the Beta(1, 1) prior
     for _ in range(20):  # the first node always accepted, the second never
         rule.observe([chain(3)], [1])
-    assert rule.rate(1) == pytest.approx(21 / 22) and rule.rate(2) == pytest.approx(1 / 22)
-    assert rule.rate(3) == 0.5  # never tried: depth 2 always failed first
+    assert rule.rates.p(1) == pytest.approx(21 / 22) and rule.rates.p(2) == pytest.approx(1 / 22)
+    assert rule.rates.p(3) == 0.5  # never tried: depth 2 always failed first
     assert rule.choose([chain(3)], 1, 1) == [1]
 
 
 def test_sampled_trees_are_cut_only_by_what_was_known_before_the_draw():
     q = torch.full((4,), 0.25)
-    rule = CostAwareBatchLength(lambda rows, tokens: float(tokens))  # every node costs a row: none pays
+    rule = CostAwareLength(lambda rows, tokens: float(tokens))  # every node costs a row: none pays
     branching = DraftTree([1, 2, 3], [-1, -1, 0], q=[q, q, q], confidence=[0.9, 0.9, 0.9])
     sampled_chain = DraftTree.chain([1, 2, 3])
     sampled_chain.q = [q, q, q]
     sampled_chain.confidence = [1.0, 1.0, 1.0]  # ignored: its tokens were drawn from q
+    sampled_chain.evidence = ["sure"] * 3  # ignored too: which class a drawn token falls in depends on the draw
+    for _ in range(50):
+        rule.rates.trial("sure", True)
     assert rule.gains(branching) is None and rule.choose([branching], 1, 1) == [3]  # verified whole
     assert rule.gains(sampled_chain) == pytest.approx([0.5, 0.25, 0.125])  # learned rates, not confidences
     assert rule.choose([sampled_chain], 1, 1) == [0]
 
 
 def test_cost_rule_pauses_drafting_then_probes():
-    rule = CostAwareBatchLength(lambda rows, tokens: rows + 0.5 * (tokens - rows), pause=True, quiet=2, probe=3)
+    rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows), pause=True, quiet=2, probe=3)
     limits = []
     for _ in range(9):
         limits.append(rule.limit())
@@ -109,3 +112,67 @@ def test_cost_rule_pauses_drafting_then_probes():
     assert limits == [None, None, None, 0, 0, None, 0, 0, None]
     rule.choose([chain(2, [1.0, 1.0])], 1, 1)  # a sure draft pays: drafting resumes
     assert rule.limit() is None
+
+
+def evidence_chain(*classes) -> DraftTree:
+    tree = DraftTree.chain(list(range(10, 10 + len(classes))))
+    tree.evidence = list(classes)
+    return tree
+
+
+def test_cost_rule_sizes_rows_by_what_their_evidence_has_earned():
+    rule = CostAwareLength(lambda rows, tokens: rows + 0.3 * (tokens - rows))
+    for _ in range(30):  # context matches are right, trigram guesses wrong
+        rule.observe([evidence_chain("match", "match"), evidence_chain("guess")], [2, 0])
+    assert rule.rates.p("match") == pytest.approx(61 / 62) and rule.rates.p("guess") == pytest.approx(1 / 32)
+    keep = rule.choose([evidence_chain("match", "match", "guess"), evidence_chain("guess", "match")], 2, 2)
+    assert keep == [2, 0]  # a guess sinks the chain behind it, in any row
+
+
+def test_what_drafters_learned_of_nodes_cut_unverified_counts_before_the_choice():
+    rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows))
+    cut = evidence_chain()  # cut to nothing last step; its drafter has since seen the target's token
+    cut.learned = [("m", True)] * 6
+    assert rule.choose([cut], 1, 1) == [0] and rule.rates.p("m") == pytest.approx(7 / 8)
+    assert rule.choose([evidence_chain("m")], 1, 1) == [1]  # 1.875 / 1.5 beats 1 / 1
+    assert CostAwareLength(rule.cost).choose([evidence_chain("m")], 1, 1) == [0]  # 1.5 / 1.5: a tie keeps none
+
+
+def test_in_growth_size_is_the_rule_for_the_last_step_shape():
+    """`size` (ctx.size) answers for a growing tree as `choose` would for it alone in a step like the last."""
+    rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows))
+    scores = [0.9, 0.8, 0.6]
+    assert rule.size(scores) == rule.choose([chain(3, scores)], 1, 1)[0] == 2  # 2.7 / 2 against 2.3 / 1.5
+    rule.choose([chain(0)] * 4, 4, 4)  # a step of four rows: a node now costs an eighth of the forward
+    assert rule.size(scores) == 3
+
+
+def test_the_engine_hands_the_rule_to_a_growing_tree(tiny_llama, monkeypatch):
+    """ctx.size comes from the step's rule, and the draft stops expanding nodes it would cut."""
+    from specstack.config import GenerationConfig
+    from specstack.drafting.model import ModelDrafter, TreeParams
+    from specstack.engine.batched import generate
+
+    lm = tiny_llama.lm
+    forwards = []
+    real = lm.model.forward
+    monkeypatch.setattr(lm.model, "forward", lambda *a, **k: forwards.append(1) or real(*a, **k))
+
+    class CutToOne(AsProposed):  # keeps one node of each tree, but only once it is grown
+        def choose(self, trees, rows, tokens):
+            return [min(1, len(t)) for t in trees]
+
+    class SizedToOne(CutToOne):  # the same choice, known while the tree grows
+        def size(self, scores):
+            return min(1, len(scores))
+
+    gen = GenerationConfig(max_new_tokens=8, stop_on_eos=False)
+    prompt = [5, 9, 3, 7, 11]
+    runs = []
+    for rule in (CutToOne(), SizedToOne()):
+        forwards.clear()
+        out = generate(lm, prompt, gen, drafter=ModelDrafter(lm, TreeParams(4, 12, 4, 2)), length=rule)
+        runs.append((out.tokens, [st.tree_size for st in out.stats.steps], len(forwards)))
+    (cut_tokens, cut_sizes, cut_forwards), (sized_tokens, sized_sizes, sized_forwards) = runs
+    assert sized_tokens == cut_tokens and sized_sizes == cut_sizes and max(sized_sizes) == 1
+    assert sized_forwards < cut_forwards  # the same steps, fewer draft forwards

@@ -363,21 +363,29 @@ def test_bad_model_files_are_clean_errors(tmp_path: Path) -> None:
 def test_a_chain_cut_by_the_batch_still_teaches_its_length_rule() -> None:
     """A batch's length rule may verify none of a row's proposed chain; the emitted token still says
     whether the chain's first token was right (a deterministic proposal is accepted exactly when it
-    equals the target's token), so the rule's rates learn from it."""
-    from specstack.drafting.draft_length import CostAwareLength
+    equals the target's token): the drafter's next tree carries that to the rule, whose rates learn."""
+    from specstack.drafting.batch_length import CostAwareLength
     from specstack.tree import DraftTree
 
-    rule = CostAwareLength([1.0, 1.01, 1.02, 1.03, 1.04])
-    drafter = NgramDrafter(None, max_n=4, length=rule)
+    rule = CostAwareLength(lambda rows, tokens: 1.0 + 0.01 * (tokens - 1), longest=4)
+    drafter = NgramDrafter(None, widths=(1,) * 8, max_n=4)
     context = [5, 6, 7, 8, 9, 5, 6, 7]  # the context lookup proposes 8, 9, 5, 6
     drafter.reset(context)
-    tree = drafter.propose(DraftContext(list(context), SamplingParams()))
-    assert tree.tokens == [8, 9, 5, 6]
+    tree = drafter.propose(DraftContext(list(context), SamplingParams(), limit=rule.limit()))
+    assert tree.tokens == [8, 9, 5, 6]  # up to the rule's limit
     cls = ("context", 3, 1)  # its first token's evidence: a match of the last 3 tokens, depth 1
-    before = rule.p(cls)
-    drafter.observe(DraftTree(), VerifyResult([], [8]))  # cut to nothing; the target's token was 8: right
-    assert rule.p(cls) > before
-    tree = drafter.propose(DraftContext(context + [8], SamplingParams()))
-    mid = rule.p(("context", 4, 1))
+    assert tree.evidence[0] == cls and tree.learned == []
+    before = rule.rates.p(cls)
+    rule.observe([DraftTree()], [0])  # cut to nothing: the verified tree says nothing
+    drafter.observe(DraftTree(), VerifyResult([], [8]))  # the target's token was 8: right
+    tree = drafter.propose(DraftContext(context + [8], SamplingParams(), limit=rule.limit()))
+    assert tree.learned == [(cls, True)]
+    rule.choose([tree], 1, 1)
+    assert rule.rates.p(cls) > before
+    mid = rule.rates.p(("context", 4, 1))
     drafter.observe(DraftTree(), VerifyResult([], [tree.tokens[0] + 1]))  # wrong
-    assert rule.p(("context", 4, 1)) < mid
+    rule.choose([drafter.propose(DraftContext(context + [8, tree.tokens[0] + 1], SamplingParams()))], 1, 1)
+    assert rule.rates.p(("context", 4, 1)) < mid
+    # a chain verified past the cut, or not accepted up to it, teaches nothing more than its verdict
+    drafter.observe(tree.truncated(2), VerifyResult([0], [tree.tokens[0], 1]))
+    assert drafter.propose(DraftContext(context, SamplingParams())).learned == []

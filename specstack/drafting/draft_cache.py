@@ -1,0 +1,97 @@
+"""A draft model's KV cache with a row per sequence it drafts for, and what each row has not run yet:
+the state both model drafters keep (drafting/model.py: one row; batched_chain.py: a row per member).
+
+Per row, the cache holds the committed context except the tokens the draft has not run yet (`pending`:
+at least the root, the last emitted token). A round runs, in the cache's scratch, the pending tokens
+(catch-up) and then drafted nodes; `observe` commits the pending tokens plus the accepted nodes that
+the draft ran (their keys/values were computed with exactly their accepted ancestors), so no token is
+ever run twice: the accepted nodes it did not run, and the target's next token, become pending. After
+a round that ran no draft forward (nothing would be verified) the pending tokens wait for the next.
+
+A draft that reads the target's activations (SPIRe, models/base.py ReadsTargetActivations) never runs
+verified tokens: `reset` and `observe` queue them with the target's hidden states, and
+`write_memories` writes every row's queue into the cache, one packed write, before the next round.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specstack.config import WindowSpec
+from specstack.models.base import LoadedModel, ReadsTargetActivations
+from specstack.tree import DraftTree
+from specstack.verify import VerifyResult
+
+
+class DraftCache:
+    def __init__(self, draft: LoadedModel, capacity: int, window: WindowSpec | None = None) -> None:
+        model = draft.model
+        self.device = model.device
+        self.cache = model.new_cache(0, capacity, window, max_rows=1)
+        # the one check of the capability (a SPIRe draft built without target activations has it, but
+        # reads no layer: it runs every token itself, like any other draft)
+        reads = isinstance(model, ReadsTargetActivations) and bool(model.target_hidden_layers)
+        self.reader: ReadsTargetActivations | None = model if reads else None
+        self.target_layers: tuple[int, ...] = tuple(model.target_hidden_layers) if reads else ()
+        self.pending: list[list[int]] = []  # per row
+        self.ran: list[bool] = []  # per row: its last round ran the draft
+        # verified tokens (and their target activations [T, L, d]) whose memories a reader still has to write
+        self._memories: dict[int, tuple[list[int], torch.Tensor]] = {}
+
+    def add_row(self) -> int:
+        """A new row (the cache grows by doubling); returns its index."""
+        if self.cache.batch_size >= self.cache.max_rows:
+            self.cache.reserve(2 * self.cache.max_rows)
+        self.pending.append([])
+        self.ran.append(True)
+        return self.cache.add_row()
+
+    def reset(self, row: int, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None) -> None:
+        self.cache.reset(row)
+        self._memories.pop(row, None)
+        self.pending[row], self.ran[row] = list(prompt_ids), True
+        if self.reader is not None:  # the target's prefill gave the memories of all but the root
+            self._remember(row, self.pending[row][:-1], target_hidden)
+            self.pending[row] = self.pending[row][-1:]
+
+    def _remember(self, row: int, tokens: list[int], hidden: torch.Tensor | None) -> None:
+        if hidden is None or hidden.shape[1] != len(tokens):
+            raise ValueError(f"this draft needs the target's hidden states of {len(tokens)} verified tokens")
+        if tokens:
+            old_tokens, old_hidden = self._memories.get(row, ([], hidden[0, :0]))
+            self._memories[row] = (old_tokens + tokens, torch.cat([old_hidden, hidden[0]]))
+
+    def write_memories(self) -> None:
+        """Every row's queued verified tokens into the cache from the target's activations."""
+        if not self._memories:
+            return
+        rows = [r for r in range(self.cache.batch_size) if r in self._memories]
+        counts = [len(self._memories[r][0]) if r in self._memories else 0 for r in range(self.cache.batch_size)]
+        tokens = torch.tensor([[t for r in rows for t in self._memories[r][0]]], device=self.device)
+        hidden = torch.cat([self._memories[r][1] for r in rows]).unsqueeze(0)
+        self._memories = {}
+        self.reader.write_memories(tokens, hidden, self.cache, counts)
+
+    def observe(self, row: int, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None,
+                slot: Callable[[int], int]) -> None:
+        """The target accepted result.accepted of `tree`. slot(node): the scratch slot in which this
+        round's draft ran accepted node `node`, or -1 if it did not run it. target_hidden
+        [1, 1 + len(tree), L, d]: the target's hidden states of root + tree, for a reader."""
+        pending = self.pending[row]
+        if self.reader is not None:  # root and accepted path stored from the target's activations
+            rows = [0] + [a + 1 for a in result.accepted]
+            self._remember(row, pending + [tree.tokens[a] for a in result.accepted],
+                           None if target_hidden is None else target_hidden[:, rows])
+            self.pending[row] = [result.next_token]
+            return
+        if not self.ran[row]:  # the round ran no draft forward: the emitted token joins the pending ones
+            pending.append(result.next_token)
+            return
+        keep = list(range(len(pending)))
+        for node in result.accepted:
+            if slot(node) < 0:
+                break  # an accepted node the draft never ran: it becomes pending, and so do those after it
+            keep.append(slot(node))
+        self.cache.commit_nodes(row, keep)
+        self.pending[row] = [tree.tokens[n] for n in result.accepted[len(keep) - len(pending):]] + [result.next_token]
