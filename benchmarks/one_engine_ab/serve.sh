@@ -6,12 +6,13 @@
 # memory read before, after 1,000 and after 2,000 (bench-serve reports process_resident_memory_bytes).
 #   bash benchmarks/one_engine_ab/serve.sh OLD_TREE NEW_TREE OUT_DIR
 set -euo pipefail
-old=$(cd "$1" && pwd); new=$(cd "$2" && pwd); out=$3
-mkdir -p "$out"
-serve() {  # tree port
+old=$(cd "$1" && pwd); new=$(cd "$2" && pwd); mkdir -p "$3"; out=$(cd "$3" && pwd)
+serve() {  # tree port (run from / so that the tree on PYTHONPATH, not the current folder, is imported)
+  cd /
   PYTHONPATH=$1 python -c "import sys; from specstack.cli import main; sys.exit(main())" serve --threads 2 \
     --max-batch 32 --port "$2" --log-level error > "$out/server-$2.log" 2>&1 &
   echo $!
+  cd - > /dev/null
 }
 wait_ready() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0; sleep 1; done; return 1; }
 p_old=$(serve "$old" 8031); p_new=$(serve "$new" 8032)

@@ -44,7 +44,8 @@ class Drafter(Protocol):
     target_layers: tuple[int, ...]
     # The group this drafter proposes with, or None (it proposes alone). A batched engine asks a group
     # for all its rows' trees at once; `propose` alone is the same for one row.
-    group: DraftGroup | None
+    @property
+    def group(self) -> DraftGroup | None: ...
 
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         """Start a new sequence (e.g. prefill the draft model's cache with the prompt).

@@ -54,8 +54,9 @@ Sizer = Callable[[Sequence[float]], int]
 
 
 class BatchLength(Protocol):
-    # while a best-first tree grows, how many of its nodes the rule would keep (None: no such estimate)
-    size: Sizer | None
+    @property
+    def size(self) -> Sizer | None:
+        """While a best-first tree grows, how many of its nodes the rule would keep (None: no estimate)."""
 
     def limit(self) -> int | None:
         """Before proposing: the most nodes a row's tree may have this step (None: no limit)."""
@@ -153,7 +154,7 @@ class CostAwareLength:
         chain, else its depth (known before any draw; a branching tree's verdict names no node)."""
         if is_chain(tree) and all(e is not None for e in tree.evidence) and all(q is None for q in tree.q):
             return list(tree.evidence)
-        return tree.depth
+        return list(tree.depth)
 
     def gains(self, tree: DraftTree) -> list[float] | None:
         """Each node's expected acceptance; None for a tree that must be verified whole."""
@@ -201,11 +202,11 @@ class CostAwareLength:
             if not len(tree):
                 continue
             if all(c is not None for c in tree.confidence):
-                self._predicted += sum(float(c) for c in tree.confidence)  # type: ignore[arg-type]
+                self._predicted += sum(float(c) for c in tree.confidence if c is not None)
                 self._accepted += a
             # the accepted path's nodes were trials that succeeded; the next one, where the tree goes that
             # deep, failed (a chain's nodes in order; a tree's by depth)
             classes = self.classes(tree)
-            path = classes if is_chain(tree) else list(range(1, max(classes) + 1))
+            path = classes if is_chain(tree) else list(range(1, max(tree.depth) + 1))
             for i, cls in enumerate(path[: a + 1]):
                 self.rates.trial(cls, i < a)

@@ -30,7 +30,7 @@ import torch
 from specstack.attention import build_batch, row_blocks_batch
 from specstack.cache import KVCache
 from specstack.config import WindowSpec
-from specstack.drafting.base import DraftContext
+from specstack.drafting.base import DraftContext, Drafter
 from specstack.drafting.candidates import ChildPicker
 from specstack.drafting.draft_cache import DraftCache
 from specstack.models.base import LoadedModel, ModelOutput
@@ -65,7 +65,7 @@ class ChainGroup:
         long = sorted((m for m in members if len(m.pending) > self.k + 1), key=lambda m: m.row)
         if not long:
             return
-        parents = [[] for _ in range(self.cache.batch_size)]
+        parents: list[list[int]] = [[] for _ in range(self.cache.batch_size)]
         for m in long:
             parents[m.row] = list(range(-1, len(m.pending) - 2))
         model = self.draft.model
@@ -77,8 +77,11 @@ class ChainGroup:
             self.state.pending[m.row] = m.pending[-1:]
 
     # -- a round ------------------------------------------------------------------------------------
-    def propose_rows(self, members: Sequence[ChainRow], ctxs: Sequence[DraftContext]) -> list[DraftTree]:
+    def propose_rows(self, drafters: Sequence[Drafter], ctxs: Sequence[DraftContext]) -> list[DraftTree]:
         """Every member's chain (members of this group, each with its row's context), drafted together."""
+        members = [m for m in drafters if isinstance(m, ChainRow) and m.group is self]
+        if len(members) != len(drafters):
+            raise ValueError("a chain group proposes for its own members only")
         self.state.write_memories()
         model, cache = self.draft.model, self.cache
         dev = model.device
@@ -143,7 +146,8 @@ class ChainGroup:
                 continue
             token, prob = kids[0]
             greedy = ctx.sampling.greedy
-            score = (tree.confidence[-1] if len(tree) else 1.0) * prob if greedy else None
+            before = tree.confidence[-1] if len(tree) else 1.0  # a greedy chain's nodes all carry theirs
+            score = (before if before is not None else 1.0) * prob if greedy else None
             tree.add(token, len(tree) - 1, "draft", None if greedy else nxt.q(0), score)
 
 

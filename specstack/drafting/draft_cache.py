@@ -31,9 +31,9 @@ class DraftCache:
         self.cache = model.new_cache(0, capacity, window, max_rows=1)
         # the one check of the capability (a SPIRe draft built without target activations has it, but
         # reads no layer: it runs every token itself, like any other draft)
-        reads = isinstance(model, ReadsTargetActivations) and bool(model.target_hidden_layers)
-        self.reader: ReadsTargetActivations | None = model if reads else None
-        self.target_layers: tuple[int, ...] = tuple(model.target_hidden_layers) if reads else ()
+        reader = model if isinstance(model, ReadsTargetActivations) and model.target_hidden_layers else None
+        self.reader: ReadsTargetActivations | None = reader
+        self.target_layers: tuple[int, ...] = tuple(reader.target_hidden_layers) if reader is not None else ()
         self.pending: list[list[int]] = []  # per row
         self.ran: list[bool] = []  # per row: its last round ran the draft
         # verified tokens (and their target activations [T, L, d]) whose memories a reader still has to write
@@ -71,6 +71,7 @@ class DraftCache:
         tokens = torch.tensor([[t for r in rows for t in self._memories[r][0]]], device=self.device)
         hidden = torch.cat([self._memories[r][1] for r in rows]).unsqueeze(0)
         self._memories = {}
+        assert self.reader is not None  # only a reader keeps memories to write
         self.reader.write_memories(tokens, hidden, self.cache, counts)
 
     def observe(self, row: int, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None,

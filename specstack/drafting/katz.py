@@ -90,7 +90,7 @@ class KatzTrigram:
             arrays.update({f"{name}_ctx": lv.ctx, f"{name}_off": lv.off, f"{name}_tok": lv.tok,
                            f"{name}_prob": lv.prob, f"{name}_alpha": lv.alpha})
         with atomic_output(path, parents=True) as tmp, open(tmp, "wb") as f:
-            np.savez_compressed(f, **arrays)
+            np.savez_compressed(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
         return path
 
     # what np.load raises on a file that is not a whole .npz of plain arrays: not a zip, truncated, a

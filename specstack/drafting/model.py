@@ -16,7 +16,7 @@ score as `confidence`, and the step's length rule may size the batch below `budg
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,7 +69,7 @@ class ModelDrafter:
         self.target_layers = self.state.target_layers
         self.candidates = CandidateTree()  # this round's
         self.sized = False  # this round's tree is sized by the step's length rule (ctx.size)
-        self._size = None  # ctx.size, while sized
+        self._size: Callable[[Sequence[float]], int] | None = None  # ctx.size, while sized
         self._picker = ChildPicker(params.width, draft.config.vocab_size)
         self._tree_ids: list[int] = []  # candidate of each node of the proposed tree
         self._limit = params.budget  # this round's most nodes (params.budget, or less when the engine limits it)

@@ -60,7 +60,7 @@ class StagedDrafter(ModelDrafter):
         self.expand(-1, root, 0, ctx)
         # next-token distribution of every expanded node: (the forward's rows, its row)
         dist: dict[int, tuple[NextTokens, int]] = {-1: (root, 0)}
-        spine_end, spine_tokens = -1, []
+        spine_end, spine_tokens = -1, list[int]()
         while cands.depth(spine_end) < depth_limit:
             # 1. the draft's own next token at the spine end (its argmax is always a top child)
             token = self._best(dist, spine_end)

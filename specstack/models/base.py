@@ -50,14 +50,14 @@ class DecoderModel(Protocol):
         ...
 
     def forward(self, tokens: torch.Tensor, batch: AttentionBatch, cache: KVCache,
-                hidden_layers: Sequence[int] = (), logit_rows: slice = slice(None)) -> ModelOutput:
-        """tokens [B, T] -> logits [B, T', V'] (fp32) of the rows `logit_rows` (T' of them); their
-        keys/values go to the cache's scratch, invisible until committed. hidden_layers: 0 = the
-        embeddings, i = the output of block i, each [B, T, d] in out.hidden."""
+                hidden_layers: Sequence[int] = (), logit_rows: slice | torch.Tensor = slice(None)) -> ModelOutput:
+        """tokens [B, T] -> logits [B, T', V'] (fp32) of the rows `logit_rows` (positions, or flat indices
+        into the B x T tokens: T' of them); their keys/values go to the cache's scratch, invisible until
+        committed. hidden_layers: 0 = the embeddings, i = the output of block i, each [B, T, d] in out.hidden."""
         ...
 
     def extend(self, tokens: torch.Tensor, cache: KVCache, hidden_layers: Sequence[int] = (),
-               logit_rows: slice = slice(None)) -> ModelOutput:
+               logit_rows: slice | torch.Tensor = slice(None)) -> ModelOutput:
         """Run tokens [B, T] as the continuation of every row and commit them all (prefill, decode)."""
         ...
 
@@ -67,7 +67,7 @@ class Extends:
     a continuation the same way (one definition)."""
 
     def extend(self: DecoderModel, tokens: torch.Tensor, cache: KVCache, hidden_layers: Sequence[int] = (),
-               logit_rows: slice = slice(None)) -> ModelOutput:
+               logit_rows: slice | torch.Tensor = slice(None)) -> ModelOutput:
         """Run tokens [B, T] as the continuation of every row and commit them all (prefill, decode)."""
         out = self.forward(tokens, build_batch(cache, tokens.shape[1]), cache, hidden_layers, logit_rows)
         cache.commit_all()
