@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specstack.engine.stats import GenerationResult
 from specstack.errors import SpecstackError
 from specstack.prompts import encode_chat, encode_prompt
 from specstack.server.metrics import ServerMetrics
@@ -40,7 +41,7 @@ from specstack.server.protocol import (
     parse_request,
 )
 from specstack.server.responses import DONE, Reply, sse
-from specstack.server.worker import EngineWorker, Event, GenerationResult, Overloaded, finish_reason
+from specstack.server.worker import EngineWorker, Event, Overloaded, finish_reason
 
 MAX_BODY_BYTES = 16 << 20  # a request body; a prompt of a whole context is well under 1 MB
 
