@@ -123,8 +123,7 @@ def test_engine_stops_at_the_next_step(tiny_llama, no_request, method):
     from specstack.drafting.model import ModelDrafter, TreeParams
     from specstack.engine.batched import generate
 
-    counted = "extend" if method == "ar" else "forward"  # ar: one extend per token; chain: one forward per step
-    model = CountingModel(tiny_llama.lm.model, counted, at=3)
+    model = CountingModel(tiny_llama.lm.model, "forward", at=3)  # one target forward per engine step
     target = replace(tiny_llama.lm, model=model)
     drafter = ModelDrafter(tiny_llama.lm, TreeParams.chain(2)) if method == "chain" else None
     gen = GenerationConfig(max_new_tokens=100, stop_on_eos=False)
