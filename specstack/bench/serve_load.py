@@ -31,6 +31,7 @@ from specstack.bench.serve_settings import (
 from specstack.bench.serve_stats import LevelResult, RunResult, summarize_level
 from specstack.bench.serve_wire import (
     ERROR_CHARS,
+    chunk_choice,
     chunk_text,
     endpoint_of,
     error_message,
@@ -38,6 +39,7 @@ from specstack.bench.serve_wire import (
     path_of,
     request_body,
     sse_data,
+    usage_counts,
 )
 from specstack.errors import SpecstackError
 
@@ -99,6 +101,7 @@ async def send(http: httpx.AsyncClient, url: str, body: Mapping[str, Any], row: 
     sent = time.perf_counter()
     row.sent_s = sent - t0
     parts: list[str] = []
+    seen: set[int] = set()  # choice indices with content
     last = sent
     done = False
     try:
@@ -127,9 +130,14 @@ async def send(http: httpx.AsyncClient, url: str, body: Mapping[str, Any], row: 
                 usage = event.get("usage")
                 if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                     row.usage_tokens = usage["completion_tokens"]
+                prompt_tokens, cached = usage_counts(event)
+                row.prompt_tokens = prompt_tokens if prompt_tokens is not None else row.prompt_tokens
+                row.cached_tokens = cached if cached is not None else row.cached_tokens
                 text = chunk_text(event)
                 if not text:
                     continue
+                seen.add(chunk_choice(event))
+                row.choices = len(seen)
                 now = time.perf_counter()
                 if row.chunks == 0:
                     row.ttft_s = now - sent
@@ -158,7 +166,7 @@ async def send(http: httpx.AsyncClient, url: str, body: Mapping[str, Any], row: 
     return row
 
 
-async def _wait_all(tasks: Sequence[asyncio.Task[Any]]) -> None:
+async def wait_all(tasks: Sequence[asyncio.Task[Any]]) -> None:
     """Wait for every task, looking for a Ctrl-C between polls (asyncio.run cancels the rest on the way out)."""
     pending = set(tasks)
     while pending:
@@ -204,7 +212,7 @@ async def run_level(target: Target, s: LoadSettings, level: Level, prompts: Sequ
                     await asyncio.sleep(delay)
                 interrupt.check()
                 tasks.append(asyncio.create_task(go(http, i, t0)))
-        await _wait_all(tasks)
+        await wait_all(tasks)
         wall = max((r.sent_s + (r.e2e_s or 0.0) for r in rows), default=0.0)
         rss = await server_rss(http, target.root)
     return LevelResult(level, rows, wall, rss)

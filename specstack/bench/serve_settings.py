@@ -82,6 +82,9 @@ class RequestRow:
     usage_tokens: int | None = None  # the final usage.completion_tokens, if sent
     output_tokens: int = 0
     text: str = ""
+    prompt_tokens: int | None = None  # the final usage.prompt_tokens, if sent
+    cached_tokens: int | None = None  # prompt tokens the server reused from its cache, if it says (serve_wire.usage_counts)
+    choices: int = 0  # distinct choice indices that carried content (n > 1 streams them interleaved, so text mixes them)
 
 
 def requests_for(level: Level, prompts: int, requests: int | None) -> int:

@@ -26,11 +26,15 @@ def endpoint_of(prompt: Prompt, endpoint: str | None) -> str:
 
 def request_body(prompt: Prompt, endpoint: str, model: str, s: LoadSettings, max_tokens: int | None = None) -> dict[str, Any]:
     """The JSON body of one streamed request for `prompt` (a chat request holds it as one user message)."""
-    body: dict[str, Any] = {"model": model}
     if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt.text}]
-    else:
-        body["prompt"] = prompt.text
+        return streamed_body({"messages": [{"role": "user", "content": prompt.text}]}, model, s, max_tokens)
+    return streamed_body({"prompt": prompt.text}, model, s, max_tokens)
+
+
+def streamed_body(payload: Mapping[str, Any], model: str, s: LoadSettings, max_tokens: int | None = None) -> dict[str, Any]:
+    """The JSON body of one streamed request: `payload` (`prompt` or `messages`, and e.g. `n`) with the
+    settings every request of a run shares."""
+    body: dict[str, Any] = {"model": model, **payload}
     body.update(max_tokens=max_tokens or s.max_tokens, temperature=s.temperature, stream=True,
                 stream_options={"include_usage": True})
     if s.ignore_eos:
@@ -59,6 +63,33 @@ def chunk_text(event: Mapping[str, Any]) -> str:
     if "delta" in c:
         return (c.get("delta") or {}).get("content") or ""
     return c.get("text") or ""
+
+
+def chunk_choice(event: Mapping[str, Any]) -> int:
+    """The index of the choice a streamed event carries (0 when the server leaves it out)."""
+    choices = event.get("choices") or []
+    index = choices[0].get("index", 0) if choices and isinstance(choices[0], dict) else 0
+    return index if isinstance(index, int) else 0
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_counts(event: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(prompt tokens, cached prompt tokens) of an event that carries them, else None for each.
+
+    Cached tokens are OpenAI's `usage.prompt_tokens_details.cached_tokens` (ours, vLLM); a server
+    that leaves it out but sends llama.cpp's `timings.cache_n` (llama-server's prompt cache) is read
+    from that, so the three servers of benchmarks/prefix_cache compare on one column."""
+    usage = event.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    timings = event.get("timings")
+    if cached is None and isinstance(timings, dict):
+        cached = _count(timings.get("cache_n"))
+    return _count(usage.get("prompt_tokens")), cached
 
 
 def error_message(body: bytes | str) -> str:

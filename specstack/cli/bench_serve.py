@@ -28,6 +28,22 @@ chunks, a client going away; they count as cancelled, not errors, and their toke
 Output (--out DIR, default bench_out/serve-TIME): serve.json (command, machine, settings, per-level
 summary, every request), serve.md (the table, also printed), serve.png (tokens/s and ITL against the
 load); a progress line per level on stderr.
+
+That is the default workload, `--workload load`. The prefix-cache workloads (issue 33) send what a prefix
+cache saves work on and report time to first token and the cached tokens the server says it reused:
+
+    --workload chat [--conversations 10] [--turns 5] [--concurrency 4] [--turn-chars 1000] [--system TEXT]
+    --workload editor [--source inspect] [--requests 40] [--window-chars 6000] [--step-chars 48] [--anchor-chars 1024]
+    --workload prefix-probe [--repeats 3] [--probe-chars 7400] [--tail-chars 200] [--n 8] [--n-chars 3900]
+
+chat: ShareGPT conversations, turn t sending the whole history (the server's own earlier answers in it)
+to /chat/completions, C conversations in flight; TTFT p50/p90 per turn number and over all, the wall
+time. editor: one standard-library file (inspect.getsource), short completions at a cursor moving
+forward, each prompt ~--window-chars before the cursor; TTFT and latency p50/p90. prefix-probe: (a) a
+~1,900-token prompt cold, then it plus a ~50-token tail; (b) n=N samples of a ~1,000-token prompt against
+n=1 of the same text on a fresh prefix; the TTFTs and their ratios. --max-tokens defaults to 32, 16 and 8;
+a flag of another workload is an error. Output: WORKLOAD.json (every request's row) and WORKLOAD.md (the
+table, also printed) in --out (default bench_out/serve-WORKLOAD-TIME); progress lines on stderr.
 """
 from __future__ import annotations
 
@@ -41,6 +57,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from specstack.cli.bench_serve_workloads import MAX_TOKENS, add_workload_args, check_flags, run_workload
 from specstack.cli.common import add_checked, command_line, sizes
 from specstack.errors import SpecstackError
 from specstack.validate import MAX_BATCH_SIZE, MAX_COUNT, bounded_float, fail, floats, ints, new_tokens, seed, shown
@@ -51,8 +68,9 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 MAX_RATE = 10_000.0  # requests/s: a sanity cap, far above what one client process can send
 
 
-def rates(name: str, text: str) -> list[float]:
+def rates(name: str, value: object) -> list[float]:
     """--rate: comma-separated positive requests/s, each once, in order."""
+    text = str(value)
     items = [x.strip() for x in text.split(",")]
     if not all(items):
         fail(name, f"must be comma-separated requests/s, got {shown(text)}")
@@ -94,32 +112,36 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--api-key", default=None, metavar="KEY", help="sent as 'Authorization: Bearer KEY'")
     g.add_argument("--label", default=None, metavar="NAME", help="the server's name in the report (default: the model)")
     g = p.add_argument_group("load")
-    g.add_argument("--prompts", default="humaneval", metavar="SET",
+    g.add_argument("--prompts", default=None, metavar="SET",
                    help="humaneval (default), sharegpt, or a JSONL file (task_id, prompt[, chat])")
-    add_checked(g, "--limit", ints(1, MAX_COUNT), default=DEFAULT_LIMIT, metavar="N",
+    add_checked(g, "--limit", ints(1, MAX_COUNT), default=None, metavar="N",
                 help=f"the first N prompts (default {DEFAULT_LIMIT})")
     g.add_argument("--endpoint", choices=("completions", "chat"), default=None,
                    help="send every prompt to this endpoint (default: chat prompts to chat, others to completions)")
     levels = g.add_mutually_exclusive_group()
     add_checked(levels, "--concurrency", sizes(MAX_BATCH_SIZE, "1,2,4,8,16"), default=None, metavar="C1,C2,...",
-                help="closed-loop levels: requests in flight (default 1,2,4,8,16)")
+                help="closed-loop levels: requests in flight (default 1,2,4,8,16); --workload chat: conversations "
+                     "in flight (default 4)")
     add_checked(levels, "--rate", rates, default=None, metavar="R1,R2,...",
                 help="open-loop levels: requests/s, Poisson arrivals (seeded)")
     add_checked(g, "--requests", ints(1, MAX_COUNT), default=None, metavar="N",
-                help="requests per level (default: max(prompts, 4 x C), 4 x R for a rate)")
-    add_checked(g, "--disconnect", floats(0.0, 1.0), default=0.0, metavar="FRAC",
+                help="requests per level (default: max(prompts, 4 x C), 4 x R for a rate); --workload editor: "
+                     "completions (default 40)")
+    add_checked(g, "--disconnect", floats(0.0, 1.0), default=None, metavar="FRAC",
                 help="share of each level's requests that close their stream after 2 chunks (default 0)")
     add_checked(g, "--timeout", floats(0.0, low_open=True), default=600.0, metavar="S",
                 help="seconds per request, to the end of its stream (default 600)")
     g = p.add_argument_group("generation")
-    add_checked(g, "--max-tokens", new_tokens, default=128, metavar="N", help="max_tokens of each request (default 128)")
+    add_checked(g, "--max-tokens", new_tokens, default=None, metavar="N",
+                help="max_tokens of each request (default 128; chat 32, editor 16, prefix-probe 8)")
     add_checked(g, "--temperature", temperature_rule, default=0.0, help="0 (default) = greedy")
     g.add_argument("--ignore-eos", action="store_true",
                    help="send ignore_eos: every request makes exactly --max-tokens tokens (equal work across servers)")
-    add_checked(g, "--seed", seed, default=0, help="seed of the disconnect choice and the arrival times (default 0)")
+    add_checked(g, "--seed", seed, default=None, help="seed of the disconnect choice and the arrival times (default 0)")
     g.add_argument("--extra-body", default=None, metavar="JSON",
                    help='a JSON object merged into every request body, e.g. \'{"speculation": {"method": "ar"}}\'')
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="output folder (default bench_out/serve-TIME)")
+    add_workload_args(p)
     p.set_defaults(func=cmd_bench_serve)
 
 
@@ -134,9 +156,13 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     from specstack.files import check_writable_dir
 
     # 1. Every check of the input, before any request is sent.
+    check_flags(args)
     url = base_url(args.url)
     body = extra_body(args.extra_body)
-    prompts = list(itertools.islice(iter_prompts(args.prompts), args.limit))
+    if args.workload != "load":
+        return run_workload(args, url, body, redacted_command(args.api_key))
+    args.prompts = args.prompts or "humaneval"
+    prompts = list(itertools.islice(iter_prompts(args.prompts), args.limit or DEFAULT_LIMIT))
     empty = next((p.task_id for p in prompts if not p.text.strip()), None)
     if empty is not None:
         raise SpecstackError(f"task {empty}: the prompt is empty")
@@ -153,8 +179,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     else:
         levels = [Level("concurrency", c) for c in (args.concurrency or DEFAULT_CONCURRENCY)]
     settings = LoadSettings(
-        endpoint=args.endpoint, max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
-        disconnect=args.disconnect, seed=args.seed, timeout=args.timeout, requests=args.requests, extra_body=body)
+        endpoint=args.endpoint, max_tokens=args.max_tokens or MAX_TOKENS["load"], temperature=args.temperature,
+        ignore_eos=args.ignore_eos, disconnect=args.disconnect or 0.0, seed=args.seed or 0, timeout=args.timeout,
+        requests=args.requests, extra_body=body)
 
     # 2. The run: a progress line per level on stderr.
     def progress(lr: Any) -> None:
