@@ -66,14 +66,14 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], label: str | None
     return "\n".join(lines)
 
 
-_REQUEST_HEAD = ["requests", "ok", "err", "TTFT p50", "TTFT p90", "latency p50", "latency p90", "prompt tokens",
-                 "cached tokens", "cached share"]
+_REQUEST_HEAD = ["requests", "ok", "err", "TTFT p50", "TTFT p90", "latency p50", "latency p90", "prompt tok/req",
+                 "cached tok/req", "cached share"]
 
 
 def _request_cells(n: Summary) -> list[str]:
     return [str(n["requests"]), str(n["ok"]), str(n["errors"]), _f(n["ttft_ms_p50"]), _f(n["ttft_ms_p90"]),
             _f(n["latency_ms_p50"]), _f(n["latency_ms_p90"]), _f(n["prompt_tokens_mean"]),
-            str(n["cached_tokens"]), _share(n["cached_share"])]
+            _f(n.get("cached_tokens_mean")), _share(n["cached_share"])]
 
 
 def chat_table(summary: Summary, label: str | None = None) -> str:
@@ -109,11 +109,12 @@ TABLES: dict[str, Callable[[Summary, str | None], str]] = {
 
 _EXPLAIN = {
     "chat": "Turn t sends the whole conversation so far (the user's turns and the server's own answers); TTFT "
-            "and latency in ms over ok requests; prompt tokens: the mean per request; cached: the prompt tokens "
-            "the server reused, summed, and their share of the prompt tokens.",
+            "and latency in ms over ok requests; prompt and cached tokens per request (cached: the prompt tokens "
+            "the server says it reused; share: of the prompt tokens). Turn 1 may find a chat template's header "
+            "cached (the check request before the run has it too).",
     "editor": "Each request: the file's text before the cursor (a window whose start moves in jumps of "
               "--anchor-chars), the cursor moving --step-chars per request; TTFT and latency in ms over ok "
-              "requests. The first request is cold on any server.",
+              "requests; prompt and cached tokens per request. The first request is cold on any server.",
     "prefix-probe": "(a) a long prompt sent cold, then the same prompt plus a short tail (+tail / cold: 1 without a "
                     "prefix cache, near tail/prompt with one); (b) n=N samples of a prompt against n=1 of the same "
                     "text on a fresh prefix (N / 1: near 1 when the samples share one prefill). TTFT in ms; "

@@ -40,6 +40,7 @@ def request_numbers(rows: Sequence[WorkloadRow]) -> dict[str, Any]:
         "latency_ms_p50": _ms(e2e, 50), "latency_ms_p90": _ms(e2e, 90),
         "prompt_tokens_mean": statistics.fmean(prompt) if prompt else None,
         "prompt_tokens": sum(prompt), "cached_tokens": sum(r.request.cached_tokens or 0 for r in ok),
+        "cached_tokens_mean": statistics.fmean(r.request.cached_tokens or 0 for r in ok) if ok else None,
         "cached_reported": sum(r.request.cached_tokens is not None for r in ok),
         "cached_share": sum(q.cached_tokens or 0 for q in both) / both_prompt if both_prompt else None,
     }

@@ -266,3 +266,30 @@ def test_workload_argument_errors_send_nothing(capsys, tmp_path, argv, phrase):
     assert code == 2 and stdout == "", err
     assert err.startswith("specstack: error: ") and err.count("\n") == 1 and phrase in err, err
     assert not out.exists()
+
+
+def test_run_sh_summary_puts_the_servers_side_by_side(tmp_path):
+    """benchmarks/prefix_cache/compare.py: one table per workload, the servers in run.sh's order."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "prefix_cache" / "compare.py"
+    spec = importlib.util.spec_from_file_location("compare", path)
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    runs = {"chat": (wl.ChatSettings(turns=2), [wrow("chat", g, t) for g in range(2) for t in (1, 2)]),
+            "editor": (wl.EditorSettings(), [wrow("editor", 0, i, "edit") for i in range(3)]),
+            "prefix-probe": (wl.ProbeSettings(repeats=1), [wrow("prefix-probe", 0, i, k)
+                                                          for i, k in enumerate(("cold", "extended", "n1", "nN"))])}
+    for label in ("zz-cache", "aa-nocache"):
+        for workload, (ws, rows) in runs.items():
+            result = WorkloadResult(workload, Target("http://h:1/v1", "m"), LoadSettings(), ws, rows, 1.0)
+            doc = serve_workload_report.workload_document(result, f"bench-serve --workload {workload}", label)
+            serve_workload_report.write_workload(tmp_path / label / workload, doc)
+    (tmp_path / "servers.txt").write_text("zz-cache\naa-nocache\n")
+    (tmp_path / "notes.txt").write_text("llama-server skipped: not built\n")
+    text = compare.render(tmp_path)
+    assert text.count("| server |") == 3 and "- llama-server skipped: not built" in text
+    chat = text.split("## chat")[1].split("## editor")[0]
+    labels = [line.split(" | ")[0] for line in chat.splitlines() if line.startswith("| zz") or line.startswith("| aa")]
+    assert labels == ["| zz-cache"] * 3 + ["| aa-nocache"] * 3  # run.sh's order, not the names'
+    assert text.split("## In short")[1].count("- **") == 2
