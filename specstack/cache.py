@@ -142,6 +142,27 @@ class KVCache:
             self.feat[dst, :n] = self.feat[src, :n]
         self.lengths[dst], self.next_pos[dst] = n, self.next_pos[src]
 
+    def load_prefix(self, row: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """An empty row starts from the keys/values k, v [layers, kv_heads, n, head_dim] of positions
+        0..n-1 (a cached prefix, prefix_cache.py): they become its first n committed slots."""
+        n = k.shape[2]
+        if self.lengths[row] or self.next_pos[row]:
+            raise ValueError(f"row {row} is not empty: a prefix is loaded before it reads anything")
+        if n > self.capacity:
+            raise SpecstackError(f"KV cache full: a {n}-token prefix, capacity {self.capacity}")
+        self.k[:, row, :, :n] = k
+        self.v[:, row, :, :n] = v
+        self.slot_pos[row, :n] = torch.arange(n, device=self.device)
+        self.lengths[row] = self.next_pos[row] = n
+
+    def committed_kv(self, row: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Keys and values of a row's committed tokens, [layers, kv_heads, n, head_dim] views, when its
+        slots hold positions 0..n-1 in order (None once a sliding window has evicted some)."""
+        n = self.lengths[row]
+        if self.next_pos[row] != n:
+            return None
+        return self.k[:, row, :, :n], self.v[:, row, :, :n]
+
     # -- writing (called by the model, once per layer) -------------------------------------------
     def check_room(self, n_new: int, counts: Sequence[int] | None = None) -> None:
         """Every row has room for its next n_new slots (with counts: row b writes only the first

@@ -12,9 +12,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("specstack.errors", "specstack.config", "specstack.machine", "specstack.layers",
                     "specstack.interrupt", "specstack.files", "specstack.validate")),
     # the data structures and pure functions every layer above shares: prompt encoding, the one mask
-    # builder, the preallocated KV cache, the draft tree as data, logits -> warped probabilities
-    ("primitives", ("specstack.prompts", "specstack.attention", "specstack.cache", "specstack.tree",
-                    "specstack.sampling")),
+    # builder, the preallocated KV cache and the prefix cache of prompts read, the draft tree as data,
+    # logits -> warped probabilities
+    ("primitives", ("specstack.prompts", "specstack.attention", "specstack.cache", "specstack.prefix_cache",
+                    "specstack.tree", "specstack.sampling")),
     # decoders behind one protocol, weight formats, loading, the registry of named models
     ("models", ("specstack.models",)),
     # drafters build DraftTrees; verifiers are pure functions over (tree, target probabilities)

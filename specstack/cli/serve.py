@@ -33,6 +33,7 @@ from specstack.server.loader import load_engine
 
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_QUEUE = 256
+DEFAULT_PREFIX_CACHE_MB = 1024
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -58,6 +59,13 @@ def add_parser(subparsers: Any) -> None:
                                   f"{DEFAULT_STEP_TOKENS}): every running stream's root comes first, then prompts, "
                                   "oldest first, then drafts; smaller keeps the running streams' inter-token latency "
                                   "even when requests join, larger gives a lower time to first token")
+    add_checked(g, "--prefix-cache-mb", validate.ints(1, validate.MAX_COUNT), default=DEFAULT_PREFIX_CACHE_MB,
+                metavar="N", help=f"memory for the prefix cache, MiB (default {DEFAULT_PREFIX_CACHE_MB}): the keys and "
+                                  "values of prompts (and answers) already read, so a request that starts the same "
+                                  "way (a chat's next turn, an editor's context, n samples) reads only what is new; "
+                                  "least recently used first out")
+    g.add_argument("--no-prefix-cache", action="store_true",
+                   help="read every prompt whole (no prefix cache)")
     g.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"), metavar="KEY",
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $SPECSTACK_API_KEY, else none)")
     g.add_argument("--served-model-name", default=None, metavar="NAME",

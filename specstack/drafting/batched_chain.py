@@ -34,6 +34,7 @@ from specstack.drafting.base import DraftContext, Drafter
 from specstack.drafting.candidates import ChildPicker
 from specstack.drafting.draft_cache import DraftCache
 from specstack.models.base import LoadedModel, ModelOutput
+from specstack.prefix_cache import PrefixCache
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult
 
@@ -41,13 +42,14 @@ from specstack.verify import VerifyResult
 class ChainGroup:
     """The shared part: the draft model, its cache (a row per member) and the batched rounds."""
 
-    def __init__(self, draft: LoadedModel, k: int, window: WindowSpec | None = None) -> None:
+    def __init__(self, draft: LoadedModel, k: int, window: WindowSpec | None = None,
+                 prefix: PrefixCache | None = None) -> None:
         if k < 1:
             raise ValueError(f"a chain needs k >= 1, got {k}")
         self.draft, self.k, self.window = draft, k, window
         # the context, plus one round's scratch past a row's committed tokens: a catch-up padded to the
         # longest pending chain (at most k + 1 once a row has started) and k - 1 drafted tokens
-        self.state = DraftCache(draft, draft.config.max_seq_len + 2 * k + 4, window)
+        self.state = DraftCache(draft, draft.config.max_seq_len + 2 * k + 4, window, prefix)
         self.cache = self.state.cache
         self.members: list[ChainRow] = []
         self.picker = ChildPicker(1, draft.config.vocab_size)
@@ -74,7 +76,7 @@ class ChainGroup:
         model.forward(ids, batch, self.cache, logit_rows=torch.zeros(0, dtype=torch.long, device=model.device))
         self.cache.commit_prefix([len(p) for p in parents])
         for m in long:
-            self.state.pending[m.row] = m.pending[-1:]
+            self.state.ran_ahead(m.row, len(m.pending) - 1)
 
     # -- a round ------------------------------------------------------------------------------------
     def propose_rows(self, drafters: Sequence[Drafter], ctxs: Sequence[DraftContext]) -> list[DraftTree]:

@@ -11,6 +11,13 @@ a round that ran no draft forward (nothing would be verified) the pending tokens
 A draft that reads the target's activations (SPIRe, models/base.py ReadsTargetActivations) never runs
 verified tokens: `reset` and `observe` queue them with the target's hidden states, and
 `write_memories` writes every row's queue into the cache, one packed write, before the next round.
+
+With a prefix cache (prefix_cache.py, the draft's own: its keys and values are not the target's)
+a row reset with a prompt copies the longest cached prefix of it and runs only the rest; a row's
+committed tokens are stored after its first round (the prompt: for the n samples of one prompt and the
+requests that follow) and when it is reset for its next sequence (prompt and answer: a chat's next turn).
+A draft with a sliding window or one that reads the target's activations keeps none (its slots are not
+its positions, or its memories are not its own keys): it reads its prompt.
 """
 from __future__ import annotations
 
@@ -20,12 +27,14 @@ import torch
 
 from specstack.config import WindowSpec
 from specstack.models.base import LoadedModel, ReadsTargetActivations
+from specstack.prefix_cache import PrefixCache
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult
 
 
 class DraftCache:
-    def __init__(self, draft: LoadedModel, capacity: int, window: WindowSpec | None = None) -> None:
+    def __init__(self, draft: LoadedModel, capacity: int, window: WindowSpec | None = None,
+                 prefix: PrefixCache | None = None) -> None:
         model = draft.model
         self.device = model.device
         self.cache = model.new_cache(0, capacity, window, max_rows=1)
@@ -38,6 +47,9 @@ class DraftCache:
         self.ran: list[bool] = []  # per row: its last round ran the draft
         # verified tokens (and their target activations [T, L, d]) whose memories a reader still has to write
         self._memories: dict[int, tuple[list[int], torch.Tensor]] = {}
+        self.prefix = prefix if window is None and reader is None else None
+        self.committed: list[list[int]] = []  # per row, with a prefix cache: the tokens its committed slots hold
+        self._stored: list[bool] = []  # per row: its prompt is in the prefix cache
 
     def add_row(self) -> int:
         """A new row (the cache grows by doubling); returns its index."""
@@ -45,15 +57,39 @@ class DraftCache:
             self.cache.reserve(2 * self.cache.max_rows)
         self.pending.append([])
         self.ran.append(True)
+        self.committed.append([])
+        self._stored.append(True)
         return self.cache.add_row()
 
     def reset(self, row: int, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None) -> None:
+        self._store(row)  # the sequence it ran before
         self.cache.reset(row)
         self._memories.pop(row, None)
         self.pending[row], self.ran[row] = list(prompt_ids), True
         if self.reader is not None:  # the target's prefill gave the memories of all but the root
             self._remember(row, self.pending[row][:-1], target_hidden)
             self.pending[row] = self.pending[row][-1:]
+        if self.prefix is not None:  # run only what the cache does not hold (the root always)
+            match = self.prefix.match(prompt_ids, len(prompt_ids) - 1)
+            self.prefix.use(match)
+            if match.tokens:
+                self.cache.load_prefix(row, *match.kv())
+            self.pending[row] = list(prompt_ids[match.tokens:])
+            self.committed[row], self._stored[row] = list(prompt_ids[: match.tokens]), False
+
+    def ran_ahead(self, row: int, n: int) -> None:
+        """The row's first n pending tokens were run and committed outside a round (a packed prefill)."""
+        if self.prefix is not None:
+            self.committed[row] += self.pending[row][:n]
+        self.pending[row] = self.pending[row][n:]
+
+    def _store(self, row: int) -> None:
+        """Row's committed tokens into the prefix cache."""
+        kv = self.cache.committed_kv(row) if self.prefix is not None else None
+        if kv is None or self.prefix is None or len(self.committed[row]) != self.cache.lengths[row]:
+            return
+        self.prefix.store(self.committed[row], *kv)
+        self._stored[row] = True
 
     def _remember(self, row: int, tokens: list[int], hidden: torch.Tensor | None) -> None:
         if hidden is None or hidden.shape[1] != len(tokens):
@@ -95,4 +131,8 @@ class DraftCache:
                 break  # an accepted node the draft never ran: it becomes pending, and so do those after it
             keep.append(slot(node))
         self.cache.commit_nodes(row, keep)
+        if self.prefix is not None:
+            self.committed[row] += pending + [tree.tokens[n] for n in result.accepted[: len(keep) - len(pending)]]
+            if not self._stored[row]:  # its prompt is in: for the next rows of the same prompt
+                self._store(row)
         self.pending[row] = [tree.tokens[n] for n in result.accepted[len(keep) - len(pending):]] + [result.next_token]

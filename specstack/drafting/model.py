@@ -28,6 +28,7 @@ from specstack.drafting.candidates import CandidateTree, ChildPicker, NextTokens
 from specstack.drafting.draft_cache import DraftCache
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
+from specstack.prefix_cache import PrefixCache
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult
 
@@ -59,11 +60,12 @@ class ModelDrafter:
     group = None  # proposes alone
 
     def __init__(self, draft: LoadedModel, params: TreeParams, capacity: int | None = None,
-                 window: WindowSpec | None = None) -> None:
-        """window: a sliding-window KV for the draft (MagicDec: the target itself as its own draft)."""
+                 window: WindowSpec | None = None, prefix: PrefixCache | None = None) -> None:
+        """window: a sliding-window KV for the draft (MagicDec: the target itself as its own draft);
+        prefix: the draft's prefix cache, shared by the drafters of one draft model (None: none)."""
         self.draft = draft
         self.params = params
-        self.state = DraftCache(draft, capacity or draft.config.max_seq_len + self.scratch_bound(), window)
+        self.state = DraftCache(draft, capacity or draft.config.max_seq_len + self.scratch_bound(), window, prefix)
         self.state.add_row()
         self.cache = self.state.cache
         self.target_layers = self.state.target_layers

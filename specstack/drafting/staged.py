@@ -27,6 +27,7 @@ from specstack.drafting.candidates import NextTokens
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import STAGED_WIDTHS
 from specstack.models.base import LoadedModel
+from specstack.prefix_cache import PrefixCache
 from specstack.tree import DraftTree
 
 
@@ -41,9 +42,9 @@ class StagedDrafter(ModelDrafter):
 
     def __init__(self, draft: LoadedModel, draft2: ProposalSource, params: TreeParams,
                  widths: Sequence[int] = STAGED_WIDTHS, capacity: int | None = None,
-                 window: WindowSpec | None = None) -> None:
+                 window: WindowSpec | None = None, prefix: PrefixCache | None = None) -> None:
         self.widths = tuple(widths)  # before ModelDrafter sizes the cache by scratch_bound
-        super().__init__(draft, params, capacity, window)
+        super().__init__(draft, params, capacity, window, prefix)
         self.draft2 = draft2
 
     def scratch_bound(self) -> int:

@@ -47,6 +47,7 @@ from specstack.engine.stats import BatchStats, BatchStep, GenerationResult, RunS
 from specstack.engine.stopping import TokenStream
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
+from specstack.prefix_cache import PrefixCache
 from specstack.prompts import check_context
 from specstack.sampling import make_generator
 from specstack.tree import DraftTree
@@ -79,7 +80,8 @@ class BatchEngine:
     def __init__(self, lm: LoadedModel, max_rows: int = 8, max_context: int | None = None,
                  layout: LayoutChoice = "auto", step_tokens: int = DEFAULT_STEP_TOKENS, max_tree: int = MAX_TREE,
                  max_kv_bytes: int | None = None, length: BatchLength | None = None,
-                 drafters: DrafterFactory | None = None, pool: DrafterPool | None = None) -> None:
+                 drafters: DrafterFactory | None = None, pool: DrafterPool | None = None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         """step_tokens: the one token budget of a step (engine/plan.py), prompt chunks and draft nodes
         together; a decoding row's root is never cut, so a step may exceed it by the roots it could not hold.
         max_kv_bytes: the most the KV cache may take (default: half the machine's memory); the cache is
@@ -88,7 +90,9 @@ class BatchEngine:
         drafters: makes the drafter of a row whose request brings none (a method's factory: one per row at
         most, each reset as its next row joins), so every request speculates unless it opts out.
         pool: where rows' drafters are lent from (default: the engine's own; a caller running many engines
-        one after another may share one, so drafters made for one batch serve the next)."""
+        one after another may share one, so drafters made for one batch serve the next).
+        prefix_cache: keeps the keys/values of prompts read (prefix_cache.py) so that a request
+        starting the same way reads only what is new; None: every request reads its whole prompt."""
         cfg = lm.config
         if max_rows < 1:
             raise SpecstackError(f"the batch needs at least one row, got {max_rows}")
@@ -122,6 +126,7 @@ class BatchEngine:
         self.stats = BatchStats()
         self._next_handle = 0
         self._finished: dict[int, GenerationResult] = {}
+        self.prefix = prefix_cache
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def add(self, request: BatchRequest) -> int:
@@ -149,6 +154,7 @@ class BatchEngine:
         for i, row in enumerate(self.rows):
             if row.handle == handle:
                 row.move(RowState.CANCELLED)
+                self._publish(i)  # what it read serves the next request (an editor cancels and resends)
                 self._remove(i)
                 return True
         for row in self.queue:
@@ -179,10 +185,61 @@ class BatchEngine:
         return self._finished.pop(handle, None)
 
     def plan(self) -> StepPlan:
-        """The next step's plan (engine/plan.py) from the rows and the queue as they are."""
+        """The next step's plan (engine/plan.py) from the rows and the queue as they are (the rows that
+        have read nothing yet counting their cached prefixes as read)."""
         positions = self.lm.config.max_seq_len
+        free = self.max_rows - len(self.rows)
+        self._look_up([*self.rows, *itertools.islice(self.queue, free)])
         return plan_step([r.view(positions) for r in self.rows], [r.view(positions) for r in self.queue],
-                         self.max_rows - len(self.rows), self.step_tokens, self.max_tree)
+                         free, self.step_tokens, self.max_tree)
+
+    def _look_up(self, rows: Sequence[Row]) -> None:
+        """Each row that has read nothing yet (oldest first): its longest cached prefix, and whether it
+        waits (`held`) for an older row reading at least a block more of the same prompt, so that a
+        prompt sent n times (n samples, retries) is read once and copied n - 1 times. A row whose drafter
+        reads the target's activations takes no prefix (the cache keeps keys and values only): it reads
+        its prompt, as without a cache."""
+        if self.prefix is None:
+            return
+        size = self.prefix.block_size
+        readers = [r.request.prompt_ids for r in self.rows if not r.fresh and r.state is RowState.PREFILLING]
+        for row in sorted((r for r in rows if r.fresh), key=lambda r: r.handle):
+            prompt = row.request.prompt_ids
+            row.match = self.prefix.match(prompt, len(prompt) - 1) if not row.layers else row.match
+            reach = row.match.tokens + size
+            row.held = not row.layers and reach < len(prompt) and any(
+                len(p) > reach and p[:reach] == prompt[:reach] for p in readers)
+            if not row.held:
+                readers.append(prompt)
+
+    def _attach(self, plan: StepPlan) -> None:
+        """Rows about to read their first tokens copy their cached prefix into their cache rows."""
+        if self.prefix is None:
+            return
+        for i, row in enumerate(self.rows):
+            if not row.fresh or not plan.reads.get(row.handle):
+                continue
+            row.fresh = False
+            if row.layers:
+                continue
+            match = row.match
+            self.prefix.use(match)
+            if not match.tokens:
+                continue
+            self.cache.load_prefix(i, *match.kv())
+            row.pending = row.pending[match.tokens:]
+            row.stats.cached_tokens = match.tokens
+            if len(row.pending) == 1 and row.state is RowState.PREFILLING:  # all but its root was cached
+                row.move(RowState.DECODING)
+                if row.drafts:  # its steps are decoding from now on
+                    row.prefilled = time.perf_counter()
+
+    def _publish(self, i: int) -> None:
+        """Row i's committed tokens into the prefix cache (its full blocks not there yet are copied)."""
+        kv = self.cache.committed_kv(i) if self.prefix is not None else None
+        if kv is None or self.prefix is None:
+            return
+        self.prefix.store(self.rows[i].ctx.tokens[: self.cache.lengths[i]], *kv)
 
     def _admit(self, n: int) -> None:
         now = time.perf_counter()
@@ -212,6 +269,7 @@ class BatchEngine:
         t0 = time.perf_counter()
         plan = self.plan()
         self._admit(plan.admit)
+        self._attach(plan)
         if not self.rows:
             return []
         t1 = time.perf_counter()
@@ -338,6 +396,7 @@ class BatchEngine:
                 if len(row.pending) == 1 and row.state is RowState.PREFILLING:  # its root is next
                     row.move(RowState.DECODING)
                     row.prefilled = time.perf_counter()
+                    self._publish(i)  # its prompt, for the rows held for it and the requests to come
                 continue
             self.cache.commit_nodes(i, list(range(chain)) + [chain + a for a in result.accepted])
             if row.drafter is not None:  # its block is the root and the tree (the root was held back)
@@ -363,6 +422,7 @@ class BatchEngine:
                 done.append(i)
             elif row.state is RowState.PREFILLING:
                 row.move(RowState.DECODING)
+                self._publish(i)
         self.length.observe(drafted, accepted)
         finished = []
         end = time.perf_counter()
@@ -370,6 +430,7 @@ class BatchEngine:
             step.overhead_seconds = end - t0
         for i in sorted(done, reverse=True):  # removing moves the last row: go from the back
             row = self.rows[i]
+            self._publish(i)  # the prompt and its answer: a chat's next turn starts with both
             out = self._result(row, end)
             self._finished[row.handle] = out
             finished.append((row.handle, out))

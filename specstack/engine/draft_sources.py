@@ -21,6 +21,7 @@ from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, shipped_
 from specstack.models.loading import load_model
 from specstack.models.registry import default_ngram_path, token_rank_path
 from specstack.models.transformer import Transformer
+from specstack.prefix_cache import PrefixCache
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -39,6 +40,13 @@ class DraftSources:
     draft_dtype: str | None = None
     ngram: str | None = None
     draft_vocab: int | None = None  # FR-Spec: the draft's head over the target's K most frequent tokens
+    # the most a draft model's prefix cache (prefix_cache.py) may keep, shared by the drafters of one
+    # method; 0: each drafter runs its whole prompt through the draft
+    prefix_cache_bytes: int = 0
+
+    def draft_prefix(self) -> PrefixCache | None:
+        """A new prefix cache for one method's draft model (None: none)."""
+        return PrefixCache(self.prefix_cache_bytes) if self.prefix_cache_bytes > 0 else None
 
     @classmethod
     def for_model(cls, model_name: str, draft: str | None = None, draft_dtype: str | None = None,

@@ -12,6 +12,8 @@ chunks and speculative tokens:
   1. every decoding row's root (a running row never starves: its root is one token);
   2. prompt chunks, the oldest request first (handles count up in arrival order), then the requests
      taken from the queue into free rows (a request that finds no budget left reads from the next step);
+     a `held` request (one whose prompt an older one is reading: it will copy it from the prefix cache)
+     reads nothing yet;
   3. what is left goes to the trees of the decoding rows that draft, shared evenly (the oldest rows take
      the remainder), each at most `max_tree` nodes and what its context still holds. The step's
      draft-length rule (drafting/batch_length.py) then spends at most that.
@@ -66,6 +68,8 @@ class RowView:
     pending: int  # tokens not in the cache yet; the last is the root
     drafts: bool  # a drafter proposes its trees (it reads its root only with its first tree)
     room: int = 0  # draft nodes its context still holds (decoding rows)
+    # waits for an older request reading the same prompt, to copy it from the prefix cache once read
+    held: bool = False
 
     @property
     def prompt_left(self) -> int:
@@ -101,7 +105,7 @@ def plan_step(running: Sequence[RowView], waiting: Sequence[RowView], free_rows:
         left -= 1
     # 2. prompts, oldest first; the queue's requests are younger than every running one
     for r in sorted((r for r in running if r.prompt_left), key=lambda r: r.handle):
-        take = min(r.prompt_left, max(0, left))
+        take = 0 if r.held else min(r.prompt_left, max(0, left))
         reads[r.handle] = take
         left -= take
     admit = 0
@@ -109,6 +113,8 @@ def plan_step(running: Sequence[RowView], waiting: Sequence[RowView], free_rows:
         if admit >= free_rows:
             break
         admit += 1
+        if r.held:
+            continue
         take = min(r.prompt_left, max(0, left)) if r.prompt_left else 1  # a one-token prompt: its root
         reads[r.handle] = take
         left -= take

@@ -12,6 +12,7 @@ from specstack.drafting.base import DraftContext, Drafter
 from specstack.engine.plan import RowState, RowView, transition
 from specstack.engine.stats import RunStats
 from specstack.engine.stopping import TokenStream
+from specstack.prefix_cache import Match
 from specstack.tree import DraftTree
 
 DrafterFactory = Callable[[], Drafter]  # a new drafter (one per row), sharing what its method loaded
@@ -85,6 +86,12 @@ class Row:
     lent: Drafter | None = None  # lent by the engine's pool for as long as the row runs
     # the target's activations of the prompt read so far ([1, T, L, d] chunks), for a drafter that reads them
     hidden: list[torch.Tensor] = field(default_factory=list)
+    # the prefix cache (prefix_cache.py): until a row reads its first token it is `fresh`, and
+    # each plan looks up the longest cached prefix of its prompt (`match`), which it then copies instead
+    # of reading; `held`: it waits for an older row reading the same prompt to finish reading it
+    fresh: bool = True
+    match: Match = field(default_factory=Match)
+    held: bool = False
 
     @property
     def drafter(self) -> Drafter | None:
@@ -104,5 +111,6 @@ class Row:
     def view(self, max_seq_len: int) -> RowView:
         """room: a tree's nodes sit past the row's tokens, within the model's positions (the cache's
         scratch holds a tree past the row's context: the row then finishes)."""
-        return RowView(self.handle, self.state, len(self.pending), self.drafts,
-                       room=max(0, max_seq_len - len(self.ctx.tokens) - 1))
+        cached = self.match.tokens if self.fresh else 0
+        return RowView(self.handle, self.state, len(self.pending) - cached, self.drafts,
+                       room=max(0, max_seq_len - len(self.ctx.tokens) - 1), held=self.held)

@@ -40,6 +40,7 @@ class StepStats:
 @dataclass
 class RunStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of read
     new_tokens: int = 0
     target_forwards: int = 0  # forwards of the target after prefill
     prefill_seconds: float = 0.0

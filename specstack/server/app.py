@@ -40,7 +40,7 @@ from specstack.server.protocol import (
     bad,
     parse_request,
 )
-from specstack.server.responses import DONE, Reply, sse
+from specstack.server.responses import DONE, Reply, cached_tokens, sse
 from specstack.server.worker import EngineWorker, Event, Overloaded, finish_reason
 
 MAX_BODY_BYTES = 16 << 20  # a request body; a prompt of a whole context is well under 1 MB
@@ -65,6 +65,16 @@ class ServerState:
         self.tokenizer, self.vocab_size, self.max_context, self.method = tokenizer, vocab_size, max_context, method
         self.created = int(time.time())
         self.worker = worker  # last: a request that sees the worker sees everything above
+
+
+def prefix_cache_state(worker: EngineWorker) -> dict[str, Any] | None:
+    """How full the prefix cache is (None: the server runs without one). Read off the engine thread: a
+    size a step old at worst."""
+    cache = worker.engine.prefix
+    if cache is None:
+        return None
+    return {"bytes": cache.nbytes, "capacity_bytes": cache.max_bytes, "tokens": cache.tokens,
+            "usage": round(cache.nbytes / cache.max_bytes, 4)}
 
 
 class ClientGone(Exception):
@@ -95,7 +105,7 @@ def create_app(state: ServerState, routes: Callable[[FastAPI], None] | None = No
     @app.get("/health")
     async def health() -> JSONResponse:
         if state.worker is not None:
-            return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": "ok", "prefix_cache": prefix_cache_state(state.worker)})
         status = "failed" if state.load_error else "loading"
         return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
 
@@ -240,7 +250,8 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
     except ClientGone:
         return Response(status_code=499)  # nobody reads it
     choices = [(finals[i].text, finish_reason(finals[i])) for i in range(len(ids))]
-    return JSONResponse(reply.response(choices, sum(len(r.tokens) for r in finals.values())))
+    return JSONResponse(reply.response(choices, sum(len(r.tokens) for r in finals.values()),
+                                       cached_tokens(finals, req.n)))
 
 
 async def disconnected(request: Request) -> None:
@@ -292,6 +303,7 @@ async def stream(worker: EngineWorker, reply: Reply, req: CompletionRequest,
     this generator, or (spec 2.4) its next write fails; either way `finally` runs."""
     usage = req.include_usage
     tokens: dict[int, int] = {}
+    results: dict[int, GenerationResult] = {}
     try:
         if reply.route == "chat":  # the assistant's role first, as OpenAI streams it
             for i in range(len(ids)):
@@ -305,9 +317,10 @@ async def stream(worker: EngineWorker, reply: Reply, req: CompletionRequest,
                 yield reply.chunk(index, event.text, usage_field=usage)
             if event.result is not None:
                 tokens[index] = len(event.result.tokens)
+                results[index] = event.result
                 yield reply.chunk(index, None, finish_reason(event.result), usage_field=usage)
         if usage:
-            yield reply.usage_chunk(sum(tokens.values()))
+            yield reply.usage_chunk(sum(tokens.values()), cached_tokens(results, req.n))
         yield DONE
     finally:
         worker.cancel(ids)

@@ -7,6 +7,7 @@ exactly the same engine from the same flags.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING
 
 from specstack.config import DEFAULT_MAX_CONTEXT
@@ -23,6 +24,7 @@ def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> Non
     from specstack.engine.batched import BatchEngine, BatchRequest
     from specstack.engine.methods import DraftSources, describe, drafter_factory, length_rule, parse_method
     from specstack.models.loading import load_model
+    from specstack.prefix_cache import PrefixCache
     from specstack.server.worker import EngineWorker
 
     if args.threads is not None:
@@ -32,11 +34,14 @@ def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> Non
     if args.max_context is not None and args.max_context > lm.config.max_seq_len:
         raise SpecstackError(f"--max-context {args.max_context} is over the model's context of "
                              f"{lm.config.max_seq_len} tokens")
-    sources = DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram, args.draft_vocab)
+    cache_bytes = 0 if args.no_prefix_cache else args.prefix_cache_mb << 20
+    sources = dataclasses.replace(DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram,
+                                                         args.draft_vocab), prefix_cache_bytes=cache_bytes)
     method = parse_method(args.method)
     engine = BatchEngine(lm, max_rows=args.max_batch, max_context=max_context, step_tokens=args.step_tokens,
                          length=length_rule(method, lm, args.max_batch),
-                         drafters=drafter_factory(method, lm, sources, args.device))
+                         drafters=drafter_factory(method, lm, sources, args.device),
+                         prefix_cache=PrefixCache(cache_bytes) if cache_bytes else None)
     # one short request before the first client's: the first forwards of a fresh process are slow
     engine.run([BatchRequest([lm.config.bos_token_id or 0] * 2)])
 

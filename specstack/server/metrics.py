@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.process_collector import ProcessCollector
 
 from specstack.engine.stats import GenerationResult
+from specstack.prefix_cache import PrefixCache, PrefixCacheStats
 
 PREFIX = "specstack:"
 # vLLM's buckets (seconds)
@@ -64,6 +65,18 @@ class ServerMetrics:
                                      "Generated tokens by where they came from (target, draft, draft2, context)",
                                      ("origin",))
 
+        self.prefix_queries = counter("prefix_cache_queries", "Requests that looked for their prompt's prefix in "
+                                      "the prefix cache")
+        self.prefix_hits = counter("prefix_cache_hits", "Requests that found at least one token of it")
+        self.prefix_cached_tokens = counter("prefix_cache_cached_tokens",
+                                            "Prompt tokens taken from the prefix cache instead of read")
+        self.prefix_bytes = Gauge(PREFIX + "prefix_cache_bytes", "Bytes the prefix cache holds", m, registry=r)
+        self.prefix_capacity = Gauge(PREFIX + "prefix_cache_capacity_bytes", "The prefix cache's budget", m,
+                                     registry=r)
+        self.prefix_tokens = Gauge(PREFIX + "prefix_cache_tokens", "Tokens whose keys/values the prefix cache holds",
+                                   m, registry=r)
+        self._prefix_seen = PrefixCacheStats()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -104,6 +117,17 @@ class ServerMetrics:
         for origin, count in origins.items():
             if count > 0:
                 self.origin_tokens.labels(self.model, origin).inc(count)
+
+    def prefix_cache(self, cache: PrefixCache) -> None:
+        """The prefix cache's counters since the last call, and its size now."""
+        st, seen = cache.stats, self._prefix_seen
+        self.prefix_queries.labels(self.model).inc(st.queries - seen.queries)
+        self.prefix_hits.labels(self.model).inc(st.hits - seen.hits)
+        self.prefix_cached_tokens.labels(self.model).inc(st.cached_tokens - seen.cached_tokens)
+        self._prefix_seen = PrefixCacheStats(st.queries, st.hits, st.cached_tokens)
+        self.prefix_bytes.labels(self.model).set(cache.nbytes)
+        self.prefix_capacity.labels(self.model).set(cache.max_bytes)
+        self.prefix_tokens.labels(self.model).set(cache.tokens)
 
     def cancelled(self) -> None:
         self.aborted.labels(self.model).inc()

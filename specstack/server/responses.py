@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from specstack.engine.stats import GenerationResult
 from specstack.server.protocol import Route
 
 
@@ -27,15 +28,17 @@ class Reply:
     def object(self) -> str:
         return "chat.completion" if self.route == "chat" else "text_completion"
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def usage(self, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+        """cached_tokens: prompt tokens taken from the prefix cache instead of read (OpenAI's field)."""
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens + completion_tokens}
+                "total_tokens": self.prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     # -- whole responses ------------------------------------------------------------------------------
-    def response(self, choices: list[tuple[str, str]], completion_tokens: int) -> dict[str, Any]:
+    def response(self, choices: list[tuple[str, str]], completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
         """choices: (text, finish_reason) in index order."""
         if self.route == "chat":
             items = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
@@ -43,7 +46,7 @@ class Reply:
         else:
             items = [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
                      for i, (text, reason) in enumerate(choices)]
-        return {**self._head(self.object), "choices": items, "usage": self.usage(completion_tokens)}
+        return {**self._head(self.object), "choices": items, "usage": self.usage(completion_tokens, cached_tokens)}
 
     # -- stream chunks --------------------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None,
@@ -62,9 +65,17 @@ class Reply:
             body["usage"] = None
         return sse(body)
 
-    def usage_chunk(self, completion_tokens: int) -> str:
+    def usage_chunk(self, completion_tokens: int, cached_tokens: int) -> str:
         obj = "chat.completion.chunk" if self.route == "chat" else "text_completion"
-        return sse({**self._head(obj), "choices": [], "usage": self.usage(completion_tokens)})
+        return sse({**self._head(obj), "choices": [], "usage": self.usage(completion_tokens, cached_tokens)})
+
+
+def cached_tokens(results: dict[int, GenerationResult], n: int) -> int:
+    """A request's prompt tokens served from the prefix cache: per prompt, the fewest any of its n choices
+    took (the n samples of a new prompt read it once and copy it: 0, as the prompt was read)."""
+    prompts = (len(results) + n - 1) // n
+    return sum(min(results[p * n + j].stats.cached_tokens for j in range(n) if p * n + j in results)
+               for p in range(prompts))
 
 
 def sse(body: dict[str, Any]) -> str:

@@ -79,6 +79,8 @@ class EngineWorker:
         self._factories: dict[str, DrafterFactory | None] = {}  # built by prepare(), before submit
         self._build_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="specstack-engine", daemon=True)
+        if engine.prefix is not None:  # its series exist from the start, as a scraper expects
+            metrics.prefix_cache(engine.prefix)
 
     # -- called from the event loop -------------------------------------------------------------------
     def start(self) -> None:
@@ -198,6 +200,8 @@ class EngineWorker:
         last = self.engine.stats.last
         if last is not None:
             self.metrics.step(last.rows, last.drafted, last.accepted, last.drafting)
+        if self.engine.prefix is not None:
+            self.metrics.prefix_cache(self.engine.prefix)
         done = dict(finished)
         counts = self.engine.emitted() | {h: len(r.tokens) for h, r in finished}
         for handle, n in counts.items():

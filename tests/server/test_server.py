@@ -431,7 +431,8 @@ def test_health_and_requests_are_503_while_loading_then_200(server_model_dir: Pa
         release(pipe, fd, text)
         fd = None
         wait_ready(server)
-        assert httpx.get(server.root + "/health").json() == {"status": "ok"}
+        health = httpx.get(server.root + "/health").json()
+        assert health["status"] == "ok" and health["prefix_cache"]["capacity_bytes"] == 1024 << 20
         r = httpx.post(server.url + "/completions", json={"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2, r.text
     finally:

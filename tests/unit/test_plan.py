@@ -107,3 +107,12 @@ def test_the_lifecycle_moves_forward_only():
     for back in ((D, P), (P, W), (D, W)):
         with pytest.raises(LifecycleError, match="cannot become"):
             transition(*back)
+
+
+def test_a_held_request_takes_a_row_but_reads_nothing_while_the_budget_goes_on():
+    """Samples of one prompt: the oldest reads it, the held ones wait (to copy it from the prefix cache)
+    and leave the budget to the rest."""
+    rows = [prompt(0, 70), RowView(1, P, pending=70, drafts=False, held=True)]
+    waiting = [RowView(2, W, pending=70, drafts=False, held=True), prompt(3, 5, state=W)]
+    plan = plan_step(rows, waiting, free_rows=2, budget=80, max_tree=64)
+    assert plan.admit == 2 and plan.reads == {0: 70, 1: 0, 3: 5}
