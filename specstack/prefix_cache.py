@@ -2,7 +2,8 @@
 the same way reads only what is new (vLLM's automatic prefix caching, SGLang's RadixAttention).
 
 Which: a tree of fixed-size blocks (vLLM's blocks, chained as SGLang's radix tree is). A block holds
-`block_size` tokens and their keys/values at positions [start, start + block_size); it is found from its
+`block_size` tokens and their keys/values at positions [start, start + block_size) (a sequence's last
+block may hold fewer: a leaf, so that a prompt sent again finds all of it); it is found from its
 parent block by its own tokens (a dict keyed by the token tuple: exact, no hash collisions to guard
 against), so a lookup walks the prompt block by block in O(prompt) and the chain of blocks IS the
 prefix. Why blocks and not a radix tree with edges of any length: an edge of any length has to be split
@@ -53,14 +54,13 @@ class Match:
     """The longest cached prefix of a prompt: its blocks in order and how many tokens of the last to use."""
 
     blocks: tuple[Block, ...] = ()
-    tokens: int = 0  # tokens of the prefix (full blocks, then `tokens - full` of the last block)
+    tokens: int = 0  # tokens of the prefix (every block whole but the last, of which the first `tokens - ...`)
 
     def kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the prefix's positions 0 .. tokens - 1: [layers, kv_heads, tokens, head_dim]."""
-        size = len(self.blocks[0].tokens)
         ks = [b.k for b in self.blocks]
         vs = [b.v for b in self.blocks]
-        cut = self.tokens - size * (len(self.blocks) - 1)
+        cut = self.tokens - sum(len(b.tokens) for b in self.blocks[:-1])
         ks[-1], vs[-1] = ks[-1][:, :, :cut], vs[-1][:, :, :cut]
         return torch.cat(ks, 2), torch.cat(vs, 2)
 
@@ -82,12 +82,9 @@ class PrefixCache:
         self.roots: dict[tuple[int, ...], Block] = {}  # the first block of every cached prefix
         self.blocks: set[Block] = set()
         self.nbytes = 0
+        self.tokens = 0  # tokens whose keys/values the blocks hold
         self.stats = PrefixCacheStats()
         self._clock = itertools.count(1)
-
-    @property
-    def tokens(self) -> int:
-        return len(self.blocks) * self.block_size
 
     def _children(self, parent: Block | None) -> dict[tuple[int, ...], Block]:
         return self.roots if parent is None else parent.children
@@ -131,24 +128,27 @@ class PrefixCache:
 
     # -- writing --------------------------------------------------------------------------------------
     def store(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> int:
-        """Keep the full blocks of `tokens` whose keys/values k, v [layers, kv_heads, >= len(tokens),
-        head_dim] hold at positions 0..len(tokens) - 1 (a row's committed slots): the blocks already cached
-        are only touched, the new ones copied. Returns the blocks copied."""
+        """Keep the blocks of `tokens` whose keys/values k, v [layers, kv_heads, >= len(tokens), head_dim]
+        hold at positions 0..len(tokens) - 1 (a row's committed slots), the last one partial if they end
+        inside a block: the blocks already cached are only touched, the new ones copied. Returns the
+        blocks copied."""
         b = self.block_size
         parent: Block | None = None
         path: list[Block] = []
         new = 0
-        for at in range(0, len(tokens) - b + 1, b):
+        for at in range(0, len(tokens), b):
             key = tuple(tokens[at : at + b])
             block = self._children(parent).get(key)
             if block is None:
-                size = 2 * k[:, :, :b].nbytes
+                n = len(key)
+                size = 2 * k[:, :, :n].nbytes
                 if size > self.max_bytes or not self._make_room(size, keep=set(path)):
                     break
-                block = Block(key, k[:, :, at : at + b].clone(), v[:, :, at : at + b].clone(), parent, at // b)
+                block = Block(key, k[:, :, at : at + n].clone(), v[:, :, at : at + n].clone(), parent, at // b)
                 self._children(parent)[key] = block
                 self.blocks.add(block)
                 self.nbytes += block.nbytes
+                self.tokens += n
                 self.stats.stored_blocks += 1
                 new += 1
             block.used = next(self._clock)
@@ -175,6 +175,7 @@ class PrefixCache:
         del self._children(block.parent)[block.tokens]
         self.blocks.discard(block)
         self.nbytes -= block.nbytes
+        self.tokens -= len(block.tokens)
         self.stats.evicted_blocks += 1
 
     def clear(self) -> None:

@@ -102,17 +102,17 @@ def test_a_prefix_evicted_while_rows_run(tiny):
 
 def test_n_samples_of_one_prompt_read_it_once(tiny):
     """Four seeded samples of one prompt, admitted together: the oldest reads the prompt while the others
-    wait, then they copy it (all but the last partial block), and each emits the tokens of its seed alone."""
+    wait, then they copy all of it but their root, and each emits the tokens of its seed alone."""
     gens = [GenerationConfig(max_new_tokens=10, stop_on_eos=False,
                              sampling=SamplingParams(temperature=1.0, seed=100 + i)) for i in range(4)]
     eng = engine(tiny.lm, step_tokens=16)
     results = eng.run([BatchRequest(BASE, g) for g in gens])
     for g, out in zip(gens, results, strict=True):
         assert out.tokens == alone(tiny.lm, BASE, g)
-    assert [out.stats.cached_tokens for out in results] == [0, 64, 64, 64]
-    # the prompt's 70 tokens once, then each sample's last 6: the forwards read 70 + 3 * 6 prompt tokens
+    assert [out.stats.cached_tokens for out in results] == [0, 69, 69, 69]
+    # the prompt's 70 tokens once, then each sample's root: the forwards read 70 + 3 * 1 prompt tokens
     decode = sum(len(out.tokens) for out in results) - 4  # each row's first token comes with its prompt's end
-    assert eng.stats.tokens == 70 + 3 * 6 + decode
+    assert eng.stats.tokens == 70 + 3 * 1 + decode
 
 
 def test_without_a_prefix_cache_every_sample_reads_the_prompt(tiny):

@@ -1,5 +1,5 @@
 """The prefix cache's blocks (prefix_cache.py), without a model: what a lookup finds (whole
-blocks, then part of the next), least-recently-used leaves evicted first under the byte budget, never
+blocks, then part of the next; a sequence's partial last block too), least-recently-used leaves evicted first under the byte budget, never
 the path being stored nor a parent before its children."""
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ BLOCK_BYTES = 2 * kv(B)[0].nbytes
 
 def test_a_lookup_takes_whole_blocks_then_part_of_the_next():
     cache = PrefixCache(100 * BLOCK_BYTES, block_size=B)
-    assert cache.store(list(range(10)), *kv(10)) == 2  # two whole blocks; the last two tokens are not kept
+    assert cache.store(list(range(10)), *kv(10)) == 3  # two whole blocks and a partial one (a leaf)
+    assert cache.match(list(range(10))).tokens == 10 and cache.tokens == 10
     m = cache.match(list(range(6)) + [99, 98])
     assert m.tokens == 6 and len(m.blocks) == 2  # block 1 whole, block 2's first two tokens
     k, v = m.kv()
