@@ -4,7 +4,7 @@
 # level by level by the same `bench-serve` load (12 HumanEval prompts, 128 tokens each, ignore_eos),
 # alternating old and new at each level; then 2,000 short requests to the new server with its resident
 # memory read before, after 1,000 and after 2,000 (bench-serve reports process_resident_memory_bytes).
-#   bash benchmarks/one_engine_ab/serve.sh OLD_TREE NEW_TREE OUT_DIR
+#   [RSS=0] bash benchmarks/one_engine_ab/serve.sh OLD_TREE NEW_TREE OUT_DIR   (RSS=0: the levels only)
 set -euo pipefail
 old=$(cd "$1" && pwd); new=$(cd "$2" && pwd); mkdir -p "$3"; out=$(cd "$3" && pwd)
 serve() {  # tree port (run from / so that the tree on PYTHONPATH, not the current folder, is imported)
@@ -26,6 +26,7 @@ for c in 1 8 32; do
   done
 done
 kill $p_old
+[ "${RSS:-1}" = 0 ] && exit 0  # RSS=0: the levels only
 for half in 1 2; do
   specstack bench-serve --url http://127.0.0.1:8032/v1 --label new --concurrency 8 --requests 1000 --limit 12 \
     --max-tokens 4 --ignore-eos --out "$out/rss-$half" > /dev/null

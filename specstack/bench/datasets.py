@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 from specstack.errors import SpecstackError
 from specstack.files import decode_utf8, read_bytes, read_text
@@ -124,9 +124,9 @@ def not_utf8(f: IO[str], e: UnicodeDecodeError) -> NoReturn:
     raise SpecstackError(f"data file {path} is not valid UTF-8 ({e.reason})") from None
 
 
-def iter_sharegpt(path: Path | None = None) -> Iterator[Prompt]:
-    """First user turn of each conversation start, file order; empty, over-long (by characters) and
-    repeated conversations skipped. The token-length filter is `select_prompts`'."""
+def conversation_starts(path: Path | None = None) -> Iterator[tuple[str, list[Any]]]:
+    """(id, turns) of each ShareGPT conversation start, file order, each id once: later parts of a
+    conversation the file splits (`ID_1`, `ID_2`, ...) start mid-conversation and are skipped."""
     seen: set[str] = set()
     with open(path or sharegpt_path(), encoding="utf-8") as f:
         for i, conv in enumerate(json_array_items(f)):
@@ -134,14 +134,22 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[Prompt]:
                 continue
             cid = str(conv.get("id", i))
             stem, _, part = cid.rpartition("_")
-            if stem and part.isdigit() and part != "0":
-                continue  # a later part of a long conversation split in pieces: not its first turn
-            turns = conv.get("conversations") or []
-            text = next((t.get("value") or "" for t in turns
-                         if isinstance(t, dict) and t.get("from") in ("human", "user")), "")
-            if cid in seen or not text.strip() or len(text) > _SHAREGPT_MAX_CHARS:
+            if (stem and part.isdigit() and part != "0") or cid in seen:
                 continue
             seen.add(cid)
+            yield cid, conv.get("conversations") or []
+
+
+def user_turns(turns: list[Any]) -> list[Any]:
+    return [t.get("value") for t in turns if isinstance(t, dict) and t.get("from") in ("human", "user")]
+
+
+def iter_sharegpt(path: Path | None = None) -> Iterator[Prompt]:
+    """First user turn of each conversation start, file order; empty and over-long (by characters)
+    ones skipped. The token-length filter is `select_prompts`'."""
+    for cid, turns in conversation_starts(path):
+        text = next(iter(user_turns(turns)), None) or ""
+        if isinstance(text, str) and text.strip() and len(text) <= _SHAREGPT_MAX_CHARS:
             yield Prompt(f"sharegpt/{cid}", text, chat=True)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from specstack.bench.datasets import json_array_items, sharegpt_path
+from specstack.bench.datasets import conversation_starts, user_turns
 from specstack.errors import SpecstackError
 
 # The editor's default file, and the probe's files (the editor's left out, though the probe's prompts are
@@ -40,22 +40,12 @@ def iter_conversations(turns: int, turn_chars: int, path: Path | None = None) ->
     `turns` non-empty and at most `turn_chars` characters; only those first turns are kept. Later parts
     of a conversation the file splits (`ID_1`, `ID_2`, ...) start mid-conversation and are skipped, as are
     repeated ids; a conversation with an over-long turn is skipped whole (cutting a turn would make up text)."""
-    seen: set[str] = set()
-    with open(path or sharegpt_path(), encoding="utf-8") as f:
-        for i, conv in enumerate(json_array_items(f)):
-            if not isinstance(conv, dict):
-                continue
-            cid = str(conv.get("id", i))
-            stem, _, part = cid.rpartition("_")
-            if (stem and part.isdigit() and part != "0") or cid in seen:
-                continue
-            seen.add(cid)
-            users = [t.get("value") for t in conv.get("conversations") or []
-                     if isinstance(t, dict) and t.get("from") in ("human", "user")][:turns]
-            kept = [u for u in users if isinstance(u, str) and u.strip() and len(u) <= turn_chars]
-            if len(kept) < turns or len(kept) < len(users):
-                continue
-            yield Conversation(f"sharegpt/{cid}", tuple(kept))
+    for cid, conv_turns in conversation_starts(path):
+        users = user_turns(conv_turns)[:turns]
+        kept = [u for u in users if isinstance(u, str) and u.strip() and len(u) <= turn_chars]
+        if len(kept) < turns or len(kept) < len(users):
+            continue
+        yield Conversation(f"sharegpt/{cid}", tuple(kept))
 
 
 def module_source(name: str) -> str:

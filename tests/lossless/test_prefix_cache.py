@@ -9,13 +9,14 @@ import random
 import numpy as np
 import pytest
 from chisq import chi2_pvalue
+from lossless.test_batched_drafters import alone
 from lossless.test_sampling_equivalence import PROMPT, V, exact_pairs
 
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.katz import KatzTrigram
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import NgramDrafter
-from specstack.engine.batched import BatchEngine, BatchRequest, generate
+from specstack.engine.batched import BatchEngine, BatchRequest
 from specstack.prefix_cache import PrefixCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,16 +26,6 @@ BASE = [_rnd.randrange(3, 257) for _ in range(70)]
 GEN = GenerationConfig(max_new_tokens=12, stop_on_eos=False)
 BLOCK = 8
 MB = 1 << 20
-_alone: dict[tuple, list[int]] = {}
-
-
-def alone(lm, prompt: list[int], gen: GenerationConfig = GEN) -> list[int]:
-    key = (id(lm), tuple(prompt), gen)
-    if key not in _alone:
-        _alone[key] = generate(lm, prompt, gen).tokens
-    return _alone[key]
-
-
 def tail(n: int, seed: int) -> list[int]:
     r = random.Random(seed)
     return [r.randrange(3, 257) for _ in range(n)]
@@ -53,7 +44,7 @@ def drafters(kind: str, lm, self_drafts):
         return ModelDrafter(self_drafts, TreeParams.chain(3))
     if kind == "tree":
         return ModelDrafter(self_drafts, TreeParams(width=2, budget=6, depth=3, expand_per_forward=2))
-    trigram = KatzTrigram.train([BASE + alone(lm, BASE), tail(200, 5)], vocab_size=257)
+    trigram = KatzTrigram.train([BASE + alone(lm, BASE, GEN), tail(200, 5)], vocab_size=257)
     return NgramDrafter(trigram, widths=(1,) * 6, max_n=6)
 
 
@@ -65,11 +56,11 @@ def test_rows_from_cached_prefixes_decode_as_cold_ones(tiny, self_drafts, kind):
     draft = self_drafts[tiny.arch]
     eng = engine(tiny.lm)
     first = eng.run([BatchRequest(BASE, GEN, drafter=drafters(kind, tiny.lm, draft))])[0]
-    assert first.tokens == alone(tiny.lm, BASE) and first.stats.cached_tokens == 0
+    assert first.tokens == alone(tiny.lm, BASE, GEN) and first.stats.cached_tokens == 0
     prompts = [BASE, BASE[:43] + tail(20, 1), BASE + tail(9, 2), tail(30, 3)]
     results = eng.run([BatchRequest(p, GEN, drafter=drafters(kind, tiny.lm, draft)) for p in prompts])
     for i, (p, out) in enumerate(zip(prompts, results, strict=True)):
-        assert out.tokens == alone(tiny.lm, p), f"{kind}: prompt {i}"
+        assert out.tokens == alone(tiny.lm, p, GEN), f"{kind}: prompt {i}"
     assert [out.stats.cached_tokens for out in results] == [69, 43, 70, 0]
     st = eng.prefix.stats
     assert (st.queries, st.hits, st.cached_tokens) == (5, 3, 69 + 43 + 70)
@@ -97,7 +88,7 @@ def test_a_prefix_evicted_while_rows_run(tiny):
     out_b, out_c = eng.pop_result(hb), eng.pop_result(hc)
     assert out_b.stats.cached_tokens == 40
     for p, out in [(a, first), (b, out_b), (c, out_c)]:
-        assert out.tokens == alone(tiny.lm, p)
+        assert out.tokens == alone(tiny.lm, p, GEN)
 
 
 def test_n_samples_of_one_prompt_read_it_once(tiny):
@@ -132,7 +123,7 @@ def test_a_cancelled_rows_read_part_serves_the_next_request(tiny):
     assert eng.cancel(h) and eng.running == 0 and eng.cache.batch_size == 0
     assert eng.prefix.tokens == 24
     out = eng.run([BatchRequest(BASE, GEN)])[0]
-    assert out.tokens == alone(tiny.lm, BASE) and out.stats.cached_tokens == 24
+    assert out.tokens == alone(tiny.lm, BASE, GEN) and out.stats.cached_tokens == 24
 
 
 def test_a_spire_draft_reads_its_prompt_without_the_cache(tiny_llama, spire_drafts):
@@ -141,7 +132,7 @@ def test_a_spire_draft_reads_its_prompt_without_the_cache(tiny_llama, spire_draf
     eng = engine(tiny_llama.lm)
     eng.run([BatchRequest(BASE, GEN)])
     out = eng.run([BatchRequest(BASE, GEN, drafter=ModelDrafter(spire_drafts["spire"], TreeParams.chain(3)))])[0]
-    assert out.tokens == alone(tiny_llama.lm, BASE) and out.stats.cached_tokens == 0
+    assert out.tokens == alone(tiny_llama.lm, BASE, GEN) and out.stats.cached_tokens == 0
 
 
 def test_samples_sharing_a_cached_prefix_follow_the_targets_distribution(vocab8):
@@ -186,5 +177,5 @@ def test_a_draft_models_own_prefix_cache_drafts_what_a_cold_draft_drafts(tiny, s
         if cached:
             assert prefix.stats.hits >= 4 and prefix.stats.cached_tokens >= 69 + 70 + 43 + 69
     for i, (cold, warm) in enumerate(zip(runs[False], runs[True], strict=True)):
-        assert warm.tokens == cold.tokens == alone(tiny.lm, ([BASE] + prompts)[i]), f"prompt {i}"
+        assert warm.tokens == cold.tokens == alone(tiny.lm, ([BASE] + prompts)[i], GEN), f"prompt {i}"
         assert [s.accepted for s in warm.stats.steps] == [s.accepted for s in cold.stats.steps], f"prompt {i}"
