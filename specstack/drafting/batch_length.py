@@ -122,13 +122,15 @@ class CostAwareLength:
     """Each step's nodes for the most expected tokens per second (module docstring).
 
     longest: the most nodes a row may verify (None: what its drafter proposes).
-    pause: the drafter costs real time (a draft model): after `quiet` steps in which the rule kept no
-    node at all, `limit()` is 0 (the drafters do no work) except every `probe`-th step, which proposes
-    again to see whether drafts pay once more (a context match, fewer rows)."""
+    pause: from how many rows drafting pauses (0: never; True, i.e. 1: always, for a drafter whose work
+    costs real time even for one row, a draft model's chain): while the last step had that many rows,
+    after `quiet` steps in which the rule kept no node at all, `limit()` is 0 (the drafters do no work)
+    except every `probe`-th step, which proposes again to see whether drafts pay once more (a context
+    match, fewer rows). A server's rule pauses from 2 rows, so a stream alone keeps looking."""
 
     cost: ForwardCost
     longest: int | None = None
-    pause: bool = False
+    pause: int = 0
     quiet: int = 3
     probe: int = 8
     prior: tuple[float, float] = (1.0, 1.0)  # Beta pseudo-counts of each class's acceptance
@@ -145,7 +147,8 @@ class CostAwareLength:
 
     def limit(self) -> int | None:
         self._began = self.clock()
-        if self.pause and self._idle >= self.quiet and (self._idle - self.quiet) % self.probe:
+        paused = self.pause and self._last[0] >= self.pause and self._idle >= self.quiet
+        if paused and (self._idle - self.quiet) % self.probe:
             return 0
         return self.longest
 

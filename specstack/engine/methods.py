@@ -185,6 +185,11 @@ def length_rule(method: MethodSpec, target: LoadedModel, rows: int = 1) -> Batch
 # ---------------------------------------------------------------------------------------------------
 # The methods
 # ---------------------------------------------------------------------------------------------------
+# tree and n-gram drafting pauses while the step has this many rows or more and no draft token pays (a
+# row alone keeps proposing: its next context match, or a sure tree node, pays); a chain pauses even alone
+PAUSE_ROWS = 2
+
+
 def forward_cost(target: LoadedModel, rows: int, widths: int = 0) -> ForwardCost:
     """The target's forward cost per (rows, tokens) for steps of up to `rows` rows, every grid row count
     it needs measured now, and the one-row curve at every width 1 .. `widths` (the widths a lone row's
@@ -240,7 +245,7 @@ def tree_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
     the rule also sizes each tree while it grows (ctx.size), so a lone row whose nodes do not pay costs a
     catch-up forward, and only a batch's rows pause their drafting while none pays."""
     if p["cost"]:
-        return CostAwareLength(forward_cost(target, rows, tree_measures(p)), pause=rows > 1)
+        return CostAwareLength(forward_cost(target, rows, tree_measures(p)), pause=PAUSE_ROWS)
     return AsProposed()
 
 
@@ -261,7 +266,7 @@ def ngram_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
     not free (lookups for every row add up in a batch): in a batch, while none pays, drafting pauses
     between probes; a lone row keeps looking (its next context match pays)."""
     if p["cost"]:
-        return CostAwareLength(forward_cost(target, rows, ngram_measures(p)), longest=p["max"], pause=rows > 1)
+        return CostAwareLength(forward_cost(target, rows, ngram_measures(p)), longest=p["max"], pause=PAUSE_ROWS)
     if p["max"]:
         return BassLength(start=p["depth"], cap=p["max"])
     return AsProposed()

@@ -114,6 +114,18 @@ def test_cost_rule_pauses_drafting_then_probes():
     assert rule.limit() is None
 
 
+def test_a_rule_pausing_from_two_rows_lets_a_lone_row_keep_proposing():
+    """A server's n-gram rule (pause=2): idle steps of one row never pause its drafting; the same idle
+    steps of two rows do, until a probe."""
+    for rows, expect in [(1, [None] * 6), (2, [None, None, None, 0, 0, None])]:
+        rule = CostAwareLength(lambda r, tokens: r + 0.5 * (tokens - r), pause=2, quiet=2, probe=3)
+        limits = []
+        for _ in range(6):
+            limits.append(rule.limit())
+            rule.choose([chain(2, [0.1, 0.05]) if limits[-1] is None else chain(0)] * rows, rows, rows)
+        assert limits == expect, rows
+
+
 def evidence_chain(*classes) -> DraftTree:
     tree = DraftTree.chain(list(range(10, 10 + len(classes))))
     tree.evidence = list(classes)
