@@ -63,7 +63,8 @@ def add_parser(subparsers: Any) -> None:
                 metavar="N", help=f"memory for the prefix cache, MiB (default {DEFAULT_PREFIX_CACHE_MB}): the keys and "
                                   "values of prompts (and answers) already read, so a request that starts the same "
                                   "way (a chat's next turn, an editor's context, n samples) reads only what is new; "
-                                  "least recently used first out")
+                                  "least recently used first out. A draft model keeps a cache of its own of this "
+                                  "size at most")
     g.add_argument("--no-prefix-cache", action="store_true",
                    help="read every prompt whole (no prefix cache)")
     g.add_argument("--api-key", default=os.environ.get("SPECSTACK_API_KEY"), metavar="KEY",
