@@ -42,6 +42,7 @@ from specstack.config import DEFAULT_MAX_CONTEXT, DEFAULT_STEP_TOKENS, Generatio
 from specstack.drafting.base import DraftContext, Drafter, DraftGroup
 from specstack.drafting.batch_length import AsProposed, BatchLength
 from specstack.engine.plan import RowState, StepPlan, plan_step
+from specstack.engine.prefix_rows import attach, look_up, publish
 from specstack.engine.rows import BatchRequest, Block, DrafterFactory, DrafterPool, Row
 from specstack.engine.stats import BatchStats, BatchStep, GenerationResult, RunStats, StepStats
 from specstack.engine.stopping import TokenStream
@@ -194,52 +195,16 @@ class BatchEngine:
                          free, self.step_tokens, self.max_tree)
 
     def _look_up(self, rows: Sequence[Row]) -> None:
-        """Each row that has read nothing yet (oldest first): its longest cached prefix, and whether it
-        waits (`held`) for an older row reading at least a block more of the same prompt, so that a
-        prompt sent n times (n samples, retries) is read once and copied n - 1 times. A row whose drafter
-        reads the target's activations takes no prefix (the cache keeps keys and values only): it reads
-        its prompt, as without a cache."""
-        if self.prefix is None:
-            return
-        size = self.prefix.block_size
-        readers = [r.request.prompt_ids for r in self.rows if not r.fresh and r.state is RowState.PREFILLING]
-        for row in sorted((r for r in rows if r.fresh), key=lambda r: r.handle):
-            prompt = row.request.prompt_ids
-            row.match = self.prefix.match(prompt, len(prompt) - 1) if not row.layers else row.match
-            reach = row.match.tokens + size
-            row.held = not row.layers and reach < len(prompt) and any(
-                len(p) > reach and p[:reach] == prompt[:reach] for p in readers)
-            if not row.held:
-                readers.append(prompt)
+        if self.prefix is not None:
+            look_up(self.prefix, self.rows, rows)
 
     def _attach(self, plan: StepPlan) -> None:
-        """Rows about to read their first tokens copy their cached prefix into their cache rows."""
-        if self.prefix is None:
-            return
-        for i, row in enumerate(self.rows):
-            if not row.fresh or not plan.reads.get(row.handle):
-                continue
-            row.fresh = False
-            if row.layers:
-                continue
-            match = row.match
-            self.prefix.use(match)
-            if not match.tokens:
-                continue
-            self.cache.load_prefix(i, *match.kv())
-            row.pending = row.pending[match.tokens:]
-            row.stats.cached_tokens = match.tokens
-            if len(row.pending) == 1 and row.state is RowState.PREFILLING:  # all but its root was cached
-                row.move(RowState.DECODING)
-                if row.drafts:  # its steps are decoding from now on
-                    row.prefilled = time.perf_counter()
+        if self.prefix is not None:
+            attach(self.prefix, self.cache, self.rows, plan)
 
     def _publish(self, i: int) -> None:
-        """Row i's committed tokens into the prefix cache (its full blocks not there yet are copied)."""
-        kv = self.cache.committed_kv(i) if self.prefix is not None else None
-        if kv is None or self.prefix is None:
-            return
-        self.prefix.store(self.rows[i].ctx.tokens[: self.cache.lengths[i]], *kv)
+        if self.prefix is not None:
+            publish(self.prefix, self.cache, i, self.rows[i])
 
     def _admit(self, n: int) -> None:
         now = time.perf_counter()
