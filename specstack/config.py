@@ -120,11 +120,48 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class EditorStops:
+    """An editor's stops, as llama.cpp's /infill takes them (`t_max_predict_ms`, `n_indent`): a completion
+    shown while the user types is cut at a line, not mid-line. They only end the text early, so every
+    method stays lossless under them."""
+
+    seconds: float | None = None  # once generation has run this long, stop at the next line break
+    # a line after the first indented less than this ends the text, cut before its code; a blank line too,
+    # as in llama.cpp (a block's end, for an editor)
+    indent: int = 0
+
+    def __post_init__(self) -> None:
+        if self.seconds is not None and not self.seconds >= 0:
+            raise SpecstackError(f"the time limit must be a number of seconds >= 0, got {self.seconds!r}")
+        if self.indent < 0:
+            raise SpecstackError(f"the indent must be >= 0, got {self.indent}")
+
+    def cut(self, text: str, elapsed: float, fresh: str) -> int | None:
+        """Where the text ends under these stops (None: it goes on). `fresh` is the text the last tokens
+        added: the time limit acts when a line break arrives after it has passed, as llama.cpp's does."""
+        if self.indent > 0:
+            at = text.find("\n")
+            while at >= 0:
+                start = at + 1
+                end = start
+                while end < len(text) and text[end] in " \t":
+                    end += 1
+                if end < len(text) and end - start < self.indent:
+                    return end  # the line's indentation is kept, its code (or a blank line's break) is not
+                at = text.find("\n", start)
+        if self.seconds is not None and elapsed > self.seconds and "\n" in fresh:
+            return len(text)
+        return None
+
+
+@dataclass(frozen=True)
 class GenerationConfig:
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_strings: tuple[str, ...] = ()
     stop_on_eos: bool = True
+    editor: EditorStops | None = None
+    stop_ids: tuple[int, ...] = ()  # tokens that end the text as EOS does (a FIM middle's end tokens)
 
     def __post_init__(self) -> None:
         validate.new_tokens("max_new_tokens", self.max_new_tokens)

@@ -13,8 +13,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "specstack.interrupt", "specstack.files", "specstack.validate")),
     # the data structures and pure functions every layer above shares: prompt encoding, the one mask
     # builder, the preallocated KV cache and the prefix cache of prompts read, the draft tree as data,
+    # fill-in-the-middle prompts from a model's special tokens,
     # logits -> warped probabilities
-    ("primitives", ("specstack.prompts", "specstack.attention", "specstack.cache", "specstack.prefix_cache",
+    ("primitives", ("specstack.prompts", "specstack.fim", "specstack.attention", "specstack.cache", "specstack.prefix_cache",
                     "specstack.tree", "specstack.sampling")),
     # decoders behind one protocol, weight formats, loading, the registry of named models
     ("models", ("specstack.models",)),

@@ -99,6 +99,30 @@ def build_tiny_checkpoint(path: Path, context: int = TINY_CONTEXT) -> Path:
     return path
 
 
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+def fim_tokenizer() -> Any:
+    """The default model's tokenizer with Qwen2.5-Coder's fill-in-the-middle tokens added (the default model
+    has none): what a FIM checkpoint of the tests reads."""
+    from specstack.models.loading import load_tokenizer
+    from specstack.models.registry import DEFAULT_MODEL, resolve
+
+    tok = load_tokenizer(resolve(DEFAULT_MODEL), None)
+    tok.add_special_tokens({"additional_special_tokens": list(FIM_TOKENS)})
+    return tok
+
+
+def build_fim_checkpoint(path: Path, context: int = TINY_CONTEXT) -> Path:
+    """A random Llama checkpoint whose tokenizer has Qwen2.5-Coder's FIM tokens (fim.py finds them)."""
+    from tiny_checkpoints import Tiny
+
+    tok = fim_tokenizer()
+    Tiny("llama", 7, vocab=len(tok), hidden=64, layers=2, ff=128, max_pos=context, init=None, tie=True,
+         bos=tok.bos_token_id, eos=tok.eos_token_id).save(path, tok)
+    return path
+
+
 def _byte_symbols() -> list[str]:
     """GPT-2's byte-to-character table: a byte-level BPE vocabulary with no merges."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]

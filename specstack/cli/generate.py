@@ -40,6 +40,7 @@ from specstack.cli.common import (
 from specstack.config import GenerationConfig
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text, check_writable_file, read_text
+from specstack.fim import ExtraFile
 from specstack.prompts import check_context, check_text, encode_prompt
 
 if TYPE_CHECKING:
@@ -66,6 +67,14 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--per-line", action="store_true",
                    help="a plain --prompt-file holds one prompt per non-empty line (a .jsonl file always does)")
     g.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    g = p.add_argument_group("fill in the middle (code completion at a cursor; the prompt is the code before it)")
+    fim = g.add_mutually_exclusive_group()
+    fim.add_argument("--suffix", default=None, metavar="TEXT",
+                     help="the code after the cursor: the model writes what goes between the prompt and this, "
+                          "from its own FIM tokens (e.g. qwen2.5-coder-1.5b)")
+    fim.add_argument("--suffix-file", type=Path, default=None, metavar="PATH", help="read --suffix from a UTF-8 file")
+    g.add_argument("--extra-file", type=Path, action="append", default=[], metavar="PATH",
+                   help="another file of the project the model sees first (repeatable; the repository layout)")
     add_generation_args(p)
     g = p.add_argument_group("several rows (decoded together in a batch)")
     add_checked(g, "--n", validate.ints(1, validate.MAX_COUNT), default=1, metavar="N",
@@ -172,6 +181,44 @@ def read_prompt(args: argparse.Namespace) -> str:
     if not text.strip():
         raise SpecstackError(f"{what} is empty")
     return text
+
+
+@dataclass(frozen=True)
+class Infill:
+    """--suffix / --suffix-file and --extra-file, read and checked before the model loads."""
+
+    suffix: str
+    extra: tuple[ExtraFile, ...]
+
+
+def read_infill(args: argparse.Namespace, prompts: list[Prompt]) -> Infill | None:
+    if args.suffix is None and args.suffix_file is None:
+        if args.extra_file:
+            raise SpecstackError("--extra-file gives context to a fill-in-the-middle run: add --suffix or --suffix-file")
+        return None
+    if len(prompts) > 1 or args.n > 1:
+        raise SpecstackError("--suffix fills one middle: give one prompt (the code before the cursor), without --n")
+    if args.chat:
+        raise SpecstackError("--suffix and --chat do not go together: a fill-in-the-middle prompt has its own layout")
+    suffix = args.suffix if args.suffix_file is None else read_text(args.suffix_file, "suffix file")
+    check_text(suffix)
+    extra = tuple(ExtraFile(path.name, read_text(path, "extra file")) for path in args.extra_file)
+    return Infill(suffix, extra)
+
+
+def encode_infill(lm: LoadedModel, prefix: str, infill: Infill, gen: GenerationConfig) -> tuple[list[int], GenerationConfig]:
+    """The FIM prompt (fitted to the context, leaving the middle its --max-new-tokens where it can) and the
+    generation settings that stop at the template's end tokens."""
+    from specstack.fim import encode_fim
+    from specstack.models.registry import fim_template
+
+    t = fim_template(lm.name, lm.tokenizer)
+    context = lm.config.max_seq_len
+    p = encode_fim(lm.tokenizer, t, prefix, infill.suffix, infill.extra,
+                   budget=max(context // 2, context - gen.max_new_tokens))
+    if p.truncated:
+        warn("the code around the cursor is longer than the context allows: its far ends were left out")
+    return p.ids, dataclasses.replace(gen, stop_ids=t.end_ids(lm.tokenizer))
 
 
 def load(args: argparse.Namespace, dtype: str) -> LoadedModel:
@@ -314,6 +361,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     gen = generation_config(args)
     prompts = read_prompts(args)
     keys = plan_rows(args, len(prompts), gen)
+    infill = read_infill(args, prompts)
     dtype = check_model_args(args)
     if args.html is not None:
         check_writable_file(args.html, "--html")
@@ -324,7 +372,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     warn_ignored_draft_args(args, method)
     # 2. load and encode (the context check needs the tokenizer and the model's limit)
     lm = load(args, dtype)
-    ids = encode_all(lm, prompts, args.chat)
+    if infill is not None:
+        fim_ids, gen = encode_infill(lm, prompts[0].text, infill, gen)
+        ids = [fim_ids]
+    else:
+        ids = encode_all(lm, prompts, args.chat)
     built = build_method(args, method, lm, batch_size)
     if len(keys) > 1:  # several rows: together in the batched engine
         run_batch(lm, keys, ids, gen, batch_size, args.jsonl, built)

@@ -137,8 +137,8 @@ class BatchEngine:
         check_context(len(prompt), self.max_context)
         gen = request.gen
         max_new = min(gen.max_new_tokens, self.max_context - len(prompt))
-        stream = TokenStream(self.lm.tokenizer, max_new, self.lm.eos_token_ids if gen.stop_on_eos else (),
-                             gen.stop_strings, request.on_text)
+        stream = TokenStream(self.lm.tokenizer, max_new, (*self.lm.eos_token_ids, *gen.stop_ids) if gen.stop_on_eos else (),
+                             gen.stop_strings, request.on_text, gen.editor, request.on_spans)
         generator = make_generator(gen.sampling, self.model.device)
         factory = None
         if request.drafter is None and request.speculate:
@@ -369,7 +369,8 @@ class BatchEngine:
                 row.drafter.observe(block.tree, result, seen)
                 drafted.append(block.tree)
                 accepted.append(len(result.accepted))
-            taken = row.stream.push(result.tokens)
+            taken = row.stream.push(result.tokens, [block.tree.origin[a] for a in result.accepted] + ["target"]
+                                    if row.drafter is not None else None)
             row.ctx.tokens.extend(result.tokens)
             row.pending = [result.tokens[-1]]
             if row.drafter is not None:  # every forward with a tree is a step
@@ -416,7 +417,7 @@ class BatchEngine:
         rs.prefill_seconds = prefilled - row.added
         rs.decode_seconds = end - prefilled
         return GenerationResult(list(row.request.prompt_ids), row.stream.tokens, row.stream.text,
-                                row.stream.finish_reason or "length", rs)
+                                row.stream.finish_reason or "length", rs, row.stream.origins, row.stream.stop_word)
 
     # -- convenience --------------------------------------------------------------------------------
     def run(self, requests: Sequence[BatchRequest],

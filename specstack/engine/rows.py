@@ -11,7 +11,7 @@ from specstack.config import GenerationConfig
 from specstack.drafting.base import DraftContext, Drafter
 from specstack.engine.plan import RowState, RowView, transition
 from specstack.engine.stats import RunStats
-from specstack.engine.stopping import TokenStream
+from specstack.engine.stopping import Span, TokenStream
 from specstack.prefix_cache import Match
 from specstack.tree import DraftTree
 
@@ -27,6 +27,8 @@ class BatchRequest:
     # lends this row a drafter from the engine's pool of this factory (None: the engine's own factory)
     drafters: DrafterFactory | None = None
     speculate: bool = True  # False: this row decodes autoregressively even in a speculating engine
+    # this row's released text in pieces, each with the origin of the token that added it (a live view)
+    on_spans: Callable[[list[Span]], None] | None = None
 
 
 class DrafterPool:

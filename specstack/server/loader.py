@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specstack.config import DEFAULT_MAX_CONTEXT
 from specstack.errors import SpecstackError
+from specstack.fim import FimTemplate
 
 if TYPE_CHECKING:
     from specstack.server.app import ServerState
@@ -50,4 +51,15 @@ def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> Non
 
     worker = EngineWorker(engine, state.metrics, args.max_batch + args.max_queue, str(method), build)
     worker.start()
-    state.ready(worker, lm.tokenizer, lm.config.vocab_size, engine.max_context, describe(method, lm.name))
+    state.ready(worker, lm.tokenizer, lm.config.vocab_size, engine.max_context, describe(method, lm.name),
+                fim=fim_of(lm))
+
+
+def fim_of(lm: Any) -> FimTemplate | str:
+    """The model's fill-in-the-middle template, or why it has none (what /infill and `suffix` answer)."""
+    from specstack.models.registry import fim_template
+
+    try:
+        return fim_template(lm.name, lm.tokenizer)
+    except SpecstackError as e:
+        return str(e)

@@ -3,14 +3,16 @@
 A body is read by hand rather than by a pydantic model so that every number goes through the same
 rules as the command line's flags (specstack/validate.py) and every error names its field in one
 sentence. Fields that would change the output in a way this engine does not implement (logprobs,
-penalties, logit_bias, tools, echo, suffix, best_of) are refused with 400 rather than silently
-ignored: a client that asks for them would otherwise get text it did not ask for. Fields that do not
+penalties, logit_bias, tools, echo, best_of) are refused with 400 rather than silently
+ignored: a client that asks for them would otherwise get text it did not ask for. `suffix` (OpenAI's
+fill-in-the-middle field) is taken by a model with FIM tokens (fim.py) and refused by one without. Fields that do not
 change the output (`user`, `metadata`, `store`, ...) are ignored, as OpenAI-compatible servers do.
 
 Extensions in the body, as vLLM reads them: `top_k` (-1 or 0: off), `ignore_eos`, and `speculation`:
 `{"method": "chain:k=2"}` picks a method for this request (any `--method` name; `ar` turns speculation
-off), `{"enabled": false}` turns it off. The output is the same either way (lossless); only the speed
-differs.
+off), `{"enabled": false}` turns it off, `{"origins": true}` sends each streamed piece of text with the
+origins of its tokens (target, draft, draft2, context: the server's page colours them). The output is the
+same either way (lossless); only the speed differs.
 """
 from __future__ import annotations
 
@@ -31,7 +33,6 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "logprobs": lambda v: v in (None, False, 0),
     "top_logprobs": lambda v: v in (None, 0),
     "echo": lambda v: v in (None, False),
-    "suffix": lambda v: v in (None, ""),
     "presence_penalty": lambda v: v in (None, 0, 0.0),
     "frequency_penalty": lambda v: v in (None, 0, 0.0),
     "repetition_penalty": lambda v: v in (None, 1, 1.0),
@@ -68,6 +69,7 @@ class Prompt:
     text: str | None = None
     ids: list[int] | None = None
     messages: list[dict[str, str]] | None = None
+    suffix: str | None = None  # fill in the middle: `text` is the code before the cursor, this the code after
 
 
 @dataclass(frozen=True)
@@ -83,15 +85,16 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     method: str | None  # a method for this request only; None: the server's
+    origins: bool = False  # extension: each streamed piece of text with the origin of its tokens
 
-    def generation(self, max_new_tokens: int, choice: int) -> GenerationConfig:
+    def generation(self, max_new_tokens: int, choice: int, stop_ids: tuple[int, ...] = ()) -> GenerationConfig:
         """Choice j (of a prompt's n) samples with seed + j, as `specstack generate --n` does: distinct,
         reproducible samples."""
         s = self.sampling
         if s.seed is not None:
             s = SamplingParams(s.temperature, s.top_k, s.top_p, (s.seed + choice) % (validate.SEED_MAX + 1))
         return GenerationConfig(max_new_tokens=max_new_tokens, sampling=s, stop_strings=self.stop,
-                                stop_on_eos=not self.ignore_eos)
+                                stop_on_eos=not self.ignore_eos, stop_ids=stop_ids)
 
 
 def checked(name: str, rule: validate.Rule[Any], value: object) -> Any:
@@ -187,14 +190,22 @@ def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
     return value
 
 
-def _method(body: dict[str, Any]) -> str | None:
+def speculation(body: dict[str, Any]) -> tuple[str | None, bool]:
+    """The `speculation` extension: (the request's method or None for the server's, whether to send each
+    piece of text with its tokens' origins)."""
     spec = body.get("speculation")
     if spec is None:
-        return None
-    if not isinstance(spec, dict) or set(spec) - {"method", "enabled"}:
-        raise bad('speculation must be an object: {"method": NAME} or {"enabled": false}', "speculation")
-    if not isinstance(spec.get("enabled", True), bool):  # "no" or 0 would have left speculation on
-        raise bad(f"speculation.enabled must be true or false, got {validate.shown(spec['enabled'])}", "speculation")
+        return None, False
+    if not isinstance(spec, dict) or set(spec) - {"method", "enabled", "origins"}:
+        raise bad('speculation must be an object: {"method": NAME}, {"enabled": false}, {"origins": true}',
+                  "speculation")
+    for name in ("enabled", "origins"):
+        if not isinstance(spec.get(name, True), bool):  # "no" or 0 would have left speculation on
+            raise bad(f"speculation.{name} must be true or false, got {validate.shown(spec[name])}", "speculation")
+    return _method(spec), bool(spec.get("origins", False))
+
+
+def _method(spec: dict[str, Any]) -> str | None:
     if spec.get("enabled", True) is False:
         return "ar"
     method = spec.get("method")
@@ -223,7 +234,7 @@ def parse_request(route: Route, body: object) -> CompletionRequest:
     if route == "chat":
         prompts = [Prompt(messages=chat_messages(body.get("messages")))]
     else:
-        prompts = completion_prompts(body.get("prompt"))
+        prompts = with_suffix(body)
     n = body.get("n")  # null: OpenAI's default, 1 (0 is an error, as there)
     n = 1 if n is None else checked("n", validate.ints(1, MAX_CHOICES, "choices decode as rows of the batch"), n)
     if n * len(prompts) > MAX_CHOICES:
@@ -248,5 +259,22 @@ def parse_request(route: Route, body: object) -> CompletionRequest:
     if options is not None and (not isinstance(options, dict) or not stream):
         raise bad("stream_options is an object, allowed only with stream: true", "stream_options")
     include_usage = bool(options and options.get("include_usage"))
+    method, origins = speculation(body)
     return CompletionRequest(route, model, prompts, n, max_tokens, sampling, _stop(body.get("stop")),
-                             _bool(body, "ignore_eos"), stream, include_usage, _method(body))
+                             _bool(body, "ignore_eos"), stream, include_usage, method, origins)
+
+
+def with_suffix(body: dict[str, Any]) -> list[Prompt]:
+    """A completion's prompts; with OpenAI's `suffix`, each is the code before the cursor and the model
+    fills the middle (an empty prompt is then the start of a file)."""
+    suffix = body.get("suffix")
+    if suffix is None:
+        return completion_prompts(body.get("prompt"))
+    suffix = _text("suffix", suffix)
+    prompt = body.get("prompt")
+    if prompt == "" or prompt == [""]:
+        return [Prompt(text="", suffix=suffix)]
+    prompts = completion_prompts(prompt)
+    if any(p.text is None for p in prompts):
+        raise bad("suffix goes with a text prompt (the code before the cursor), not token ids", "suffix")
+    return [Prompt(text=p.text, suffix=suffix) for p in prompts]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specstack.engine.stats import GenerationResult
+from specstack.engine.stopping import Span
 from specstack.server.protocol import Route
 
 
@@ -38,20 +39,26 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     # -- whole responses ------------------------------------------------------------------------------
-    def response(self, choices: list[tuple[str, str]], completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-        """choices: (text, finish_reason) in index order."""
+    def response(self, choices: list[tuple[str, str]], completion_tokens: int, cached_tokens: int,
+                 spans: dict[int, list[Span]] | None = None) -> dict[str, Any]:
+        """choices: (text, finish_reason) in index order; spans: each choice's text by origin (asked for)."""
+        items: list[dict[str, Any]]
         if self.route == "chat":
             items = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": reason} for i, (text, reason) in enumerate(choices)]
         else:
             items = [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
                      for i, (text, reason) in enumerate(choices)]
+        if spans is not None:
+            for i, item in enumerate(items):
+                item["origins"] = [list(p) for p in spans.get(i, [])]
         return {**self._head(self.object), "choices": items, "usage": self.usage(completion_tokens, cached_tokens)}
 
     # -- stream chunks --------------------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None,
-              first: bool = False, usage_field: bool = False) -> str:
-        """One SSE event with one choice's piece of text (`first`: a chat stream's role delta)."""
+              first: bool = False, usage_field: bool = False, spans: tuple[Span, ...] | None = None) -> str:
+        """One SSE event with one choice's piece of text (`first`: a chat stream's role delta; `spans`: the
+        piece cut at its tokens, each part with their origin, as `origins`: [[text, origin], ...])."""
         if self.route == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if text:
@@ -61,6 +68,8 @@ class Reply:
         else:
             choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
             body = {**self._head("text_completion"), "choices": [choice]}
+        if spans is not None:
+            choice["origins"] = [list(p) for p in spans]
         if usage_field:  # stream_options.include_usage: every chunk has "usage": null but the last
             body["usage"] = None
         return sse(body)

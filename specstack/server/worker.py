@@ -28,6 +28,7 @@ from specstack.config import GenerationConfig
 from specstack.engine.batched import BatchEngine, BatchRequest
 from specstack.engine.rows import DrafterFactory
 from specstack.engine.stats import GenerationResult
+from specstack.engine.stopping import Span
 from specstack.errors import SpecstackError
 from specstack.server.metrics import ServerMetrics
 
@@ -41,6 +42,7 @@ class Event:
     tokens: int = 0
     result: GenerationResult | None = None
     error: str | None = None
+    spans: tuple[Span, ...] = ()  # `text` cut at its tokens, each piece with their origin (jobs that asked)
 
 
 Sink = Callable[[Event], None]
@@ -62,6 +64,7 @@ class Job:
     pieces: list[str] = field(default_factory=list)  # text released in this step, sent after it
     tokens: int = 0  # tokens sent so far
     last: float | None = None  # when its tokens last arrived
+    spans: list[Span] | None = None  # pieces with their origins released in this step (None: not asked)
 
 
 class EngineWorker:
@@ -86,8 +89,10 @@ class EngineWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, jobs: list[tuple[list[int], GenerationConfig, Sink]], method: str | None) -> list[int]:
-        """Queue the jobs of one request, all or none (Overloaded when there is no room for all)."""
+    def submit(self, jobs: list[tuple[list[int], GenerationConfig, Sink]], method: str | None,
+               spans: bool = False) -> list[int]:
+        """Queue the jobs of one request, all or none (Overloaded when there is no room for all). spans:
+        their events carry the origins of their text."""
         with self._lock:
             if self._in_flight + len(jobs) > self.capacity:
                 raise Overloaded()
@@ -95,7 +100,8 @@ class EngineWorker:
             ids = list(range(self._next_id, self._next_id + len(jobs)))
             self._next_id += len(jobs)
         for i, (prompt, gen, sink) in zip(ids, jobs, strict=True):
-            self._inbox.put(("submit", Job(i, prompt, gen, None if method == self.method else method, sink)))
+            self._inbox.put(("submit", Job(i, prompt, gen, None if method == self.method else method, sink,
+                                           spans=[] if spans else None)))
         return ids
 
     def prepare(self, method: str) -> None:
@@ -168,7 +174,8 @@ class EngineWorker:
                 self.prepare(job.method)  # done already by the handler; here for callers that did not
                 drafters = self._factories[job.method]
             request = BatchRequest(job.prompt_ids, job.gen, on_text=job.pieces.append, drafters=drafters,
-                                   speculate=job.method != "ar" and (job.method is None or drafters is not None))
+                                   speculate=job.method != "ar" and (job.method is None or drafters is not None),
+                                   on_spans=None if job.spans is None else job.spans.extend)
             job.handle = self.engine.add(request)
         except SpecstackError as e:  # a method whose draft cannot load, a prompt over the context
             self._release(job)
@@ -214,14 +221,18 @@ class EngineWorker:
                 job.last, job.tokens = now, n
             text = "".join(job.pieces)
             job.pieces.clear()
+            spans: tuple[Span, ...] = ()
+            if job.spans:
+                spans = tuple(job.spans)
+                job.spans.clear()
             if handle in done:
                 result = done[handle]
                 self.engine.pop_result(handle)  # the engine keeps no result a caller took
                 self.metrics.finished(result, finish_reason(result), now - job.arrived)
                 self._release(job)
-                job.sink(Event(text, n, result=result))
+                job.sink(Event(text, n, result=result, spans=spans))
             elif new > 0 or text:
-                job.sink(Event(text, n))
+                job.sink(Event(text, n, spans=spans))
         self.metrics.queue(self.engine.running, self.engine.waiting)
 
     def _fail_all(self, message: str) -> None:

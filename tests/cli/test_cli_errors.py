@@ -70,6 +70,10 @@ CHEAP_CASES = {
     "unknown flag": ((*GEN, "--bogus"), "unrecognized arguments: --bogus"),
     "no command": ((), "required: COMMAND"),
     "unknown command": (("frobnicate",), "invalid choice: 'frobnicate'"),
+    "suffix with chat": ((*GEN, "--suffix", "x", "--chat"), "--suffix and --chat do not go together"),
+    "suffix with n": ((*GEN, "--suffix", "x", "--n", "2"), "--suffix fills one middle"),
+    "extra file alone": ((*GEN, "--extra-file", "x.py"), "add --suffix or --suffix-file"),
+    "suffix and file": ((*GEN, "--suffix", "x", "--suffix-file", "y"), "not allowed with argument"),
 }
 
 
@@ -160,3 +164,13 @@ def test_keyboard_interrupt_exits_130_quietly(run_cli, monkeypatch):
 def test_real_entry_point_exits_2(argv, phrase):
     p = subprocess.run([sys.executable, "-m", "specstack.cli", *argv], capture_output=True, text=True, timeout=120)
     assert_error(CliResult(p.returncode, p.stdout, p.stderr), phrase)
+
+
+def test_suffix_file_missing(run_cli, no_loading, tmp_path):
+    assert_error(run_cli(*GEN, "--suffix-file", str(tmp_path / "after.py")), "suffix file not found")
+
+
+def test_suffix_on_a_model_without_fim_tokens(run_cli):
+    """The default model has no FIM tokens: refused by name once its tokenizer is read."""
+    assert_error(run_cli("generate", "--model", DEFAULT_MODEL, "--prompt", "def f(", "--suffix", "):\n"),
+                 "has no fill-in-the-middle tokens")

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fuzzing import build_tiny_checkpoint
+from fuzzing import build_fim_checkpoint, build_tiny_checkpoint
 from server.servers import SERVER_CONTEXT, Server, start_server, stop_server
 
 
@@ -24,5 +24,19 @@ def tiny_server(server_model_dir: Path, server_tmp: Path) -> Iterator[Server]:
     """The default server (method auto) with room for 4 rows and a queue of 64; a request may pick a
     draft-model method (the draft: the target's first layer)."""
     server = start_server(server_model_dir, server_tmp, "--max-batch", "4", "--max-queue", "64", "--draft", "self:1")
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def fim_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny checkpoint whose tokenizer has Qwen2.5-Coder's fill-in-the-middle tokens."""
+    return build_fim_checkpoint(tmp_path_factory.mktemp("fim-tiny"), context=SERVER_CONTEXT)
+
+
+@pytest.fixture(scope="session")
+def fim_server(fim_model: Path, server_tmp: Path) -> Iterator[Server]:
+    """A server of the FIM checkpoint (method auto): /infill and `suffix` work on it."""
+    server = start_server(fim_model, server_tmp, "--max-batch", "2")
     yield server
     stop_server(server)

@@ -49,6 +49,9 @@ def error(route: str, body: object) -> ApiError:
     ({**HI, "speculation": {"method": 5}}, "speculation"),
     ({**HI, "speculation": {"method": "chain", "k": 3}}, "speculation"),
     ({**HI, "speculation": {"enabled": "no"}}, "speculation"),
+    ({**HI, "speculation": {"origins": 1}}, "speculation"),
+    ({**HI, "suffix": 5}, "suffix"),
+    ({"prompt": [1, 2], "suffix": "x"}, "suffix"),
     ({}, "prompt"),
     ({"prompt": 5}, "prompt"),
     ({"prompt": []}, "prompt"),
@@ -73,7 +76,7 @@ def test_bad_chat_messages_are_400_naming_messages(messages: object) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("logprobs", 2), ("logprobs", True), ("top_logprobs", 1), ("echo", True), ("suffix", "x"),
+    ("logprobs", 2), ("logprobs", True), ("top_logprobs", 1), ("echo", True),
     ("presence_penalty", 0.5), ("frequency_penalty", -1), ("repetition_penalty", 1.2), ("logit_bias", {"1": 5}),
     ("tools", [{"type": "function"}]), ("functions", [{"name": "f"}]), ("response_format", {"type": "json_object"}),
     ("best_of", 2),
@@ -134,3 +137,10 @@ def test_chat_reads_messages_and_prefers_max_completion_tokens() -> None:
                                      {"role": "assistant", "content": ""}]
     assert r.max_tokens == 4
     assert parse_request("chat", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 9}).max_tokens == 9
+
+
+def test_suffix_makes_fill_in_the_middle_prompts() -> None:
+    req = parse_request("completions", {"prompt": ["a(", "b("], "suffix": ")\n"})
+    assert [(p.text, p.suffix) for p in req.prompts] == [("a(", ")\n"), ("b(", ")\n")]
+    assert parse_request("completions", {"prompt": "", "suffix": "x"}).prompts[0].text == ""  # the file's start
+    assert parse_request("completions", {**HI, "speculation": {"origins": True}}).origins
