@@ -17,6 +17,7 @@ Errors are llama.cpp's shape: `{"error": {"code", "message", "type"}}`.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -207,7 +208,7 @@ def final_body(req: InfillRequest, result: GenerationResult, model: str, truncat
                spans: list[tuple[str, str]] | None) -> dict[str, Any]:
     """The last (or only) answer: llama.cpp's fields, plus `speculation` (what ran and how it did)."""
     s = result.stats
-    origins = s.origins if s.steps else {"target": len(result.tokens)}
+    origins = Counter(result.origins)  # of the tokens emitted (an EOS a step also verified is not one)
     body: dict[str, Any] = {
         "index": 0, "content": result.text, "tokens": result.tokens if req.return_tokens else [], "id_slot": 0,
         "stop": True, "model": model, "tokens_predicted": len(result.tokens), "tokens_evaluated": s.prompt_tokens,
