@@ -73,7 +73,7 @@ def main() -> int:
     cases = sorted({r["case"] for r in ours})
     same = [by_case[c, "cold"]["content"] == by_case[c, "ar"]["content"] for c in cases if (c, "ar") in by_case]
     if same:
-        print(f"- exact match, speculation vs ar (int4, same server): {sum(same)}/{len(same)}")
+        print(f"- exact match, speculation vs ar (same server, same weight format): {sum(same)}/{len(same)}")
     ll = {(r["case"], r["kind"]): r for r in llama}
     agree = [by_case[c, "cold"]["content"] == ll[c, "cold"]["content"] for c in cases if (c, "cold") in ll]
     if agree:
