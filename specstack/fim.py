@@ -63,11 +63,10 @@ class FimPrompt:
     truncated: bool  # context was dropped to fit (extra files first, then the prefix's start and the suffix's end)
 
 
-def _token_id(tokenizer: Any, token: str | None) -> int | None:
-    if token is None:
-        return None
-    vocab = tokenizer.get_vocab()
-    return vocab.get(token)
+def budget(context: int, new_tokens: int) -> int:
+    """Prompt tokens a FIM prompt may take in a row of `context`: what the middle's room leaves, but at
+    least half (a long middle does not push the code around the cursor out)."""
+    return max(context // 2, context - new_tokens)
 
 
 def detect(tokenizer: Any) -> str | None:
@@ -89,7 +88,8 @@ def template(tokenizer: Any, name: str | None, model: str) -> FimTemplate:
         raise SpecstackError(f"the model {model!r} has no fill-in-the-middle tokens: it cannot complete code "
                              "between a prefix and a suffix (use a code model trained for it, e.g. qwen2.5-coder-1.5b)")
     t = FIM_TEMPLATES[name]
-    missing = [tok for tok in (t.prefix, t.suffix, t.middle) if _token_id(tokenizer, tok) is None]
+    vocab = tokenizer.get_vocab()
+    missing = [tok for tok in (t.prefix, t.suffix, t.middle) if tok not in vocab]
     if missing:
         raise SpecstackError(f"the model {model!r}'s tokenizer lacks its fill-in-the-middle tokens {missing}")
     return t
@@ -106,9 +106,9 @@ def encode_fim(tokenizer: Any, t: FimTemplate, prefix: str, suffix: str, extra: 
     """The FIM prompt's ids, fitted into `budget` tokens (None: no limit). What does not fit goes in this
     order: the extra files from the first, then the prefix from its start and the suffix from its end,
     three parts prefix to one part suffix (llama.cpp's ratio): the code nearest the cursor stays."""
-    pre, suf, mid = (_token_id(tokenizer, tok) for tok in (t.prefix, t.suffix, t.middle))
-    repo, sep = _token_id(tokenizer, t.repo), _token_id(tokenizer, t.file_sep)
-    assert pre is not None and suf is not None and mid is not None  # template() checked them
+    vocab = tokenizer.get_vocab()  # a dict built per call: once per prompt
+    pre, suf, mid = vocab[t.prefix], vocab[t.suffix], vocab[t.middle]  # template() checked them
+    repo, sep = (vocab.get(tok) if tok is not None else None for tok in (t.repo, t.file_sep))
     head: list[int] = []
     if extra and repo is not None and sep is not None:
         head = [repo, *_text_ids(tokenizer, REPO_NAME + "\n")]

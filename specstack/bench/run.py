@@ -56,7 +56,6 @@ from specstack.models.drafts import DraftKind, DraftSpec
 from specstack.models.loading import load_model
 from specstack.models.registry import resolve
 from specstack.prompts import encode_prompt
-from specstack.report.origins import token_origins
 
 WARMUP_TOKENS = 16
 
@@ -91,7 +90,7 @@ def engine_runner(lm: LoadedModel, drafter: Drafter | None, sampling: SamplingPa
         res = run_method(lm, drafter, ids, GenerationConfig(max_new_tokens=n, sampling=sampling, stop_on_eos=False),
                          None if length is None else length())
         st = res.stats
-        origins = token_origins(st, len(res.tokens))
+        origins = res.origins
         phases = {"prefill": st.prefill_seconds, "decode": st.decode_seconds}
         if st.steps:
             phases |= st.phase_seconds()

@@ -209,13 +209,12 @@ def read_infill(args: argparse.Namespace, prompts: list[Prompt]) -> Infill | Non
 def encode_infill(lm: LoadedModel, prefix: str, infill: Infill, gen: GenerationConfig) -> tuple[list[int], GenerationConfig]:
     """The FIM prompt (fitted to the context, leaving the middle its --max-new-tokens where it can) and the
     generation settings that stop at the template's end tokens."""
-    from specstack.fim import encode_fim
+    from specstack.fim import budget, encode_fim
     from specstack.models.registry import fim_template
 
     t = fim_template(lm.name, lm.tokenizer)
-    context = lm.config.max_seq_len
     p = encode_fim(lm.tokenizer, t, prefix, infill.suffix, infill.extra,
-                   budget=max(context // 2, context - gen.max_new_tokens))
+                   budget=budget(lm.config.max_seq_len, gen.max_new_tokens))
     if p.truncated:
         warn("the code around the cursor is longer than the context allows: its far ends were left out")
     return p.ids, dataclasses.replace(gen, stop_ids=t.end_ids(lm.tokenizer))
@@ -314,10 +313,10 @@ def finish_output(result: GenerationResult, method: str) -> None:
 
 
 def show_origins(args: argparse.Namespace, lm: LoadedModel, result: GenerationResult) -> None:
-    from specstack.report.origins import ansi, html_page, token_origins, token_pieces
+    from specstack.report.origins import ansi, html_page, token_pieces
 
     pieces = token_pieces(lm.tokenizer, result.tokens)
-    origins = token_origins(result.stats, len(result.tokens))
+    origins = result.origins
     if args.show_origins:
         print(ansi(pieces, origins), file=sys.stderr, flush=True)
     if args.html is not None:

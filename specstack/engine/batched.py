@@ -44,7 +44,7 @@ from specstack.drafting.batch_length import AsProposed, BatchLength
 from specstack.engine.plan import RowState, StepPlan, plan_step
 from specstack.engine.prefix_rows import attach, look_up, publish
 from specstack.engine.rows import BatchRequest, Block, DrafterFactory, DrafterPool, Row
-from specstack.engine.stats import BatchStats, BatchStep, GenerationResult, RunStats, StepStats
+from specstack.engine.stats import BatchStats, BatchStep, GenerationResult, RunStats, StepStats, emitted_origins
 from specstack.engine.stopping import TokenStream
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
@@ -137,8 +137,9 @@ class BatchEngine:
         check_context(len(prompt), self.max_context)
         gen = request.gen
         max_new = min(gen.max_new_tokens, self.max_context - len(prompt))
-        stream = TokenStream(self.lm.tokenizer, max_new, (*self.lm.eos_token_ids, *gen.stop_ids) if gen.stop_on_eos else (),
-                             gen.stop_strings, request.on_text, gen.editor, request.on_spans)
+        eos = (*self.lm.eos_token_ids, *gen.stop_ids) if gen.stop_on_eos else ()
+        stream = TokenStream(self.lm.tokenizer, max_new, eos, gen.stop_strings, request.on_text, gen.editor,
+                             request.on_spans)
         generator = make_generator(gen.sampling, self.model.device)
         factory = None
         if request.drafter is None and request.speculate:
@@ -369,8 +370,7 @@ class BatchEngine:
                 row.drafter.observe(block.tree, result, seen)
                 drafted.append(block.tree)
                 accepted.append(len(result.accepted))
-            taken = row.stream.push(result.tokens, [block.tree.origin[a] for a in result.accepted] + ["target"]
-                                    if row.drafter is not None else None)
+            taken = row.stream.push(result.tokens, emitted_origins(block.tree, result) if row.drafter is not None else None)
             row.ctx.tokens.extend(result.tokens)
             row.pending = [result.tokens[-1]]
             if row.drafter is not None:  # every forward with a tree is a step

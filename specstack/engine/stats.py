@@ -32,9 +32,13 @@ class StepStats:
     def record(self, tree: DraftTree, result: VerifyResult, taken: int) -> None:
         self.tree_size = len(tree)
         self.accepted = len(result.accepted)
-        origins = [tree.origin[i] for i in result.accepted] + ["target"]
-        self.origins = origins[:taken]
+        self.origins = emitted_origins(tree, result)[:taken]
         self.emitted = taken
+
+
+def emitted_origins(tree: DraftTree, result: VerifyResult) -> list[str]:
+    """Who proposed each token a verification emits: its accepted path's nodes, then the target's own."""
+    return [tree.origin[i] for i in result.accepted] + ["target"]
 
 
 @dataclass

@@ -6,18 +6,10 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from specstack.engine.stats import RunStats
-
 ORIGINS = ("target", "draft", "draft2", "context")
 ANSI = {"target": "\033[0m", "draft": "\033[34m", "draft2": "\033[32m", "context": "\033[35m"}
 CSS = {"target": "#222222", "draft": "#1f5fbf", "draft2": "#138a36", "context": "#a0309a"}
 BG = {"target": "#ffffff", "draft": "#e3edfb", "draft2": "#e2f5e7", "context": "#f6e4f5"}
-
-
-def token_origins(stats: RunStats, n_tokens: int) -> list[str]:
-    """One origin per emitted token (autoregressive runs: all target)."""
-    origins = [o for step in stats.steps for o in step.origins]
-    return (origins + ["target"] * n_tokens)[:n_tokens]
 
 
 def token_pieces(tokenizer: Any, tokens: Sequence[int]) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
+from specstack import fim
 from specstack.fim import FimTemplate
 from specstack.server.metrics import ServerMetrics
 from specstack.server.protocol import (
@@ -95,9 +96,9 @@ def fim_template(state: ServerState, param: str) -> FimTemplate:
 
 
 def fim_budget(state: ServerState, new_tokens: int | None) -> int:
-    """Prompt tokens a FIM prompt may take: the row's context less the middle's room (at most half the
-    context: a long middle does not push the code around the cursor out)."""
-    return state.max_context - min(new_tokens or DEFAULT_COMPLETION_TOKENS, state.max_context // 2)
+    """Prompt tokens a FIM prompt may take in one of this server's rows (fim.budget; no max_tokens: the
+    completions route's default)."""
+    return fim.budget(state.max_context, new_tokens or DEFAULT_COMPLETION_TOKENS)
 
 
 def loaded(state: ServerState) -> EngineWorker:
