@@ -154,6 +154,48 @@ class EditorStops:
         return None
 
 
+MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's limit for chat; completions allow 5)
+MAX_BIAS = 100.0  # |logit_bias| (OpenAI's range)
+GrammarKind = Literal["json_object", "json_schema", "regex", "lark"]
+GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_object", "json_schema", "regex", "lark")
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """OpenAI's presence and frequency penalties over the tokens generated so far, and vLLM's
+    repetition penalty (CTRL's) over the prompt and the tokens generated: they change the target's
+    logits before the warp, at every position from the tokens before it (processing.py)."""
+
+    presence: float = 0.0  # subtracted once from the logit of every token already generated
+    frequency: float = 0.0  # subtracted per occurrence
+    repetition: float = 1.0  # a seen token's positive logit divided by it, a negative one multiplied
+
+    def __post_init__(self) -> None:
+        validate.bounded_float("presence_penalty", self.presence, -2.0, 2.0)
+        validate.bounded_float("frequency_penalty", self.frequency, -2.0, 2.0)
+        validate.bounded_float("repetition_penalty", self.repetition, 0.0, 2.0, low_open=True)
+
+    @property
+    def off(self) -> bool:
+        return self.presence == 0 and self.frequency == 0 and self.repetition == 1
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """Structured output: the text must match this grammar (processing.py compiles it with llguidance).
+    json_object: any JSON object; json_schema: `text` is a JSON schema; regex: a regular expression;
+    lark: a Lark grammar (llguidance's dialect, which may embed `%json{...}` schemas)."""
+
+    kind: GrammarKind
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise SpecstackError(f"unknown grammar kind {self.kind!r}: choose from {', '.join(GRAMMAR_KINDS)}")
+        if self.kind != "json_object" and not self.text.strip():
+            raise SpecstackError(f"a {self.kind} grammar needs its text")
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     max_new_tokens: int = 128
@@ -162,8 +204,25 @@ class GenerationConfig:
     stop_on_eos: bool = True
     editor: EditorStops | None = None
     stop_ids: tuple[int, ...] = ()  # tokens that end the text as EOS does (a FIM middle's end tokens)
+    # the target's log-probability of every emitted token and its `logprobs` most likely alternatives
+    # (None: none; 0: the emitted token's alone), read from the forward that verified it
+    logprobs: int | None = None
+    prompt_logprobs: bool = False  # also every prompt token's (but the first), from the forward that read it
+    penalties: Penalties = field(default_factory=Penalties)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         validate.new_tokens("max_new_tokens", self.max_new_tokens)
         for stop in self.stop_strings:
             validate.stop_string("stop_strings", stop)
+        if self.logprobs is not None:
+            validate.bounded_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        for token, bias in self.logit_bias:
+            validate.bounded_int("logit_bias token", token, 0)
+            validate.bounded_float("logit_bias", bias, -MAX_BIAS, MAX_BIAS)
+
+    @property
+    def processed(self) -> bool:
+        """The target's logits are changed before the warp (penalties, a bias, a grammar)."""
+        return not self.penalties.off or bool(self.logit_bias) or self.grammar is not None

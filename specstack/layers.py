@@ -14,9 +14,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the data structures and pure functions every layer above shares: prompt encoding, the one mask
     # builder, the preallocated KV cache and the prefix cache of prompts read, the draft tree as data,
     # fill-in-the-middle prompts from a model's special tokens,
-    # logits -> warped probabilities
+    # logits -> warped probabilities, a request's logits rules (penalties, bias, a grammar's masks) along a tree
     ("primitives", ("specstack.prompts", "specstack.fim", "specstack.attention", "specstack.cache", "specstack.prefix_cache",
-                    "specstack.tree", "specstack.sampling")),
+                    "specstack.tree", "specstack.sampling", "specstack.grammar", "specstack.processing")),
     # decoders behind one protocol, weight formats, loading, the registry of named models
     ("models", ("specstack.models",)),
     # drafters build DraftTrees; verifiers are pure functions over (tree, target probabilities)

@@ -17,16 +17,22 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool = False) -> list[int]:
     return list(tokenizer(text, add_special_tokens=True).input_ids)
 
 
-def encode_chat(tokenizer: Any, messages: list[dict[str, str]], what: str = "chat") -> list[int]:
-    """A conversation ({"role", "content"} messages) in the model's chat template, ending with the
-    assistant's turn opened (what the model continues): the CLI's --chat and the server's chat route."""
+def encode_chat(tokenizer: Any, messages: list[dict[str, Any]], what: str = "chat",
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """A conversation ({"role", "content"} messages, an assistant's tool calls, tool results) in the
+    model's chat template, ending with the assistant's turn opened (what the model continues): the CLI's
+    --chat and the server's chat route. tools: the functions the model may call, as the template writes
+    them (OpenAI's shape)."""
     if tokenizer is None:
         raise SpecstackError("this model has no tokenizer: pass token ids instead of text")
     if not getattr(tokenizer, "chat_template", None):
         raise SpecstackError(f"{what}: this model's tokenizer has no chat template")
     for m in messages:
         check_text(m["content"])
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if tools and "tools" not in tokenizer.chat_template:
+        raise SpecstackError(f"{what}: this model's chat template does not write tools")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                        **({"tools": tools} if tools else {}))
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 

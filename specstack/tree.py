@@ -14,7 +14,7 @@ import torch
 
 from specstack.attention import ancestor_mask, depths_from_parents
 
-Origin = Literal["draft", "draft2", "context"]
+Origin = Literal["draft", "draft2", "context", "grammar"]
 
 
 @dataclass

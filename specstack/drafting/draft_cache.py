@@ -122,8 +122,8 @@ class DraftCache:
                            None if target_hidden is None else target_hidden[:, rows])
             self.pending[row] = [result.next_token]
             return
-        if not self.ran[row]:  # the round ran no draft forward: the emitted token joins the pending ones
-            pending.append(result.next_token)
+        if not self.ran[row]:  # the round ran no draft forward: the emitted tokens join the pending ones
+            pending.extend(result.tokens)
             return
         keep = list(range(len(pending)))
         for node in result.accepted:
@@ -135,4 +135,6 @@ class DraftCache:
             self.committed[row] += pending + [tree.tokens[n] for n in result.accepted[: len(keep) - len(pending)]]
             if not self._stored[row]:  # its prompt is in: for the next rows of the same prompt
                 self._store(row)
-        self.pending[row] = [tree.tokens[n] for n in result.accepted[len(keep) - len(pending):]] + [result.next_token]
+        # what it did not run: accepted nodes past those it ran, then the emitted tokens past its tree (the
+        # target's, and a grammar's forced tokens the engine hung below it)
+        self.pending[row] = result.tokens[len(keep) - len(pending):]

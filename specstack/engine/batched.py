@@ -41,14 +41,17 @@ from specstack.attention import LAYOUTS, Layout, row_blocks_batch
 from specstack.config import DEFAULT_MAX_CONTEXT, DEFAULT_STEP_TOKENS, GenerationConfig
 from specstack.drafting.base import DraftContext, Drafter, DraftGroup
 from specstack.drafting.batch_length import AsProposed, BatchLength
+from specstack.engine.forced import with_forced
 from specstack.engine.plan import RowState, StepPlan, plan_step
 from specstack.engine.prefix_rows import attach, look_up, publish
 from specstack.engine.rows import BatchRequest, Block, DrafterFactory, DrafterPool, Row
 from specstack.engine.stats import BatchStats, BatchStep, GenerationResult, RunStats, StepStats, emitted_origins
 from specstack.engine.stopping import TokenStream
 from specstack.errors import SpecstackError
+from specstack.grammar import GrammarCompiler, compiler_for
 from specstack.models.base import LoadedModel
 from specstack.prefix_cache import PrefixCache
+from specstack.processing import RowProcessor, TokenLogprob, token_logprobs
 from specstack.prompts import check_context
 from specstack.sampling import make_generator
 from specstack.tree import DraftTree
@@ -56,6 +59,7 @@ from specstack.validate import MAX_TREE
 from specstack.verify import VerifyResult, verify_tree
 
 LayoutChoice = Literal["auto", "pad", "split"]
+Verdict = tuple[VerifyResult, list[TokenLogprob] | None]  # a row's verification and its tokens' log-probabilities
 LAYOUT_CHOICES: tuple[LayoutChoice, ...] = ("auto", *LAYOUTS)
 
 
@@ -128,6 +132,15 @@ class BatchEngine:
         self._next_handle = 0
         self._finished: dict[int, GenerationResult] = {}
         self.prefix = prefix_cache
+        self._grammars: GrammarCompiler | None = None
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The target's vocabulary as the grammar engine reads it, built at the first grammar (seconds)."""
+        if self._grammars is None:
+            lm = self.lm
+            self._grammars = compiler_for(lm.tokenizer, lm.config.vocab_size, lm.eos_token_ids)
+        return self._grammars
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def add(self, request: BatchRequest) -> int:
@@ -141,11 +154,16 @@ class BatchEngine:
         stream = TokenStream(self.lm.tokenizer, max_new, eos, gen.stop_strings, request.on_text, gen.editor,
                              request.on_spans)
         generator = make_generator(gen.sampling, self.model.device)
+        processor = None
+        if gen.processed:  # a grammar that does not compile is refused here
+            processor = RowProcessor(gen, prompt, self.lm.config.vocab_size,
+                                     self.grammars if gen.grammar is not None else None)
         factory = None
         if request.drafter is None and request.speculate:
             factory = request.drafters if request.drafters is not None else self.make_drafter
         row = Row(self._next_handle, request, stream, generator, prompt,
-                   DraftContext(list(prompt), gen.sampling, generator), RunStats(prompt_tokens=len(prompt)), factory)
+                   DraftContext(list(prompt), gen.sampling, generator), RunStats(prompt_tokens=len(prompt)), factory,
+                   processor=processor)
         self._next_handle += 1
         self.queue.append(row)
         return row.handle
@@ -182,6 +200,11 @@ class BatchEngine:
         """Tokens each running request has emitted so far (handle -> count): what a server streams and
         counts between steps."""
         return {row.handle: len(row.stream.tokens) for row in self.rows}
+
+    def logprobs(self) -> dict[int, list[TokenLogprob]]:
+        """Each running request's tokens' log-probabilities so far (handle -> a live list; empty when not
+        asked for): what a server streams beside the text."""
+        return {row.handle: row.stream.logprobs for row in self.rows}
 
     def pop_result(self, handle: int) -> GenerationResult | None:
         return self._finished.pop(handle, None)
@@ -248,7 +271,7 @@ class BatchEngine:
         finished = self._commit(blocks, verdicts, hidden, (t2 - t1, t3 - t2, t4 - t3))  # 4.
         st = self.stats
         st.add(BatchStep(len(blocks), sum(len(b) for b in blocks), layout, sum(len(b.tree) for b in blocks),
-                         sum(len(v.accepted) for v in verdicts.values()), sum(1 for b in blocks if len(b.tree))))
+                         sum(len(v.accepted) for v, _ in verdicts.values()), sum(1 for b in blocks if len(b.tree))))
         st.draft_seconds += t2 - t1
         st.target_seconds += t3 - t2
         st.verify_seconds += t4 - t3
@@ -292,6 +315,11 @@ class BatchEngine:
                                       sum(len(b.chain) for b in blocks))
             for i, k in zip(drafting, keep, strict=True):
                 blocks[i].tree = blocks[i].tree.truncated(k)
+        for i, (_, cap) in drafting.items():  # a grammar's forced tokens are drafts too
+            row = self.rows[i]
+            forced = row.processor.forced() if row.processor is not None and not row.layers else []
+            if forced:
+                blocks[i].tree, blocks[i].own = with_forced(blocks[i].tree, forced, cap)
         return blocks
 
     def _prompt_hidden(self, row: Row) -> torch.Tensor | None:
@@ -319,8 +347,11 @@ class BatchEngine:
             ids = torch.tensor([b.tokens + [0] * (width - len(b)) for b in blocks], device=dev)
             starts = [i * width for i in range(len(blocks))]
         self._starts = starts
-        index = torch.tensor([s + j for s, b in zip(starts, blocks, strict=True) if b.reaches_root
-                              for j in range(len(b.chain) - 1, len(b))], dtype=torch.long, device=dev)
+        for row, b in zip(self.rows, blocks, strict=True):  # a prompt's log-probabilities: its chunk's rows
+            b.scored = len(b.chain) - b.reaches_root if row.request.gen.prompt_logprobs and not row.first_token else 0
+        index = torch.tensor([s + j for s, b in zip(starts, blocks, strict=True)
+                              for j in [*range(b.scored), *(range(len(b.chain) - 1, len(b)) if b.reaches_root else ())]],
+                             dtype=torch.long, device=dev)
         layers = sorted({layer for row in self.rows for layer in row.layers})
         out = self.model.forward(ids, batch, self.cache, layers, logit_rows=index)
         hidden = {layer: h.reshape(-1, h.shape[-1]) for layer, h in out.hidden.items()}
@@ -331,17 +362,32 @@ class BatchEngine:
         at = self._starts[i] + first
         return torch.stack([hidden[layer][at : at + n] for layer in row.layers], 1).unsqueeze(0)
 
-    def _verify(self, blocks: Sequence[Block], logits: torch.Tensor) -> dict[int, VerifyResult]:
-        """3. Each row that reached its root, verified on its own (its sampling, its generator)."""
+    def _verify(self, blocks: Sequence[Block], logits: torch.Tensor) -> dict[int, Verdict]:
+        """3. Each row that reached its root, verified on its own (its sampling, its generator, its logits
+        rules applied along each node's path); the log-probabilities it asked for, of the raw logits of
+        the rows that scored its tokens (the prompt chunk's, the accepted path's)."""
         verdicts, at = {}, 0
         for i, (row, block) in enumerate(zip(self.rows, blocks, strict=True)):
+            gen = row.request.gen
+            if block.scored:  # a prompt chunk's rows: log-probabilities of the tokens after each
+                first = len(row.request.prompt_ids) - len(row.pending) + 1  # the token row 0 scored
+                toks = row.request.prompt_ids[first : first + block.scored]
+                row.prompt_logprobs += token_logprobs(logits[at : at + block.scored], toks, gen.logprobs or 0)
+                at += block.scored
             if block.reaches_root:
                 k = 1 + len(block.tree)  # root + tree
-                verdicts[i] = verify_tree(block.tree, logits[at : at + k], row.request.gen.sampling, row.generator)
+                raw = logits[at : at + k]
+                scores = raw if row.processor is None else row.processor.process(raw, block.tree)
+                result = verify_tree(block.tree, scores, gen.sampling, row.generator)
+                lps = None
+                if gen.logprobs is not None:
+                    rows = torch.tensor([0, *(a + 1 for a in result.accepted)], device=raw.device)
+                    lps = token_logprobs(raw[rows], result.tokens, gen.logprobs)
+                verdicts[i] = (result, lps)
                 at += k
         return verdicts
 
-    def _commit(self, blocks: Sequence[Block], verdicts: dict[int, VerifyResult], hidden: dict[int, torch.Tensor],
+    def _commit(self, blocks: Sequence[Block], verdicts: dict[int, Verdict], hidden: dict[int, torch.Tensor],
                 seconds: tuple[float, float, float]) -> list[tuple[int, GenerationResult]]:
         """4. Each row commits its chain and accepted path, streams its tokens, tells its drafter; the
         length rule learns from the rows that drafted; finished rows leave. seconds: the step's draft,
@@ -353,8 +399,8 @@ class BatchEngine:
         steps: list[StepStats] = []
         for i, (row, block) in enumerate(zip(self.rows, blocks, strict=True)):
             chain = len(block.chain)
-            result = verdicts.get(i)
-            if result is None:  # a prompt chunk: all of it is context
+            verdict = verdicts.get(i)
+            if verdict is None:  # a prompt chunk: all of it is context
                 self.cache.commit_nodes(i, list(range(chain)))
                 row.pending = row.pending[chain:]
                 if row.layers and chain:  # the drafter will start from these activations
@@ -364,13 +410,19 @@ class BatchEngine:
                     row.prefilled = time.perf_counter()
                     self._publish(i)  # its prompt, for the rows held for it and the requests to come
                 continue
+            result, lps = verdict
             self.cache.commit_nodes(i, list(range(chain)) + [chain + a for a in result.accepted])
             if row.drafter is not None:  # its block is the root and the tree (the root was held back)
                 seen = self._rows_of(i, row, hidden, 0, 1 + len(block.tree)) if row.layers else None
-                row.drafter.observe(block.tree, result, seen)
+                own = block.drafted  # what its drafter proposed: accepted up to where a grammar's nodes start
+                mine = [a for a in result.accepted if a < len(own)]  # a path: the drafter's nodes come first
+                row.drafter.observe(own, result if mine == result.accepted else VerifyResult(mine, result.tokens), seen)
                 drafted.append(block.tree)
                 accepted.append(len(result.accepted))
-            taken = row.stream.push(result.tokens, emitted_origins(block.tree, result) if row.drafter is not None else None)
+            taken = row.stream.push(result.tokens, emitted_origins(block.tree, result) if row.drafter is not None else None,
+                                    lps)
+            if row.processor is not None:
+                row.processor.commit(result.tokens[:taken])
             row.ctx.tokens.extend(result.tokens)
             row.pending = [result.tokens[-1]]
             if row.drafter is not None:  # every forward with a tree is a step
@@ -417,7 +469,9 @@ class BatchEngine:
         rs.prefill_seconds = prefilled - row.added
         rs.decode_seconds = end - prefilled
         return GenerationResult(list(row.request.prompt_ids), row.stream.tokens, row.stream.text,
-                                row.stream.finish_reason or "length", rs, row.stream.origins, row.stream.stop_word)
+                                row.stream.finish_reason or "length", rs, row.stream.origins, row.stream.stop_word,
+                                row.stream.logprobs if row.request.gen.logprobs is not None else None,
+                                row.prompt_logprobs if row.request.gen.prompt_logprobs else None)
 
     # -- convenience --------------------------------------------------------------------------------
     def run(self, requests: Sequence[BatchRequest],

@@ -16,12 +16,13 @@ def look_up(prefix: PrefixCache, running: Sequence[Row], rows: Sequence[Row]) ->
     """Each of `rows` that has read nothing yet (oldest first): its longest cached prefix, and whether it
     waits (`held`) for an older row reading at least a block more of the same prompt, so that a prompt
     sent n times (n samples, retries) is read once and copied n - 1 times. A row whose drafter reads the
-    target's activations takes no prefix (the cache keeps keys and values only): it reads its prompt, as
-    without a cache. running: the engine's rows (those reading a prompt are the ones to wait for)."""
+    target's activations takes no prefix (the cache keeps keys and values only), nor one that asked for
+    its prompt's log-probabilities (a copied prefix has no logits): it reads its prompt, as without a
+    cache. running: the engine's rows (those reading a prompt are the ones to wait for)."""
     readers = [r.request.prompt_ids for r in running if not r.fresh and r.state is RowState.PREFILLING]
     for row in sorted((r for r in rows if r.fresh), key=lambda r: r.handle):
         prompt = row.request.prompt_ids
-        if row.layers:
+        if row.reads_whole_prompt:
             readers.append(prompt)
             continue
         row.match = prefix.match(prompt, len(prompt) - 1)
@@ -37,7 +38,7 @@ def attach(prefix: PrefixCache, cache: KVCache, rows: Sequence[Row], plan: StepP
         if not row.fresh or not plan.reads.get(row.handle):
             continue
         row.fresh = False
-        if row.layers:
+        if row.reads_whole_prompt:
             continue
         match = row.match
         prefix.use(match)

@@ -13,6 +13,7 @@ from specstack.engine.plan import RowState, RowView, transition
 from specstack.engine.stats import RunStats
 from specstack.engine.stopping import Span, TokenStream
 from specstack.prefix_cache import Match
+from specstack.processing import RowProcessor, TokenLogprob
 from specstack.tree import DraftTree
 
 DrafterFactory = Callable[[], Drafter]  # a new drafter (one per row), sharing what its method loaded
@@ -54,6 +55,13 @@ class Block:
     chain: list[int]
     tree: DraftTree
     reaches_root: bool  # the chain ends at the row's root: its logits are verified
+    own: int = -1  # the tree's first nodes that are its drafter's (the rest a grammar's forced tokens); -1: all
+    scored: int = 0  # rows of the chain (but its root) whose logits the forward keeps (prompt log-probabilities)
+
+    @property
+    def drafted(self) -> DraftTree:
+        """The part of the tree the row's drafter proposed (and the engine kept)."""
+        return self.tree if self.own < 0 else self.tree.truncated(self.own)
 
     @property
     def tokens(self) -> list[int]:
@@ -94,6 +102,10 @@ class Row:
     fresh: bool = True
     match: Match = field(default_factory=Match)
     held: bool = False
+    # the request's logits rules (penalties, bias, grammar; processing.py), None without any
+    processor: RowProcessor | None = None
+    # with prompt log-probabilities asked for: each prompt token's but the first, as the prompt is read
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def drafter(self) -> Drafter | None:
@@ -106,6 +118,12 @@ class Row:
     @property
     def layers(self) -> tuple[int, ...]:
         return tuple(self.drafter.target_layers) if self.drafter is not None else ()
+
+    @property
+    def reads_whole_prompt(self) -> bool:
+        """It takes no cached prefix: its drafter reads the target's activations of the prompt, or it asked
+        for the prompt's log-probabilities (neither is in the prefix cache)."""
+        return bool(self.layers) or self.request.gen.prompt_logprobs
 
     def move(self, to: RowState) -> None:
         self.state = transition(self.state, to)

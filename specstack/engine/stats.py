@@ -9,6 +9,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from specstack.engine.stopping import FinishReason
+from specstack.processing import TokenLogprob
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult
 
@@ -105,8 +106,10 @@ class GenerationResult:
     text: str
     finish_reason: FinishReason
     stats: RunStats = field(default_factory=RunStats)
-    origins: list[str] = field(default_factory=list)  # who proposed each token (target, draft, draft2, context)
+    origins: list[str] = field(default_factory=list)  # who proposed each token (target, draft, draft2, context, grammar)
     stop_word: str | None = None  # the stop string that ended the text, if one did
+    logprobs: list[TokenLogprob] | None = None  # each token's, when asked for (GenerationConfig.logprobs)
+    prompt_logprobs: list[TokenLogprob] | None = None  # each prompt token's but the first, when asked for
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from specstack.config import EditorStops
+from specstack.processing import TokenLogprob
 
 FinishReason = Literal["eos", "stop", "length"]
 Span = tuple[str, str]  # (text, origin of the token that added it)
@@ -32,6 +33,7 @@ class TokenStream:
         self.on_spans = on_spans
         self.tokens: list[int] = []
         self.origins: list[str] = []  # who proposed each token
+        self.logprobs: list[TokenLogprob] = []  # each token's log-probability, when the engine reads them
         self.finish_reason: FinishReason | None = None
         self.stop_word: str | None = None  # the stop string that ended the text
         self._shown = 0  # characters of the decoded text already passed to on_text
@@ -47,9 +49,10 @@ class TokenStream:
     def text(self) -> str:
         return self._text
 
-    def push(self, tokens: Iterable[int], origins: Sequence[str] | None = None) -> int:
+    def push(self, tokens: Iterable[int], origins: Sequence[str] | None = None,
+             logprobs: Sequence[TokenLogprob] | None = None) -> int:
         """Append emitted tokens until a stop condition; returns how many were taken. `origins`: who
-        proposed each (default: the target)."""
+        proposed each (default: the target); `logprobs`: each one's log-probability (kept with it)."""
         if self._started is None:
             self._started = time.perf_counter()
         taken = 0
@@ -63,6 +66,8 @@ class TokenStream:
                 break
             self.tokens.append(int(t))
             self.origins.append(origins[j] if origins is not None else "target")
+            if logprobs is not None:
+                self.logprobs.append(logprobs[j])
             if self.on_spans is not None:
                 self._ends.append(len(self._decode()))
             if len(self.tokens) >= self.max_new_tokens:

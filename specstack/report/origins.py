@@ -1,15 +1,16 @@
 """The token-origin view (staged paper, Figure 3): every emitted token coloured by who produced it —
-the target itself, the draft model, draft2 (the n-gram model) or the context lookup."""
+the target itself, the draft model, draft2 (the n-gram model), the context lookup or a grammar's forced
+tokens."""
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
 from typing import Any
 
-ORIGINS = ("target", "draft", "draft2", "context")
-ANSI = {"target": "\033[0m", "draft": "\033[34m", "draft2": "\033[32m", "context": "\033[35m"}
-CSS = {"target": "#222222", "draft": "#1f5fbf", "draft2": "#138a36", "context": "#a0309a"}
-BG = {"target": "#ffffff", "draft": "#e3edfb", "draft2": "#e2f5e7", "context": "#f6e4f5"}
+ORIGINS = ("target", "draft", "draft2", "context", "grammar")
+ANSI = {"target": "\033[0m", "draft": "\033[34m", "draft2": "\033[32m", "context": "\033[35m", "grammar": "\033[33m"}
+CSS = {"target": "#222222", "draft": "#1f5fbf", "draft2": "#138a36", "context": "#a0309a", "grammar": "#b36b00"}
+BG = {"target": "#ffffff", "draft": "#e3edfb", "draft2": "#e2f5e7", "context": "#f6e4f5", "grammar": "#fdf0dc"}
 
 
 def token_pieces(tokenizer: Any, tokens: Sequence[int]) -> list[str]:

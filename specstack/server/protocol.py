@@ -2,13 +2,18 @@
 
 A body is read by hand rather than by a pydantic model so that every number goes through the same
 rules as the command line's flags (specstack/validate.py) and every error names its field in one
-sentence. Fields that would change the output in a way this engine does not implement (logprobs,
-penalties, logit_bias, tools, echo, best_of) are refused with 400 rather than silently
-ignored: a client that asks for them would otherwise get text it did not ask for. `suffix` (OpenAI's
+sentence. Fields that would change the output in a way this engine does not implement (best_of, the
+legacy `functions`, parallel tool calls forced by `tool_choice`) are refused with 400 rather than silently
+ignored: a client that asks for them would otherwise get text it did not ask for. What a client reads from
+the target (`logprobs`, `top_logprobs`, `echo`) and what changes the target's distribution (penalties,
+`logit_bias`, `response_format`, `tools`) are applied inside verification, per tree node
+(processing.py), so every method stays lossless under them. `suffix` (OpenAI's
 fill-in-the-middle field) is taken by a model with FIM tokens (fim.py) and refused by one without. Fields that do not
 change the output (`user`, `metadata`, `store`, ...) are ignored, as OpenAI-compatible servers do.
 
-Extensions in the body, as vLLM reads them: `top_k` (-1 or 0: off), `ignore_eos`, and `speculation`:
+Extensions in the body, as vLLM reads them: `top_k` (-1 or 0: off), `ignore_eos`, `repetition_penalty`,
+`regex` and `grammar` (a Lark grammar, llguidance's dialect; vLLM's `guided_regex`, `guided_grammar` and
+`guided_json` name the same), and `speculation`:
 `{"method": "chain:k=2"}` picks a method for this request (any `--method` name; `ar` turns speculation
 off), `{"enabled": false}` turns it off, `{"origins": true}` sends each streamed piece of text with the
 origins of its tokens (target, draft, draft2, context: the server's page colours them). The output is the
@@ -16,12 +21,13 @@ same either way (lossless); only the speed differs.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from specstack import validate
-from specstack.config import GenerationConfig, SamplingParams
+from specstack.config import MAX_BIAS, MAX_LOGPROBS, GenerationConfig, GrammarSpec, Penalties, SamplingParams
 from specstack.errors import SpecstackError
 
 Route = Literal["completions", "chat"]
@@ -30,17 +36,11 @@ MAX_STOP = 16  # stop strings per request (OpenAI allows 4)
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's and vLLM's default max_tokens for /v1/completions
 # refused unless they hold their "off" value: they would change the output
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "logprobs": lambda v: v in (None, False, 0),
-    "top_logprobs": lambda v: v in (None, 0),
-    "echo": lambda v: v in (None, False),
-    "presence_penalty": lambda v: v in (None, 0, 0.0),
-    "frequency_penalty": lambda v: v in (None, 0, 0.0),
-    "repetition_penalty": lambda v: v in (None, 1, 1.0),
-    "logit_bias": lambda v: not v,
-    "tools": lambda v: not v,
     "functions": lambda v: not v,
-    "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+    "function_call": lambda v: v in (None, "none", "auto"),
 }
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions `logprobs`
+MAX_BIAS_ENTRIES = 300  # OpenAI's limit on logit_bias entries
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Prompt:
 
     text: str | None = None
     ids: list[int] | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     suffix: str | None = None  # fill in the middle: `text` is the code before the cursor, this the code after
 
 
@@ -86,15 +86,26 @@ class CompletionRequest:
     include_usage: bool
     method: str | None  # a method for this request only; None: the server's
     origins: bool = False  # extension: each streamed piece of text with the origin of its tokens
+    logprobs: int | None = None  # each token's log-probability and this many alternatives (None: none)
+    echo: bool = False  # completions: the prompt is part of the text (and of the logprobs)
+    penalties: Penalties = field(default_factory=Penalties)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: GrammarSpec | None = None  # response_format, regex or grammar
+    grammar_param: str = "response_format"  # the field that gave it
+    tools: list[dict[str, Any]] | None = None  # chat: the functions the model may call
+    tool_choice: str | dict[str, Any] = "auto"  # none, auto, required, or {"type": "function", ...}
 
-    def generation(self, max_new_tokens: int, choice: int, stop_ids: tuple[int, ...] = ()) -> GenerationConfig:
+    def generation(self, max_new_tokens: int, choice: int, stop_ids: tuple[int, ...] = (),
+                   grammar: GrammarSpec | None = None) -> GenerationConfig:
         """Choice j (of a prompt's n) samples with seed + j, as `specstack generate --n` does: distinct,
-        reproducible samples."""
+        reproducible samples. grammar: the request's own (a tool call's, built by the route) if not given."""
         s = self.sampling
         if s.seed is not None:
             s = SamplingParams(s.temperature, s.top_k, s.top_p, (s.seed + choice) % (validate.SEED_MAX + 1))
         return GenerationConfig(max_new_tokens=max_new_tokens, sampling=s, stop_strings=self.stop,
-                                stop_on_eos=not self.ignore_eos, stop_ids=stop_ids)
+                                stop_on_eos=not self.ignore_eos, stop_ids=stop_ids, logprobs=self.logprobs,
+                                prompt_logprobs=self.echo and self.logprobs is not None, penalties=self.penalties,
+                                logit_bias=self.logit_bias, grammar=grammar or self.grammar)
 
 
 def checked(name: str, rule: validate.Rule[Any], value: object) -> Any:
@@ -155,21 +166,50 @@ def _content(i: int, message: dict[str, Any]) -> str:
     raise bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
 
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
-def chat_messages(value: object) -> list[dict[str, str]]:
+def chat_messages(value: object) -> list[dict[str, Any]]:
+    """Messages as the chat template reads them: role and text; an assistant's `tool_calls` with their
+    arguments as objects (Hugging Face's convention: the template writes them as JSON), a tool result's
+    `tool_call_id`."""
     if not isinstance(value, list) or not value:
         raise bad("messages must be a non-empty list", "messages")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(value):
         if not isinstance(m, dict):
             raise bad(f"messages[{i}] must be an object with a role and content", "messages")
         role = m.get("role")
         if role not in ROLES:
             raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {validate.shown(role)}", "messages")
-        out.append({"role": ROLES[role], "content": _content(i, m)})
+        message: dict[str, Any] = {"role": ROLES[role], "content": _content(i, m)}
+        if role == "assistant" and m.get("tool_calls"):
+            message["tool_calls"] = [_tool_call(i, c) for c in _list(f"messages[{i}].tool_calls", m["tool_calls"])]
+        if role == "tool" and m.get("tool_call_id") is not None:
+            message["tool_call_id"] = _text(f"messages[{i}].tool_call_id", m["tool_call_id"])
+        out.append(message)
     return out
+
+
+def _list(name: str, value: object) -> list[Any]:
+    if not isinstance(value, list):
+        raise bad(f"{name} must be a list", name.split(".")[0].split("[")[0])
+    return value
+
+
+def _tool_call(i: int, call: object) -> dict[str, Any]:
+    where = f"messages[{i}].tool_calls"
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad(f"{where}: each call is {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", "messages")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            raise bad(f"{where}: arguments of {fn['name']!r} are not JSON", "messages") from None
+    assert isinstance(call, dict)  # fn came from it
+    return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
 def _stop(value: object) -> tuple[str, ...]:
@@ -260,8 +300,131 @@ def parse_request(route: Route, body: object) -> CompletionRequest:
         raise bad("stream_options is an object, allowed only with stream: true", "stream_options")
     include_usage = bool(options and options.get("include_usage"))
     method, origins = speculation(body)
+    echo = route == "completions" and _bool(body, "echo")
+    if echo and stream and body.get("logprobs") not in (None, False):
+        raise bad("echo with logprobs is answered whole, not streamed: drop stream or logprobs", "echo",
+                  "unsupported_parameter")
+    tools, tool_choice = _tools(body) if route == "chat" else (None, "none")
+    grammar_param, grammar = _grammar(body)
+    if grammar is not None and tool_choice not in ("none", "auto"):
+        raise bad("a forced tool call has its own grammar (its parameters): drop response_format", "tool_choice")
     return CompletionRequest(route, model, prompts, n, max_tokens, sampling, _stop(body.get("stop")),
-                             _bool(body, "ignore_eos"), stream, include_usage, method, origins)
+                             _bool(body, "ignore_eos"), stream, include_usage, method, origins,
+                             logprobs=_logprobs(route, body), echo=echo, penalties=_penalties(body),
+                             logit_bias=_logit_bias(body.get("logit_bias")), grammar=grammar, grammar_param=grammar_param,
+                             tools=tools, tool_choice=tool_choice)
+
+
+def _logprobs(route: Route, body: dict[str, Any]) -> int | None:
+    """Completions: `logprobs: N` (0..5, null: none); chat: `logprobs: true` and `top_logprobs: N` (0..20)."""
+    if route == "completions":
+        value = body.get("logprobs")
+        if value is None or value is False:
+            return None
+        return checked("logprobs", validate.ints(0, MAX_COMPLETION_LOGPROBS, "OpenAI's limit"), value)
+    on = _bool(body, "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and not on:
+        raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return None if not on else 0 if top is None else checked("top_logprobs", validate.ints(0, MAX_LOGPROBS), top)
+
+
+def _penalties(body: dict[str, Any]) -> Penalties:
+    values = {name: body.get(name) for name in ("presence_penalty", "frequency_penalty", "repetition_penalty")}
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise bad(f"{name} must be a number, got {validate.shown(value)}", name)
+    try:
+        return Penalties(presence=values["presence_penalty"] or 0.0, frequency=values["frequency_penalty"] or 0.0,
+                         repetition=1.0 if values["repetition_penalty"] is None else values["repetition_penalty"])
+    except SpecstackError as e:
+        raise bad(str(e), str(e).split(" ")[0].split(":")[0]) from None
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: {"token id": bias in [-100, 100]} (the ids checked against the vocabulary
+    where it is known, by the route)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or len(value) > MAX_BIAS_ENTRIES:
+        raise bad(f"logit_bias must be an object of at most {MAX_BIAS_ENTRIES} token ids to biases", "logit_bias")
+    out = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None
+        if token is None:
+            raise bad(f"logit_bias: keys are token ids, got {validate.shown(key)}", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise bad(f"logit_bias: biases are numbers in [-100, 100], got {validate.shown(bias)}", "logit_bias")
+        out.append((token, float(bias)))
+    return tuple(out)
+
+
+GRAMMAR_FIELDS = {"regex": "regex", "guided_regex": "regex", "grammar": "lark", "guided_grammar": "lark"}
+
+
+def _grammar(body: dict[str, Any]) -> tuple[str, GrammarSpec | None]:
+    """The output's grammar: `response_format` (json_object, json_schema), or an extension's regex or
+    Lark grammar (vLLM's guided_* names too). One at most."""
+    found: list[tuple[str, GrammarSpec]] = []
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+            raise bad('response_format must be {"type": "text"}, {"type": "json_object"} or '
+                      '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}', "response_format")
+        if fmt["type"] == "json_object":
+            found.append(("response_format", GrammarSpec("json_object")))
+        elif fmt["type"] == "json_schema":
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise bad("response_format.json_schema.schema must be a JSON schema (an object)", "response_format")
+            found.append(("response_format", GrammarSpec("json_schema", json.dumps(schema))))
+    if body.get("guided_json") is not None:
+        schema = body["guided_json"]
+        found.append(("guided_json", GrammarSpec("json_schema", schema if isinstance(schema, str) else json.dumps(schema))))
+    for name, kind in GRAMMAR_FIELDS.items():
+        if body.get(name) is not None:
+            text = _text(name, body[name])
+            if not text.strip():
+                raise bad(f"{name} is empty", name)
+            found.append((name, GrammarSpec(kind, text)))  # type: ignore[arg-type]
+    if len(found) > 1:
+        raise bad(f"one output grammar at a time: {', '.join(n for n, _ in found)}", found[1][0])
+    return found[0] if found else ("response_format", None)
+
+
+def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | dict[str, Any]]:
+    """`tools` (functions with JSON-schema parameters) and `tool_choice`."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none", "auto"):
+            raise bad("tool_choice needs tools", "tool_choice")
+        return None, "none"
+    if not isinstance(tools, list):
+        raise bad("tools must be a list of functions", "tools")
+    out: list[dict[str, Any]] = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}',
+                      "tools")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise bad(f"tools[{i}].function.parameters must be a JSON schema (an object)", "tools")
+        out.append({"type": "function", "function": {**fn, "parameters": params}})
+    names = [t["function"]["name"] for t in out]
+    if choice is None:
+        choice = "auto"
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if name not in names:
+            raise bad(f"tool_choice names a function that is not in tools: {validate.shown(name)}", "tool_choice")
+        return out, choice
+    if choice not in ("none", "auto", "required"):
+        raise bad('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+                  "tool_choice")
+    return out, choice
 
 
 def with_suffix(body: dict[str, Any]) -> list[Prompt]:

@@ -13,6 +13,17 @@ from specstack.server.protocol import Route
 
 
 @dataclass
+class Choice:
+    """One choice of a whole response: its text (None: a chat answer that is tool calls alone), why it
+    ended, its log-probabilities in the route's shape, its tool calls (chat)."""
+
+    text: str | None
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+@dataclass
 class Reply:
     """One request's answer as it is built: the id, time and model every chunk repeats."""
 
@@ -39,16 +50,20 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     # -- whole responses ------------------------------------------------------------------------------
-    def response(self, choices: list[tuple[str, str]], completion_tokens: int, cached_tokens: int,
+    def response(self, choices: list[Choice], completion_tokens: int, cached_tokens: int,
                  spans: dict[int, list[Span]] | None = None) -> dict[str, Any]:
-        """choices: (text, finish_reason) in index order; spans: each choice's text by origin (asked for)."""
+        """choices: in index order; spans: each choice's text by origin (asked for)."""
         items: list[dict[str, Any]]
         if self.route == "chat":
-            items = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": reason} for i, (text, reason) in enumerate(choices)]
+            items = []
+            for i, c in enumerate(choices):
+                message: dict[str, Any] = {"role": "assistant", "content": c.text}
+                if c.tool_calls:
+                    message["tool_calls"] = c.tool_calls
+                items.append({"index": i, "message": message, "logprobs": c.logprobs, "finish_reason": c.finish_reason})
         else:
-            items = [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-                     for i, (text, reason) in enumerate(choices)]
+            items = [{"index": i, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+                     for i, c in enumerate(choices)]
         if spans is not None:
             for i, item in enumerate(items):
                 item["origins"] = [list(p) for p in spans.get(i, [])]
@@ -56,17 +71,21 @@ class Reply:
 
     # -- stream chunks --------------------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None,
-              first: bool = False, usage_field: bool = False, spans: tuple[Span, ...] | None = None) -> str:
+              first: bool = False, usage_field: bool = False, spans: tuple[Span, ...] | None = None,
+              logprobs: dict[str, Any] | None = None, tool_calls: list[dict[str, Any]] | None = None) -> str:
         """One SSE event with one choice's piece of text (`first`: a chat stream's role delta; `spans`: the
-        piece cut at its tokens, each part with their origin, as `origins`: [[text, origin], ...])."""
+        piece cut at its tokens, each part with their origin, as `origins`: [[text, origin], ...];
+        `logprobs`: its tokens' in the route's shape; `tool_calls`: chat tool-call deltas)."""
         if self.route == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if text:
                 delta["content"] = text
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             body = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
             body = {**self._head("text_completion"), "choices": [choice]}
         if spans is not None:
             choice["origins"] = [list(p) for p in spans]

@@ -30,6 +30,7 @@ from specstack.engine.rows import DrafterFactory
 from specstack.engine.stats import GenerationResult
 from specstack.engine.stopping import Span
 from specstack.errors import SpecstackError
+from specstack.processing import TokenLogprob
 from specstack.server.metrics import ServerMetrics
 
 
@@ -43,6 +44,7 @@ class Event:
     result: GenerationResult | None = None
     error: str | None = None
     spans: tuple[Span, ...] = ()  # `text` cut at its tokens, each piece with their origin (jobs that asked)
+    logprobs: tuple[TokenLogprob, ...] = ()  # the log-probabilities of the tokens emitted since the last event
 
 
 Sink = Callable[[Event], None]
@@ -65,6 +67,7 @@ class Job:
     tokens: int = 0  # tokens sent so far
     last: float | None = None  # when its tokens last arrived
     spans: list[Span] | None = None  # pieces with their origins released in this step (None: not asked)
+    logprobs_sent: int = 0  # log-probabilities sent so far
 
 
 class EngineWorker:
@@ -211,6 +214,7 @@ class EngineWorker:
             self.metrics.prefix_cache(self.engine.prefix)
         done = dict(finished)
         counts = self.engine.emitted() | {h: len(r.tokens) for h, r in finished}
+        logprobs = self.engine.logprobs() | {h: r.logprobs or [] for h, r in finished}
         for handle, n in counts.items():
             job = self._by_handle[handle]
             new = n - job.tokens
@@ -225,14 +229,16 @@ class EngineWorker:
             if job.spans:
                 spans = tuple(job.spans)
                 job.spans.clear()
+            lps = tuple(logprobs[handle][job.logprobs_sent:])
+            job.logprobs_sent += len(lps)
             if handle in done:
                 result = done[handle]
                 self.engine.pop_result(handle)  # the engine keeps no result a caller took
                 self.metrics.finished(result, finish_reason(result), now - job.arrived)
                 self._release(job)
-                job.sink(Event(text, n, result=result, spans=spans))
+                job.sink(Event(text, n, result=result, spans=spans, logprobs=lps))
             elif new > 0 or text:
-                job.sink(Event(text, n, spans=spans))
+                job.sink(Event(text, n, spans=spans, logprobs=lps))
         self.metrics.queue(self.engine.running, self.engine.waiting)
 
     def _fail_all(self, message: str) -> None:

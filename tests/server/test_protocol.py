@@ -3,6 +3,8 @@ shape naming that field (and `unsupported_parameter` for what this engine does n
 body gives the request the engine runs (OpenAI's defaults, vLLM's extensions, per-choice seeds)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from specstack.server.protocol import MAX_CHOICES, ApiError, parse_request
@@ -76,14 +78,73 @@ def test_bad_chat_messages_are_400_naming_messages(messages: object) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("logprobs", 2), ("logprobs", True), ("top_logprobs", 1), ("echo", True),
-    ("presence_penalty", 0.5), ("frequency_penalty", -1), ("repetition_penalty", 1.2), ("logit_bias", {"1": 5}),
-    ("tools", [{"type": "function"}]), ("functions", [{"name": "f"}]), ("response_format", {"type": "json_object"}),
-    ("best_of", 2),
+    ("functions", [{"name": "f"}]), ("function_call", {"name": "f"}), ("best_of", 2),
 ])
 def test_what_would_change_the_output_is_refused_not_ignored(field: str, value: object) -> None:
     err = error("completions", {**HI, field: value})
     assert (err.param, err.code) == (field, "unsupported_parameter")
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def test_openai_fields_reach_the_generation() -> None:
+    r = parse_request("completions", {**HI, "logprobs": 3, "echo": True, "presence_penalty": 0.5, "frequency_penalty": -1,
+                                      "repetition_penalty": 1.2, "logit_bias": {"17": 5, "3": -100},
+                                      "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}})
+    gen = r.generation(8, 0)
+    assert (gen.logprobs, gen.prompt_logprobs, gen.logit_bias) == (3, True, ((17, 5.0), (3, -100.0)))
+    assert (gen.penalties.presence, gen.penalties.frequency, gen.penalties.repetition) == (0.5, -1.0, 1.2)
+    assert gen.grammar is not None and gen.grammar.kind == "json_schema" and json.loads(gen.grammar.text) == SCHEMA
+    chat = parse_request("chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 4,
+                                  "tools": [TOOL], "tool_choice": "required"})
+    assert (chat.logprobs, chat.tool_choice, chat.tools[0]["function"]["name"]) == (4, "required", "get_weather")
+    assert parse_request("chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}).logprobs == 0
+    assert parse_request("completions", {**HI, "regex": "[ab]+"}).grammar.kind == "regex"
+    assert parse_request("completions", {**HI, "guided_grammar": 'start: "x"'}).grammar.kind == "lark"
+    assert parse_request("completions", {**HI, "response_format": {"type": "json_object"}}).grammar.kind == "json_object"
+
+
+def test_tool_calls_and_results_in_messages_reach_the_template() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    r = parse_request("chat", {"messages": [{"role": "user", "content": "x"},
+                                            {"role": "assistant", "content": None, "tool_calls": [call]},
+                                            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})
+    m = r.prompts[0].messages
+    assert m[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert m[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+
+
+@pytest.mark.parametrize(("route", "body", "param"), [
+    ("completions", {"logprobs": 6}, "logprobs"),
+    ("completions", {"logprobs": -1}, "logprobs"),
+    ("chat", {"top_logprobs": 2}, "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("completions", {"presence_penalty": 3}, "presence_penalty"),
+    ("completions", {"frequency_penalty": "x"}, "frequency_penalty"),
+    ("completions", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("completions", {"logit_bias": {"x": 1}}, "logit_bias"),
+    ("completions", {"logit_bias": {"1": 101}}, "logit_bias"),
+    ("completions", {"logit_bias": [1]}, "logit_bias"),
+    ("completions", {"response_format": {"type": "yaml"}}, "response_format"),
+    ("completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ("completions", {"regex": "a", "response_format": {"type": "json_object"}}, "regex"),
+    ("completions", {"regex": " "}, "regex"),
+    ("chat", {"tools": [{"type": "function", "function": {}}]}, "tools"),
+    ("chat", {"tools": "f"}, "tools"),
+    ("chat", {"tool_choice": "required"}, "tool_choice"),
+    ("chat", {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ("chat", {"tools": [TOOL], "tool_choice": "always"}, "tool_choice"),
+    ("chat", {"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ("completions", {"echo": True, "logprobs": 1, "stream": True}, "echo"),
+    ("chat", {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
+                                                                                                 "arguments": "{"}}]}]},
+     "messages"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_values_of_openai_fields_are_400_naming_them(route: str, body: dict, param: str) -> None:
+    base = HI if route == "completions" else {"messages": [{"role": "user", "content": "x"}]}
+    assert error(route, {**base, **body}).param == param
 
 
 @pytest.mark.parametrize("body", [[1, 2], "hi", None, 5])
@@ -95,7 +156,7 @@ def test_defaults_are_openais_and_off_values_pass() -> None:
     """Unset fields take OpenAI's defaults; a refused field at its "off" value, and fields that change
     nothing (user, metadata), pass."""
     r = parse_request("completions", {**HI, "logprobs": None, "echo": False, "presence_penalty": 0, "logit_bias": {},
-                                      "response_format": {"type": "text"}, "best_of": 1, "user": "u",
+                                      "response_format": {"type": "text"}, "best_of": 1, "user": "u", "tools": [],
                                       "metadata": {"k": "v"}, "n": None, "temperature": None, "stop": None})
     assert (r.n, r.max_tokens, r.stop, r.stream, r.include_usage, r.ignore_eos, r.method) == \
         (1, None, (), False, False, False, None)
