@@ -39,7 +39,9 @@ def row_record(key: RowKey, result: GenerationResult) -> dict[str, Any]:
     return {"prompt_index": key.prompt, "sample": key.sample, "seed": key.seed, "text": result.text,
             "finish_reason": result.finish_reason, "new_tokens": len(result.tokens),
             "prompt_tokens": len(result.prompt_ids), "seconds": round(stats.seconds, 4),
-            "tokens_per_s": round(stats.tokens_per_s, 2)}
+            "tokens_per_s": round(stats.tokens_per_s, 2),
+            **({"logprobs": [{"id": lp.token, "logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]}
+                             for lp in result.logprobs]} if result.logprobs is not None else {})}
 
 
 def json_line(key: RowKey, result: GenerationResult) -> str:

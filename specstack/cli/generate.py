@@ -37,6 +37,7 @@ from specstack.cli.common import (
     warn,
     warn_ignored_draft_args,
 )
+from specstack.cli.rules import add_rules_args, rules
 from specstack.config import GenerationConfig
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text, check_writable_file, read_text
@@ -95,6 +96,7 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--show-origins", action="store_true",
                    help="print the output coloured by token origin (target / draft / draft2 / context)")
     g.add_argument("--html", type=Path, default=None, metavar="FILE", help="write the token-origin view as a page")
+    add_rules_args(p)
     p.set_defaults(func=cmd_generate)
 
 
@@ -104,7 +106,7 @@ def add_parser(subparsers: Any) -> None:
 def generation_config(args: argparse.Namespace) -> GenerationConfig:
     """The sampling and stopping settings; SamplingParams / GenerationConfig validate the numbers."""
     return GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=sampling_params(args),
-                            stop_strings=tuple(args.stop))
+                            stop_strings=tuple(args.stop), **rules(args))
 
 
 @dataclass(frozen=True)
@@ -305,11 +307,22 @@ def print_text(text: str) -> None:
     sys.stdout.flush()
 
 
-def finish_output(result: GenerationResult, method: str) -> None:
+def finish_output(result: GenerationResult, method: str, lm: LoadedModel | None = None) -> None:
+    """The text's last line ended; the tokens' log-probabilities if asked for; the stats line last."""
     if result.text and not result.text.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()
+    if result.logprobs is not None and lm is not None:
+        print_logprobs(lm, result)
     print(f"{result.stats.line()}; method {method}", file=sys.stderr, flush=True)
+
+
+def print_logprobs(lm: LoadedModel, result: GenerationResult) -> None:
+    """Each token's log-probability (and its alternatives) on stderr, one line a token."""
+    show = lambda t: json.dumps(lm.tokenizer.decode([t]), ensure_ascii=False)  # noqa: E731
+    for lp in result.logprobs or []:
+        alts = "  ".join(f"{show(t)} {v:.3f}" for t, v in lp.top)
+        print(f"{show(lp.token)} {lp.logprob:.4f}" + (f"   [{alts}]" if alts else ""), file=sys.stderr)
 
 
 def show_origins(args: argparse.Namespace, lm: LoadedModel, result: GenerationResult) -> None:
@@ -387,7 +400,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"{result.stats.line()}; method {built.name}", file=sys.stderr, flush=True)
     else:
         result = run_generation(lm, ids[0], gen, on_text=print_text, built=built)
-        finish_output(result, built.name)
+        finish_output(result, built.name, lm)
     if args.show_origins or args.html is not None:
         show_origins(args, lm, result)
     return 0
