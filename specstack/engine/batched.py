@@ -41,7 +41,7 @@ from specstack.attention import LAYOUTS, Layout, row_blocks_batch
 from specstack.config import DEFAULT_MAX_CONTEXT, DEFAULT_STEP_TOKENS, GenerationConfig
 from specstack.drafting.base import DraftContext, Drafter, DraftGroup
 from specstack.drafting.batch_length import AsProposed, BatchLength
-from specstack.engine.forced import with_forced
+from specstack.engine.forced import forced_chain
 from specstack.engine.plan import RowState, StepPlan, plan_step
 from specstack.engine.prefix_rows import attach, look_up, publish
 from specstack.engine.rows import BatchRequest, Block, DrafterFactory, DrafterPool, Row
@@ -281,10 +281,12 @@ class BatchEngine:
     def _propose(self, plan: StepPlan) -> list[Block]:
         """1. Each row's block: the pending tokens the plan lets it read, then, once they reach the root,
         its drafter's tree (drafters of one group propose together: one draft forward per draft step
-        for all their rows), within the plan's nodes for it and cut by the step's length rule."""
+        for all their rows), or, where its grammar forces tokens, those (engine/forced.py), within the
+        plan's nodes for it and cut by the step's length rule."""
         limit = self.length.limit()
         blocks: list[Block] = []
         drafting: dict[int, tuple[Drafter, int]] = {}  # row -> its drafter and the most nodes it may verify
+        grammar: dict[int, DraftTree] = {}  # row -> the tokens its grammar forces, as its tree this step
         for i, row in enumerate(self.rows):
             take = plan.reads.get(row.handle, 0)
             blocks.append(Block(row.pending[:take], DraftTree(), reaches_root=take == len(row.pending)))
@@ -297,6 +299,10 @@ class BatchEngine:
                 row.ctx.limit = cap if limit is None else min(limit, cap)
                 row.ctx.size = self.length.size  # a best-first drafter sizes its tree by the rule as it grows
                 drafting[i] = drafter, row.ctx.limit
+                forced = row.processor.forced() if row.processor is not None and not row.layers else []
+                if forced and row.ctx.limit:  # the grammar drafts this step; the drafter only catches up
+                    grammar[i] = forced_chain(forced, row.ctx.limit)
+                    row.ctx.limit = 0
         groups: dict[int, tuple[DraftGroup, list[int]]] = {}
         for i, (drafter, _) in drafting.items():
             group = getattr(drafter, "group", None)
@@ -310,16 +316,13 @@ class BatchEngine:
                 blocks[i].tree = tree
         for i, (_, cap) in drafting.items():  # no tree outgrows what the plan gave it (the context's room too)
             blocks[i].tree = blocks[i].tree.truncated(cap)
+        for i, chain in grammar.items():
+            blocks[i].tree, blocks[i].own = chain, 0
         if drafting:  # the step's draft length: rows with a drafter keep a prefix of their tree
             keep = self.length.choose([blocks[i].tree for i in drafting], len(blocks),
                                       sum(len(b.chain) for b in blocks))
             for i, k in zip(drafting, keep, strict=True):
                 blocks[i].tree = blocks[i].tree.truncated(k)
-        for i, (_, cap) in drafting.items():  # a grammar's forced tokens are drafts too
-            row = self.rows[i]
-            forced = row.processor.forced() if row.processor is not None and not row.layers else []
-            if forced:
-                blocks[i].tree, blocks[i].own = with_forced(blocks[i].tree, forced, cap)
         return blocks
 
     def _prompt_hidden(self, row: Row) -> torch.Tensor | None:

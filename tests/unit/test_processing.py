@@ -13,7 +13,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specstack.config import GenerationConfig, GrammarSpec, Penalties
-from specstack.engine.forced import with_forced
+from specstack.engine.forced import forced_chain
 from specstack.errors import SpecstackError
 from specstack.grammar import GrammarCompiler, allowed, apply_masks
 from specstack.processing import RowProcessor, path_tokens, token_logprobs
@@ -162,17 +162,12 @@ def test_apply_masks_matches_the_bits():
     assert out[0].tolist() == [0.0, float("-inf"), 0.0] and out[1].tolist() == [0.0, 0.0, 0.0]
 
 
-def test_forced_chain_follows_the_drafters_nodes_and_keeps_their_ids():
-    own = DraftTree([5, 6, 9, 7], [-1, 0, -1, 1])  # 5 -> 6 -> 7; 9
-    merged, kept = with_forced(own, [5, 6, 8, 1], cap=10)
-    assert kept == 4 and merged.tokens[:4] == own.tokens and merged.parent[:4] == own.parent
-    assert merged.tokens[4:] == [8, 1] and merged.parent[4:] == [1, 4] and merged.origin[4:] == ["grammar"] * 2
-    # no room: the drafter's tree is cut first, the chain kept
-    merged, kept = with_forced(own, [1, 2, 3], cap=4)
-    assert kept == 1 and merged.tokens == [5, 1, 2, 3] and merged.parent == [-1, -1, 1, 2]
-    merged, kept = with_forced(own, [1, 2, 3], cap=2)
-    assert kept == 0 and merged.tokens == [1, 2]
-    assert with_forced(own, [], cap=3) == (own.truncated(3), 3)
+def test_forced_tokens_are_a_chain_with_evidence_within_the_cap():
+    chain = forced_chain([5, 6, 8, 1, 2, 3], cap=5)
+    assert chain.tokens == [5, 6, 8, 1, 2] and chain.parent == [-1, 0, 1, 2, 3] and chain.origin == ["grammar"] * 5
+    assert chain.evidence == [("grammar", 1), ("grammar", 2), ("grammar", 3), ("grammar", 4), ("grammar", 4)]
+    assert chain.q == [None] * 5  # deterministic: verified by sample-walk under sampling
+    assert len(forced_chain([5], cap=0)) == 0
 
 
 def test_token_logprobs_are_the_raw_log_softmax():
