@@ -6,8 +6,10 @@ plain decode at row r's position would see the committed tokens and then the pat
 and itself), so every rule is applied to row r from exactly those tokens: penalties count the
 generated tokens (OpenAI) plus the path's, a repetition penalty also sees the prompt (vLLM), a grammar's
 mask is its state after the path (grammar.py). Verification then runs on the processed rows as on raw
-ones, so the emitted tokens are distributed as the processed target's; the draft's q needs no change,
-since recursive rejection sampling is exact for whatever q the draft sampled from.
+ones, so the emitted tokens are distributed as the processed target's. A model drafter applies the same
+rules to its own rows (`RowProcessor.along`, the draft context's rule), so its q is the processed
+draft's: recursive rejection sampling is exact for any q, but a q that proposes what the grammar refuses
+only wastes verified tokens.
 
 Order, as in vLLM: penalties, then the bias, then the grammar's mask (a refused token stays refused).
 Log-probabilities are of the raw logits (before any of these and before the warp), as OpenAI reports
@@ -23,6 +25,23 @@ import torch
 from specstack.config import GenerationConfig
 from specstack.grammar import GrammarCompiler, Matcher, apply_masks
 from specstack.tree import DraftTree
+
+
+def trie(paths: Sequence[Sequence[int]]) -> tuple[DraftTree, list[int]]:
+    """The paths (token sequences after the root) as one tree, and each path's row in a block's layout
+    (0: the empty path, the root's row; i + 1: node i)."""
+    tree, rows = DraftTree(), []
+    node: dict[tuple[int, ...], int] = {(): -1}
+    for path in paths:
+        key: tuple[int, ...] = ()
+        for t in path:
+            child = (*key, int(t))
+            if child not in node:
+                tree.add(int(t), node[key], "draft")
+                node[child] = len(tree) - 1
+            key = child
+        rows.append(node[key] + 1)
+    return tree, rows
 
 
 def path_tokens(tree: DraftTree) -> list[list[int]]:
@@ -58,16 +77,45 @@ class RowProcessor:
 
     def process(self, logits: torch.Tensor, tree: DraftTree) -> torch.Tensor:
         """logits [1 + n, V] of a verified block -> the processed logits (fp32, a new tensor)."""
+        masks = self.matcher.tree_masks(tree) if self.matcher is not None else None
+        return self._apply(logits.float().clone(), path_tokens(tree), masks, None)
+
+    def along(self, logits: torch.Tensor, paths: Sequence[Sequence[int]],
+              ids: torch.Tensor | None = None) -> torch.Tensor:
+        """A draft's logits [R, V'] (row r follows `paths[r]` from the committed tokens; column j scores
+        token ids[j], or token j) -> the same rules applied (drafting/base.py's LogitsRule). Columns of no
+        token of the target's vocabulary are refused."""
         out = logits.float().clone()
-        if not self.penalties.off:
-            out = self._penalise(out, path_tokens(tree))
-        if self.bias is not None:
-            out += self.bias.to(out.device)
+        cols = None  # column j is token j of the target's vocabulary
+        if ids is not None or out.shape[-1] != self.vocab_size:
+            cols = ids.to(out.device) if ids is not None else torch.arange(out.shape[-1], device=out.device)
+            outside = cols >= self.vocab_size
+            if bool(outside.any()):
+                out[:, outside] = float("-inf")
+                cols = cols.clamp(max=self.vocab_size - 1)
+        masks = None
         if self.matcher is not None:
-            out = apply_masks(out, self.matcher.tree_masks(tree))
+            tree, rows = trie(paths)
+            masks = self.matcher.tree_masks(tree)[rows]
+        return self._apply(out, [list(p) for p in paths], masks, cols)
+
+    def _apply(self, out: torch.Tensor, paths: list[list[int]], masks: torch.Tensor | None,
+               cols: torch.Tensor | None) -> torch.Tensor:
+        """Penalties, bias, mask on rows `out` [R, C] (column c: token cols[c], or token c)."""
+        if not self.penalties.off:
+            out = self._penalise(out, paths, cols)
+        if self.bias is not None:
+            bias = self.bias.to(out.device)
+            out += bias if cols is None else bias[cols]
+        if masks is not None:
+            if cols is None:
+                out = apply_masks(out, masks)
+            else:  # the mask over the whole vocabulary, read at the draft's columns
+                full = apply_masks(torch.zeros(out.shape[0], self.vocab_size, device=out.device), masks)
+                out = out + full[:, cols]
         return out
 
-    def _penalise(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+    def _penalise(self, logits: torch.Tensor, paths: list[list[int]], cols: torch.Tensor | None = None) -> torch.Tensor:
         pen, dev = self.penalties, logits.device
         counts = self.counts.to(dev).expand(len(paths), -1).clone()  # [R, V]
         rows = [r for r, path in enumerate(paths) for _ in path]
@@ -75,8 +123,11 @@ class RowProcessor:
             toks = torch.tensor([t for path in paths for t in path], device=dev)
             counts.index_put_((torch.tensor(rows, device=dev), toks), torch.ones(len(rows), device=dev),
                               accumulate=True)
-        if pen.repetition != 1:
-            seen = self.seen.to(dev) | (counts > 0)
+        seen = self.seen.to(dev) | (counts > 0) if pen.repetition != 1 else None
+        if cols is not None:
+            counts = counts[:, cols]
+            seen = seen[:, cols] if seen is not None else None
+        if seen is not None:
             scaled = torch.where(logits > 0, logits / pen.repetition, logits * pen.repetition)
             logits = torch.where(seen, scaled, logits)
         return logits - pen.frequency * counts - pen.presence * (counts > 0).float()

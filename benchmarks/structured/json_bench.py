@@ -11,7 +11,7 @@ numbers and booleans; the prompts ask for the record in words. Greedy decoding, 
 emits the same tokens whatever the method (checked: a divergence is reported). Rows go to OUT/rows.jsonl,
 the summary to stdout as a markdown table.
 
-    python benchmarks/structured/json_bench.py --model qwen2.5-coder-1.5b --out OUT [--dtype int4]
+    python benchmarks/structured/json_bench.py --model qwen2.5-coder-1.5b --out OUT [--dtype int4] [--draft-method chain:k=4]
 """
 from __future__ import annotations
 
@@ -29,9 +29,15 @@ from specstack.engine.batched import generate
 from specstack.engine.methods import DraftSources, build_drafter, length_rule, parse_method
 from specstack.machine import cpu_model
 from specstack.models.loading import load_model
+from specstack.processing import RowProcessor
 from specstack.prompts import encode_prompt
 
 HERE = Path(__file__).parent
+ruled = RowProcessor.along
+
+
+def blind_rule(self, logits, paths, ids=None):
+    return logits.float()
 
 
 def prompt_for(task: str) -> str:
@@ -51,6 +57,9 @@ def main() -> int:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--dtype", default="int4")
     ap.add_argument("--method", default="auto", help="the speculative method (default: the model's auto)")
+    ap.add_argument("--draft-method", default="",
+                    help="also a draft-model method (e.g. chain:k=4) with the schema, its draft's own rows masked "
+                         "(as shipped) and unmasked (the control: the drafter blind to the grammar)")
     ap.add_argument("--max-new-tokens", type=int, default=200)
     ap.add_argument("--schemas", type=Path, default=HERE / "schemas.json")
     ap.add_argument("--limit", type=int, default=0, help="the first N schemas only (0: all)")
@@ -68,6 +77,9 @@ def main() -> int:
         "ar free+logprobs": ("ar", False, 5),
         "spec+schema+logprobs": (args.method, True, 5),
     }
+    if args.draft_method:
+        configs["draft+schema"] = (args.draft_method, True, None)
+        configs["draft+schema, draft blind"] = (args.draft_method, True, None)
     warm = encode_prompt(lm.tokenizer, prompt_for(cases[0]["task"]), chat=True)
     run(lm, warm, GenerationConfig(max_new_tokens=8, grammar=GrammarSpec("json_object")), args.method, args.model)
     rows = []
@@ -78,7 +90,13 @@ def main() -> int:
             for name, (method, constrained, logprobs) in configs.items():
                 gen = GenerationConfig(max_new_tokens=args.max_new_tokens, grammar=grammar if constrained else None,
                                        logprobs=logprobs)
-                out, wall = run(lm, ids, gen, method, args.model)
+                blind = name.endswith("draft blind")
+                if blind:  # the control: the draft's rows get no rule (verification still applies it)
+                    RowProcessor.along = blind_rule  # type: ignore[method-assign]
+                try:
+                    out, wall = run(lm, ids, gen, method, args.model)
+                finally:
+                    RowProcessor.along = ruled  # type: ignore[method-assign]
                 valid = None
                 if constrained:
                     try:
@@ -126,6 +144,9 @@ def summary(rows: list[dict], configs: dict, args: argparse.Namespace) -> None:
     print(f"logprobs cost, ar: {1 - rate('ar free+logprobs') / rate('ar free'):+.1%}; with speculation and a schema: "
           f"{1 - rate('spec+schema+logprobs') / rate('spec+schema'):+.1%} (goal <= 3 %)")
     print(f"every method's text the same per case and mode: {same}")
+    if "draft+schema" in configs:
+        print(f"draft+schema / ar+schema: {rate('draft+schema') / rate('ar+schema'):.2f} x; the draft's rows masked "
+              f"against blind: {rate('draft+schema') / rate('draft+schema, draft blind'):.2f} x")
     per = [r["tok_per_s"] for r in rows if r["config"] == "spec+schema"]
     print(f"spec+schema per-case tok/s: median {statistics.median(per):.2f}")
 

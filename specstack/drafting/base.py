@@ -17,6 +17,16 @@ from specstack.tree import DraftTree
 from specstack.verify import VerifyResult
 
 
+class LogitsRule(Protocol):
+    """A request's rules for the target's logits (penalties, a bias, a grammar's mask: processing.py),
+    as a drafter applies them to its own logits so that its q is the processed draft's."""
+
+    def __call__(self, logits: torch.Tensor, paths: Sequence[Sequence[int]],
+                 ids: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [R, V'] (row r scores what follows `paths[r]`, the tokens after the root; column j is
+        token ids[j], or token j) -> processed logits (fp32, a new tensor)."""
+
+
 @dataclass
 class DraftContext:
     tokens: list[int]  # prompt + every emitted token; the tree hangs off tokens[-1] (the root)
@@ -28,6 +38,10 @@ class DraftContext:
     # the same rule's estimate, while a best-first tree grows, of how many of its nodes (their cumulative
     # draft probabilities, best first) it would keep (drafting/batch_length.py `size`); None: none
     size: Callable[[Sequence[float]], int] | None = None
+    # the request's logits rules, or None. Verification applies them to the target's rows (so no draft
+    # can change what is emitted); a model drafter applies them to its own rows too, so it proposes
+    # what the processed target would: under a grammar, only tokens the grammar allows
+    rule: LogitsRule | None = None
 
 
 class DraftGroup(Protocol):

@@ -141,7 +141,7 @@ class ChainGroup:
             tree = trees[m.row]
             if len(tree) >= m.length:
                 continue  # a row that must only catch up
-            nxt = self.picker.pick(ModelOutput(out.logits[:, j : j + 1], {}, out.vocab_ids), ctx)
+            nxt = self.picker.pick(ModelOutput(out.logits[:, j : j + 1], {}, out.vocab_ids), ctx, [tree.tokens])
             kids = nxt.children(0)
             if not kids:
                 m.length = len(tree)  # the draft gives no token (all of q outside the target's)

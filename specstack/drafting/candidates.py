@@ -196,10 +196,15 @@ class ChildPicker:
         self.width = width
         self._columns = Columns(vocab_size)
 
-    def pick(self, out: ModelOutput, ctx: DraftContext) -> NextTokens:
-        """out: a forward of one row (logits [1, T, V'])."""
+    def pick(self, out: ModelOutput, ctx: DraftContext, paths: Sequence[Sequence[int]] | None = None) -> NextTokens:
+        """out: a forward of one row (logits [1, T, V']); paths[t]: the tokens after the root that position
+        t follows (None: every position is the root), for the request's logits rule."""
         logits = out.logits[0]
+        if ctx.rule is not None:
+            logits = ctx.rule(logits, paths if paths is not None else [()] * logits.shape[0], out.vocab_ids)
         probs = torch.softmax(logits.float(), -1) if ctx.sampling.greedy else warp(logits, ctx.sampling)
+        if ctx.rule is not None:  # a row the rule refuses whole (no allowed token among the draft's) has no children
+            probs = probs.nan_to_num_(0.0)
         if out.vocab_ids is not self._columns.id_tensor:  # map the draft's columns once, not every forward
             self._columns = Columns.of(out.vocab_ids, self._columns.vocab_size)
         kids = children_of(probs, self.width, ctx.sampling, ctx.generator)

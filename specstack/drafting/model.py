@@ -176,4 +176,5 @@ class ModelDrafter:
         offsets = torch.tensor([len(path) for path in paths], device=model.device) + len(self.pending) - 1
         toks = torch.tensor([[cands[i].token for i in chosen]], device=model.device)
         batch = build_batch(self.cache, len(chosen), mask, offsets, append=True)
-        return self._picker.pick(model.forward(toks, batch, self.cache), ctx)
+        return self._picker.pick(model.forward(toks, batch, self.cache), ctx,
+                                 [[cands[a].token for a in path] for path in paths])

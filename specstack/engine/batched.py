@@ -162,7 +162,8 @@ class BatchEngine:
         if request.drafter is None and request.speculate:
             factory = request.drafters if request.drafters is not None else self.make_drafter
         row = Row(self._next_handle, request, stream, generator, prompt,
-                   DraftContext(list(prompt), gen.sampling, generator), RunStats(prompt_tokens=len(prompt)), factory,
+                   DraftContext(list(prompt), gen.sampling, generator,
+                                rule=processor.along if processor is not None else None), RunStats(prompt_tokens=len(prompt)), factory,
                    processor=processor)
         self._next_handle += 1
         self.queue.append(row)

@@ -102,7 +102,7 @@ class Answer:
     def choice(self, result: GenerationResult) -> Choice:
         reason = finish_reason(result)
         if self.req.route == "chat" and self.req.tools and self.req.tool_choice != "none":
-            content, calls = parse_calls(result.text)
+            content, calls = parse_calls(result.text, self.req.tool_names)
             if calls:
                 return Choice(content, "tool_calls", self.logprobs(result.logprobs or []), [c.body() for c in calls])
         return Choice(self.prompt_text + result.text, reason,
@@ -155,7 +155,7 @@ async def stream(worker: EngineWorker, reply: Reply, req: CompletionRequest, eve
     usage = req.include_usage
     tokens: dict[int, int] = {}
     results: dict[int, GenerationResult] = {}
-    calls = {i: ToolStream() for i in range(len(ids))} if req.tools and req.tool_choice != "none" else {}
+    calls = {i: ToolStream(req.tool_names) for i in range(len(ids))} if req.tools and req.tool_choice != "none" else {}
     offsets = {i: 0 for i in range(len(ids))}  # completions' text_offset: characters sent so far
     try:
         if reply.route == "chat":  # the assistant's role first, as OpenAI streams it
@@ -173,10 +173,7 @@ async def stream(worker: EngineWorker, reply: Reply, req: CompletionRequest, eve
             text, deltas = event.text, None
             if index in calls and text:
                 text, done = calls[index].feed(text)
-                n = len(calls[index].calls) - len(done)
-                deltas = [d for k, c in enumerate(done) for d in (
-                    {"index": n + k, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}},
-                    {"index": n + k, "function": {"arguments": c.arguments}})]
+                deltas = calls[index].deltas(done) or None
             lps = answers[index].logprobs(list(event.logprobs), offset=offsets[index]) if event.logprobs else None
             if text or deltas or lps:
                 yield reply.chunk(index, text, usage_field=usage, spans=event.spans if req.origins else None,
@@ -187,9 +184,10 @@ async def stream(worker: EngineWorker, reply: Reply, req: CompletionRequest, eve
                 results[index] = event.result
                 reason = finish_reason(event.result)
                 if index in calls:
-                    rest = calls[index].finish()
-                    if rest:
-                        yield reply.chunk(index, rest, usage_field=usage)
+                    rest, late = calls[index].finish()
+                    if rest or late:
+                        yield reply.chunk(index, rest or None, usage_field=usage,
+                                          tool_calls=calls[index].deltas(late) or None)
                     reason = "tool_calls" if calls[index].calls else reason
                 yield reply.chunk(index, None, reason, usage_field=usage)
         if usage:

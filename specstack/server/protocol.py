@@ -95,6 +95,13 @@ class CompletionRequest:
     tools: list[dict[str, Any]] | None = None  # chat: the functions the model may call
     tool_choice: str | dict[str, Any] = "auto"  # none, auto, required, or {"type": "function", ...}
 
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """The functions the model may call (none when tool_choice is "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return frozenset()
+        return frozenset(t["function"]["name"] for t in self.tools)
+
     def generation(self, max_new_tokens: int, choice: int, stop_ids: tuple[int, ...] = (),
                    grammar: GrammarSpec | None = None) -> GenerationConfig:
         """Choice j (of a prompt's n) samples with seed + j, as `specstack generate --n` does: distinct,

@@ -6,6 +6,11 @@ Qwen2.5's format (its chat template writes it into the system prompt): each call
 writes calls or text as it likes and the calls are parsed out; `"required"` or a named function makes
 the output one such call, its arguments valid for the function's JSON schema (a Lark grammar embedding
 the schema, so the engine masks and drafts it like any structured output).
+
+Qwen2.5-Coder, asked with `tool_choice: "auto"`, usually writes its call without the tags, as a JSON
+object in a ```json fence (a known habit of the coder models; Ollama parses it the same way). An answer
+that is nothing but such an object (or a list of them) naming one of the request's tools is read as its
+calls; anywhere else JSON stays text.
 """
 from __future__ import annotations
 
@@ -57,9 +62,49 @@ def _call(text: str) -> ToolCall | None:
     return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
 
-def parse_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)\n?[ \t]*```", re.S)
+
+
+def lone_calls(text: str, names: frozenset[str]) -> list[ToolCall]:
+    """The calls of an answer that is only a call object, or a list of them, bare or in one ```json fence,
+    each naming one of `names`; [] for anything else."""
+    body = text.strip()
+    fenced = FENCE.fullmatch(body)
+    if fenced:
+        body = fenced.group(1).strip()
+    if not body.startswith(("{", "[")):
+        return []
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return []
+    objs = obj if isinstance(obj, list) else [obj]
+    calls = [_call(json.dumps(o)) if isinstance(o, dict) and o.get("name") in names else None for o in objs]
+    return [c for c in calls if c is not None] if objs and None not in calls else []
+
+
+def could_be_lone(text: str) -> bool:
+    """Whether an answer that begins with `text` may still turn out to be a lone call (lone_calls)."""
+    s = text.lstrip()
+    if s.startswith("```"):
+        head, newline, rest = s[3:].partition("\n")
+        if not newline:
+            return "json".startswith(head.strip())
+        if head.strip() not in ("", "json"):
+            return False
+        rest = rest.lstrip()
+        if not rest:
+            return True
+        if rest[0] not in "{[":
+            return False
+        end = rest.find("```")
+        return end < 0 or rest[end + 3:].strip() == ""
+    return "```".startswith(s) or s[0] in "{["
+
+
+def parse_calls(text: str, names: frozenset[str] = frozenset()) -> tuple[str | None, list[ToolCall]]:
     """(the text outside the calls, or None if there is none; the calls). A block that is not a call
-    (not JSON, no name) stays in the text."""
+    (not JSON, no name) stays in the text; an answer with no tagged call may be a lone one (lone_calls)."""
     calls: list[ToolCall] = []
     kept: list[str] = []
     at = 0
@@ -71,8 +116,11 @@ def parse_calls(text: str) -> tuple[str | None, list[ToolCall]]:
         calls.append(call)
         at = m.end()
     kept.append(text[at:])
-    content = "".join(kept).strip() if calls else text
-    return (content or None) if calls else text, calls
+    if not calls:
+        lone = lone_calls(text, names)
+        return (None, lone) if lone else (text, [])
+    content = "".join(kept).strip()
+    return content or None, calls
 
 
 class ToolStream:
@@ -80,13 +128,19 @@ class ToolStream:
     held until it is known not to; a call is sent once its block closes (its name, then its arguments,
     as OpenAI streams them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: frozenset[str] = frozenset()) -> None:
         self.buffer = ""
         self.calls: list[ToolCall] = []
+        self.names = names
+        self.lone = bool(names)  # the answer so far may be a lone call: all of it is held
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content to send now, calls completed now)."""
         self.buffer += text
+        if self.lone:
+            if could_be_lone(self.buffer) and OPEN not in self.buffer:
+                return "", []
+            self.lone = False
         content, done = "", []
         while True:
             start = self.buffer.find(OPEN)
@@ -114,7 +168,19 @@ class ToolStream:
         self.calls += done
         return content, done
 
-    def finish(self) -> str:
-        """What is left when the text ends (an unclosed block is text)."""
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """What is left when the text ends: (content, calls). An unclosed block is text; an answer held
+        whole is its calls if it is a lone call, else text."""
         rest, self.buffer = self.buffer, ""
-        return rest
+        if self.lone and (lone := lone_calls(rest, self.names)):
+            self.calls += lone
+            return "", lone
+        return rest, []
+
+    def deltas(self, done: list[ToolCall]) -> list[dict[str, Any]]:
+        """OpenAI's tool-call deltas for calls just completed (the last of self.calls): the name first,
+        then the arguments."""
+        n = len(self.calls) - len(done)
+        return [d for k, c in enumerate(done) for d in (
+            {"index": n + k, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}},
+            {"index": n + k, "function": {"arguments": c.arguments}})]

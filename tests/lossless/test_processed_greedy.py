@@ -5,16 +5,17 @@ exactly `ar`'s tokens with the same rules; log-probabilities, the output's and t
 are a plain forward's, whichever method verified the tokens."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
 import pytest
 import torch
 
-from specstack.config import GenerationConfig, GrammarSpec, Penalties
+from specstack.config import GenerationConfig, GrammarSpec, Penalties, SamplingParams
 from specstack.engine.batched import generate
 from specstack.engine.methods import DraftSources, build_drafter, length_rule, parse_method
-from specstack.grammar import apply_masks, compiler_for
+from specstack.grammar import allowed, apply_masks, compiler_for
 from specstack.models.loading import load_model
 from specstack.prompts import encode_prompt
 from specstack.tree import DraftTree
@@ -126,3 +127,61 @@ def test_logprobs_are_a_plain_forwards(lm, ids, method):
         assert abs(lp.logprob - float(row[lp.token])) < 1e-4, j
         assert [t for t, _ in lp.top] == row.topk(3).indices.tolist(), j
     assert len(out.prompt_logprobs) == len(ids) - 1
+
+
+class Recorder:
+    """A drafter that records the trees it proposes, with the tokens emitted before each; `strip` drops
+    the request's rule from its context (as a drafter that ignored it would propose)."""
+
+    def __init__(self, inner, strip: bool) -> None:
+        self.inner, self.strip, self.seen = inner, strip, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def group(self):
+        return None
+
+    def propose(self, ctx):
+        if self.strip:
+            ctx = dataclasses.replace(ctx, rule=None)
+        tree = self.inner.propose(ctx)
+        self.seen.append((list(ctx.tokens), tree))
+        return tree
+
+
+def refused_drafts(lm, ids, seen, grammar) -> tuple[int, int]:
+    """(draft nodes the grammar refuses on their path, draft nodes) over the recorded proposals."""
+    compiler = compiler_for(lm.tokenizer, lm.config.vocab_size, lm.eos_token_ids)
+    refused = total = 0
+    for tokens, tree in seen:
+        matcher = compiler.matcher(grammar)
+        matcher.commit(tokens[len(ids):])
+        bits = matcher.tree_masks(tree)
+        for i, (token, parent) in enumerate(zip(tree.tokens, tree.parent, strict=True)):
+            if tree.origin[i] != "draft":
+                continue
+            total += 1
+            refused += token not in lm.eos_token_ids and not allowed(bits[parent + 1], token)
+    return refused, total
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_model_drafter_proposes_only_what_the_grammar_allows(lm, ids, temperature):
+    """The request's rules reach the draft's own logits (its q): a draft model under a JSON schema drafts
+    only tokens the schema allows on their path. Without the rule (the control) it drafts refused ones,
+    which verification rejects: the same tokens come out, more slowly."""
+    grammar = OPTIONS["json_schema"]["grammar"]
+    spec = parse_method("tree:width=3,budget=12,depth=4,expand=3")
+    counts, texts = {}, {}
+    for strip in (False, True):
+        drafter = Recorder(build_drafter(spec, lm, DraftSources.for_model("smollm2-135m")), strip)
+        gen = GenerationConfig(max_new_tokens=N, grammar=grammar,
+                               sampling=SamplingParams(temperature=temperature, top_k=0, seed=3))
+        texts[strip] = generate(lm, ids, gen, drafter=drafter, length=length_rule(spec, lm)).tokens
+        counts[strip] = refused_drafts(lm, ids, drafter.seen, grammar)
+    assert counts[False][1] > 0 and counts[False][0] == 0, counts
+    assert counts[True][0] > 0, counts  # the control: the draft alone does not know the grammar
+    if temperature == 0:
+        assert texts[False] == texts[True]

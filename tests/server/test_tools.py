@@ -1,6 +1,7 @@
 """Tool calls in Qwen2.5's format (server/tools.py): parsed out of whole text, split out of a stream of
-pieces however the text is cut (content released as soon as it cannot open a call), and a forced call's
-grammar, which only such a call matches."""
+pieces however the text is cut (content released as soon as it cannot open a call), a lone call in a
+```json fence (as Qwen2.5-Coder writes it) read as a call, and a forced call's grammar, which only such a
+call matches."""
 from __future__ import annotations
 
 import json
@@ -39,7 +40,9 @@ def test_a_stream_cut_anywhere_gives_the_same_content_and_calls(cut):
         assert "<" not in piece  # nothing that may open a call is released
         content += piece
         names += [c.name for c in done]
-    content += stream.finish()
+    rest, late = stream.finish()
+    content += rest
+    assert not late
     assert content.strip() == "Let me check." and names == ["get_weather", "get_time"]
 
 
@@ -48,7 +51,7 @@ def test_a_stream_holds_back_only_what_may_open_a_call():
     assert stream.feed("a <tool") == ("a ", [])
     assert stream.feed("box>") == ("<toolbox>", [])
     assert stream.feed("<tool_call>{\"name\"") == ("", [])
-    assert stream.finish() == "<tool_call>{\"name\""  # never closed: text
+    assert stream.finish() == ("<tool_call>{\"name\"", [])  # never closed: text
 
 
 def test_forced_call_grammar_names_the_functions():
@@ -59,3 +62,44 @@ def test_forced_call_grammar_names_the_functions():
     assert required.kind == named.kind == "lark"
     assert '"const": "f"' in required.text and '"const": "g"' in required.text
     assert '"const": "f"' not in named.text and required.text.startswith('start: "<tool_call>\\n"')
+
+
+NAMES = frozenset({"get_weather", "convert_currency"})
+FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Oslo"\n  }\n}\n```'
+
+
+@pytest.mark.parametrize("text", [FENCED, '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+                                  '```\n[{"name": "get_weather", "arguments": {"city": "Oslo"}}]\n```'])
+def test_a_lone_call_object_naming_a_tool_is_a_call(text):
+    content, calls = parse_calls(text, NAMES)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
+    assert parse_calls(text) == (text, [])  # no tools given: text
+
+
+@pytest.mark.parametrize("text", [FENCED.replace("get_weather", "launch_rocket"),  # not one of the tools
+                                  "Here it is:\n" + FENCED,  # prose around it: an answer that shows JSON
+                                  FENCED + "\nThat is the call.",
+                                  '```python\nprint({"name": "get_weather"})\n```',
+                                  '[{"name": "get_weather"}, {"x": 1}]'])
+def test_json_that_is_not_a_lone_call_stays_text(text):
+    assert parse_calls(text, NAMES) == (text, [])
+
+
+@pytest.mark.parametrize("cut", [1, 3, 8, 1000])
+def test_a_streamed_lone_call_is_held_and_sent_as_a_call(cut):
+    stream = ToolStream(NAMES)
+    for i in range(0, len(FENCED), cut):
+        assert stream.feed(FENCED[i : i + cut]) == ("", [])
+    rest, calls = stream.finish()
+    assert rest == "" and [c.name for c in calls] == ["get_weather"] and stream.calls == calls
+    deltas = stream.deltas(calls)
+    assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""} and deltas[0]["index"] == 0
+    assert json.loads(deltas[1]["function"]["arguments"]) == {"city": "Oslo"}
+
+
+@pytest.mark.parametrize("text, released", [("Sure, the weather", "Sure, the weather"),
+                                            ("```python\nx = 1", "```python\nx = 1"),
+                                            ("```json\nhello", "```json\nhello")])
+def test_a_stream_that_cannot_be_a_lone_call_is_released_at_once(text, released):
+    stream = ToolStream(NAMES)
+    assert stream.feed(text) == (released, [])

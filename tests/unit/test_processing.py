@@ -16,7 +16,7 @@ from specstack.config import GenerationConfig, GrammarSpec, Penalties
 from specstack.engine.forced import forced_chain
 from specstack.errors import SpecstackError
 from specstack.grammar import GrammarCompiler, allowed, apply_masks
-from specstack.processing import RowProcessor, path_tokens, token_logprobs
+from specstack.processing import RowProcessor, path_tokens, token_logprobs, trie
 from specstack.tree import DraftTree
 
 V = 8  # a..g and <eos>
@@ -191,3 +191,29 @@ def test_an_end_token_in_the_tree_leaves_the_matcher_where_it_was(compiler):
     assert [allowed(bits[3], t) for t in range(V)] == [False] * 7 + [True]  # after c: the end alone
     m.commit([2, 7])
     assert m.done
+
+
+def test_trie_rows_are_the_paths_rows():
+    tree, rows = trie([[], [0, 1], [0], [2, 2], [0, 1]])
+    assert path_tokens(tree) == [[], [0], [0, 1], [2], [2, 2]]
+    assert rows == [0, 2, 1, 4, 2]
+
+
+@pytest.mark.parametrize("columns", [None, [6, 0, 3, 1]], ids=["whole", "reduced"])
+def test_a_drafts_rows_get_the_rules_of_their_paths(compiler, columns):
+    """`along` (a draft's rows, each after its own path, over the draft's columns) gives each row what
+    `process` gives the target's row with the same path: penalties, bias and mask alike."""
+    gen = GenerationConfig(penalties=Penalties(0.4, 0.3, 1.2), logit_bias=((3, 2.0),),
+                           grammar=GrammarSpec("regex", REGEX))
+    proc = RowProcessor(gen, [4, 5], V, compiler)
+    tree = DraftTree([0, 1, 2, 4, 3], [-1, 0, 0, -1, 3])  # a->{b, c}; e->d
+    paths = path_tokens(tree)
+    raw = torch.randn(len(paths), V, generator=torch.Generator().manual_seed(5))
+    ids = None if columns is None else torch.tensor(columns)
+    rows = raw.flip(0)  # any order of rows: here the paths reversed
+    out = proc.along(rows if ids is None else rows[:, ids], paths[::-1], ids)
+    want = proc.process(raw, tree).flip(0)
+    assert torch.equal(out, want if ids is None else want[:, ids])
+    assert not torch.equal(out, rows if ids is None else rows[:, ids])  # the rules did something
+    # the processor is back at its committed state
+    assert torch.equal(proc.process(raw, tree), want.flip(0))
