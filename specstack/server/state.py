@@ -19,7 +19,9 @@ from specstack.server.protocol import (
 )
 from specstack.server.worker import EngineWorker
 
-MAX_BODY_BYTES = 16 << 20  # a request body; a prompt of a whole context is well under 1 MB
+# a request body: a whole 32k-token context is well under 1 MB as text or as token ids; a larger body is
+# refused before it is read, not tokenized first and refused by the context check
+MAX_BODY_BYTES = 2 << 20
 
 
 @dataclass
@@ -75,6 +77,9 @@ def model_card(state: ServerState) -> dict[str, Any]:
 
 
 async def read_json(request: Request) -> object:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
     size = 0
     chunks = []
     async for chunk in request.stream():

@@ -260,6 +260,18 @@ def test_bad_json_and_bad_chat_messages_are_400(tiny_server: Server) -> None:
             == "messages"
 
 
+def test_a_body_over_the_cap_is_413_before_it_is_read(tiny_server: Server) -> None:
+    big = {"prompt": "word " * (1 << 20)}  # 5 MB
+    body = error_of(httpx.post(tiny_server.url + "/completions", json=big, timeout=60), 413)
+    assert "MB" in body["message"] and body["type"] == "invalid_request_error"
+    chunks = (b"x" * (1 << 16) for _ in range(80))  # no Content-Length: counted as it arrives
+    error_of(httpx.post(tiny_server.url + "/completions", content=chunks, timeout=60), 413)
+    with pytest.raises(openai.APIStatusError) as e:
+        tiny_server.client().completions.create(model=tiny_server.model, prompt="word " * (1 << 20))
+    assert e.value.status_code == 413
+    assert httpx.post(tiny_server.url + "/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
 def test_over_long_prompt_is_400_context_length_exceeded(tiny_server: Server) -> None:
     long = "word " * 400  # over the 256-token context
     assert error_of(httpx.post(tiny_server.url + "/completions", json={"prompt": long}), 400)["code"] \
