@@ -15,6 +15,13 @@ from dataclasses import dataclass, field
 Evidence = Hashable
 
 
+# Beta pseudo-counts by evidence kind (a tuple class's first element) where even odds are wrong before
+# any trial. A grammar's forced token (engine/forced.py) is the only continuation its mask allows: only a
+# target that prefers another tokenization of the same bytes rejects it. Started at even odds, a rule on
+# a target whose second row costs over half a step would never verify one, and so never learn otherwise.
+KIND_PRIORS: dict[Hashable, tuple[float, float]] = {"grammar": (9.0, 1.0)}
+
+
 @dataclass
 class AcceptanceRates:
     """The chance that a node of each evidence class is accepted once its parent is (Beta posterior)."""
@@ -28,7 +35,8 @@ class AcceptanceRates:
 
     def p(self, cls: Evidence) -> float:
         a, r = self.counts.get(cls, (0.0, 0.0))
-        return (a + self.prior[0]) / (a + r + self.prior[0] + self.prior[1])
+        pa, pr = KIND_PRIORS.get(cls[0], self.prior) if isinstance(cls, tuple) and cls else self.prior
+        return (a + pa) / (a + r + pa + pr)
 
     def trial(self, cls: Evidence, accepted: bool) -> None:
         self.counts.setdefault(cls, [0.0, 0.0])[0 if accepted else 1] += 1

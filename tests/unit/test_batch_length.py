@@ -141,6 +141,21 @@ def test_cost_rule_sizes_rows_by_what_their_evidence_has_earned():
     assert keep == [2, 0]  # a guess sinks the chain behind it, in any row
 
 
+def test_forced_tokens_start_near_certain_where_other_unseen_drafts_do_not_pay():
+    """A grammar's forced chain (evidence ("grammar", depth)) is verified by a fresh rule on a target
+    whose second row costs 0.55 of a step, where an unseen class at even odds is not; once rejections
+    are seen, the forced class earns its rate like any other."""
+    cost = lambda rows, tokens: rows + 0.55 * (tokens - rows)  # noqa: E731
+    rule = CostAwareLength(cost)
+    forced = evidence_chain(*[("grammar", d) for d in (1, 2, 3, 4)])
+    assert rule.choose([forced], 1, 1) == [3]  # (1 + .9 + .81 + .73) / 2.65 beats every other length
+    assert rule.choose([evidence_chain(("ngram", 1), ("ngram", 2))], 1, 1) == [0]  # 1.5 / 1.55 < 1
+    for _ in range(20):
+        rule.observe([evidence_chain(("grammar", 1))], [0])  # the target tokenizes it otherwise
+    assert rule.rates.p(("grammar", 1)) == pytest.approx(9 / 30)
+    assert rule.choose([forced], 1, 1) == [0]
+
+
 def test_what_drafters_learned_of_nodes_cut_unverified_counts_before_the_choice():
     rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows))
     cut = evidence_chain()  # cut to nothing last step; its drafter has since seen the target's token
