@@ -59,10 +59,10 @@ class SpireConfig:
 
     def __post_init__(self) -> None:
         b = self.model.block
-        if (b.norm, b.activation, b.position, b.qkv_bias, b.o_bias, b.mlp_bias, b.qk_norm) != (
-                "rms", "swiglu", "rope", False, False, False, False):
-            raise SpecstackError("SPIRe drafts are Llama blocks (RMSNorm, SwiGLU, RoPE, no biases): the target's "
-                                 f"{self.model.arch} blocks are not")
+        if (b.norm, b.activation, b.position, b.o_bias, b.mlp_bias, b.qk_norm) != (
+                "rms", "swiglu", "rope", False, False, False):
+            raise SpecstackError("SPIRe drafts are Llama blocks (RMSNorm, SwiGLU, RoPE, biases on q/k/v at most, as "
+                                 f"Qwen2's): the target's {self.model.arch} blocks are not")
         if self.target_layers and len(self.target_layers) != self.model.n_layers:
             raise SpecstackError(f"target_layers {self.target_layers}: one target layer per draft block "
                                  f"({self.model.n_layers}) is needed")
@@ -86,7 +86,8 @@ class SpireConfig:
 
 
 class DraftBlock(nn.Module):
-    """A trainable Llama block (plain nn.Linear: the draft is small, bf16 serves inference)."""
+    """A trainable Llama block, with Qwen2's q/k/v biases where its target has them (plain nn.Linear:
+    the draft is small, bf16 serves inference)."""
 
     # trained as nn.Linear; SpireDraft.quantize_ replaces them with QLinear for inference
     qkv: nn.Linear | QLinear
@@ -99,7 +100,7 @@ class DraftBlock(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         self.attn_norm = nn.Parameter(torch.ones(d))
-        self.qkv = nn.Linear(d, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
+        self.qkv = nn.Linear(d, cfg.q_dim + 2 * cfg.kv_dim, bias=cfg.block.qkv_bias)
         self.o = nn.Linear(cfg.q_dim, d, bias=False)
         self.mlp_norm = nn.Parameter(torch.ones(d))
         self.up = nn.Linear(d, 2 * cfg.d_ff, bias=False)  # [gate | up]
@@ -118,7 +119,9 @@ class DraftBlock(nn.Module):
         no query, and the q rows are 60 % of qkv's weights, read cold after each target forward."""
         if self.kv is not None:
             return self.kv(h)
-        return F.linear(h, self.qkv.weight[self.cfg.q_dim :].to(h.dtype))
+        bias = self.qkv.bias
+        return F.linear(h, self.qkv.weight[self.cfg.q_dim :].to(h.dtype),
+                        None if bias is None else bias[self.cfg.q_dim :].to(h.dtype))
 
     def qkv_heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """x [B, T, d] -> q [B, Hq, T, D], k, v [B, Hkv, T, D] (q and k rotated)."""
@@ -285,15 +288,17 @@ class SpireDraft(Extends, nn.Module):
         def small(lin: nn.Linear | QLinear) -> QLinear:
             if not isinstance(lin, nn.Linear):
                 raise ValueError("the draft is quantised already")
-            return QLinear(lin.in_features, lin.out_features, fmt, device=self.device, activation=act).set_float(lin.weight)
+            return QLinear(lin.in_features, lin.out_features, fmt, bias=lin.bias is not None, device=self.device,
+                           activation=act).set_float(lin.weight, lin.bias)
 
         for blk in self.blocks():
             qkv = blk.qkv
             if not isinstance(qkv, nn.Linear):
                 raise ValueError("the draft is quantised already")
             # the k/v rows quantised on their own give the same codes and scales (per-row formats)
-            blk.kv = QLinear(qkv.in_features, 2 * self.config.kv_dim, fmt, device=self.device,
-                             activation=act).set_float(qkv.weight[self.config.q_dim :])
+            kv_bias = None if qkv.bias is None else qkv.bias[self.config.q_dim :]
+            blk.kv = QLinear(qkv.in_features, 2 * self.config.kv_dim, fmt, bias=kv_bias is not None, device=self.device,
+                             activation=act).set_float(qkv.weight[self.config.q_dim :], kv_bias)
             blk.qkv, blk.o, blk.up, blk.down = small(blk.qkv), small(blk.o), small(blk.up), small(blk.down)
         if self.spire.feature_input:
             self.fuse = small(self.fuse)

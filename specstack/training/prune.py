@@ -50,6 +50,8 @@ def build_draft(target: Transformer, n_layers: int = 2, keep: Sequence[int] | No
         for blk in draft.layers:  # small init, as for a model trained from scratch
             for lin in (blk.qkv, blk.o, blk.up, blk.down):
                 torch.nn.init.normal_(lin.weight, std=0.02)
+                if lin.bias is not None:
+                    torch.nn.init.zeros_(lin.bias)
     else:
         copy_blocks(draft, target, keep)
     return draft.attach_target(*(w.float() for w in shared_weights(target)))
@@ -57,11 +59,15 @@ def build_draft(target: Transformer, n_layers: int = 2, keep: Sequence[int] | No
 
 @torch.no_grad()
 def copy_blocks(draft: SpireDraft, target: Transformer, keep: Sequence[int]) -> None:
-    """Draft block i <- target block keep[i] (fused QKV and gate/up, as the target stores them)."""
+    """Draft block i <- target block keep[i] (fused QKV and gate/up, as the target stores them; biases
+    where the target has them)."""
     for blk, k in zip(draft.layers, keep, strict=True):
         src = target.layers[k]
         blk.attn_norm.copy_(src.attn_norm.weight.float())
         blk.mlp_norm.copy_(src.mlp_norm.weight.float())
         for name in ("qkv", "o", "up", "down"):
-            getattr(blk, name).weight.copy_(getattr(src, name).weight.float())
+            dst, from_ = getattr(blk, name), getattr(src, name)
+            dst.weight.copy_(from_.weight.float())
+            if dst.bias is not None:  # Qwen2's q/k/v biases
+                dst.bias.copy_(from_.bias.float())
     draft.norm.copy_(target.norm.weight.float())

@@ -2,6 +2,8 @@
 target activations, the training forward agreeing with what the engine runs, distillation, storage."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from tiny_checkpoints import llama
@@ -29,12 +31,18 @@ from specstack.training.teacher import (
 )
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    """A tiny Llama (3 blocks, V = 257) in fp32."""
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def target(tmp_path_factory, request):
+    """A tiny Llama (3 blocks, V = 257) in fp32, and the same shape as Qwen2 (q/k/v biases, drawn as widely
+    as the weights: a draft that dropped them would not reproduce the blocks it copies)."""
     path = tmp_path_factory.mktemp("spire") / "t"
-    llama(seed=21, vocab=257, layers=3, hidden=64, max_pos=128, init=0.15).save(path)
-    return load_model(str(path), dtype="fp32", use_cache=False, tokenizer=False)
+    spec = llama(seed=21, vocab=257, layers=3, hidden=64, max_pos=128, init=0.15)
+    if request.param == "qwen2":
+        spec = dataclasses.replace(spec, family="qwen2", rope_theta=1e6)
+    spec.save(path)
+    lm = load_model(str(path), dtype="fp32", use_cache=False, tokenizer=False)
+    assert lm.config.block.qkv_bias == (request.param == "qwen2")
+    return lm
 
 
 def target_logits_and_hidden(target, tokens, layers=()):
@@ -128,6 +136,11 @@ def test_pruned_initialisation_copies_exactly_the_chosen_blocks(target):
         src = target.model.layers[k]
         for name in ("qkv", "o", "up", "down"):
             assert torch.equal(getattr(blk, name).weight, getattr(src, name).weight)
+        if target.config.block.qkv_bias:
+            assert blk.qkv.bias is not None and torch.equal(blk.qkv.bias, src.qkv.bias)
+            assert blk.qkv.bias.abs().max() > 0.01  # the tiny qwen2's biases are drawn, not zero
+        else:
+            assert blk.qkv.bias is None
         assert torch.equal(blk.attn_norm, src.attn_norm.weight) and torch.equal(blk.mlp_norm, src.mlp_norm.weight)
     assert torch.equal(draft.norm, target.model.norm.weight)
     assert draft.embed.data_ptr() == target.model.embed.data_ptr()  # shared, not copied
