@@ -1,37 +1,82 @@
-"""SPIRe's regime (issue: BASS, item 6): decode throughput of batched `ar` and of draft-model chains
-at large batch and long context, where a step reads the KV cache more than the weights.
+"""SPIRe's regime (issues: BASS item 6; SPIRe where it lives): decode throughput of batched `ar` and of
+draft-model chains over batch B x context L, where a step reads the KV cache more than the weights,
+beside what the throughput model predicts for the same B, L and the τ each cell measured.
 
-For each method, B rows of long prompts (benchmarks/long_context_prompts.py) run in one BatchEngine:
-every row's prompt is read first (chunked prefill, not timed), then the decode steps are timed until
-every row has N new tokens. Methods take turns, the order rotated each repeat. Per method: decode
-tokens/s over all rows, draft tokens verified per row step and the share of them accepted, and the
-engine's phases. JSON and markdown go to --out. (Rows with a drafter read their root with their first
-tree, so the decode window starts a step later for them: compare rates, not token counts.)
+For each cell and method, B rows run in one BatchEngine: every row's prompt is read first (chunked
+prefill, not timed), then the decode steps are timed until every row has N new tokens. Methods take
+turns inside a cell, the order rotated each repeat. Per method and cell: decode tokens/s over all
+rows, its multiplier over `ar` in the same cell, τ (tokens a row gains per row step), draft tokens
+verified per row step and the share accepted, and the engine's phases. With --hardware (a calibration
+from `specstack throughput-calibrate`), the model's multiplier for the same B, L, k and measured τ.
+JSON, markdown and one heat map per method (measured beside predicted) go to --out. (Rows with a
+drafter read their root with their first tree, so the decode window starts a step later for them:
+compare rates, not token counts.)
+
+Prompts: --prompts FILE.jsonl (benchmarks/long_context_prompts.py; one context, the file's) or
+--sequences FILE (a `train-draft --sequences` file: the first B held-out rows, each cut to L - N/2
+tokens, so that the mean context while decoding is L).
+
+Methods: `;`-separated, each `[LABEL=]METHOD[@DRAFT]`, DRAFT as --draft takes it (a draft file,
+a model, magicdec:W, default), else --draft:
 
     python benchmarks/spire_regime.py --prompts bench_out/long1024.jsonl --batch 16 --new 64 \\
         --methods "ar;chain:k=2;chain:k=2,cost=1" --draft default --out bench_out/spire_regime_b16
+    python benchmarks/spire_regime.py --model qwen2.5-coder-1.5b --sequences seq2048.safetensors \\
+        --batch 1,4,16 --context 256,1024,2048 --new 32 --hardware calibration.json \\
+        --methods "ar;spire=chain:k=3@spire/draft.safetensors;0.5b=chain:k=3@qwen2.5-coder-0.5b" \\
+        --out bench_out/regime
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from specstack.bench.datasets import read_jsonl
 from specstack.config import GenerationConfig
 from specstack.engine.batched import BatchEngine, BatchRequest
-from specstack.engine.methods import DraftSources, describe, drafter_factory, length_rule, parse_method
-from specstack.models.loading import load_model
+from specstack.engine.methods import (
+    DraftSources,
+    MethodSpec,
+    describe,
+    drafter_factory,
+    length_rule,
+    parse_method,
+)
+from specstack.models.loading import LoadedModel, load_model
 
 
-def run(lm, method, make, prompts, new: int) -> dict:
+@dataclass
+class Method:
+    label: str
+    spec: MethodSpec
+    draft: str | None
+    make: Any = None  # its drafter factory (the draft loaded once)
+
+
+def parse_methods(text: str, default_draft: str | None) -> list[Method]:
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(";"))):
+        label, eq, rest = item.partition("=")
+        if not eq or ":" in label or "@" in label:  # no label: `chain:k=2` has its own `=` after the colon
+            label, rest = "", item
+        method, at, draft = rest.partition("@")
+        spec = parse_method(method)
+        out.append(Method(label or describe(spec), spec, draft if at else default_draft))
+    return out
+
+
+def run(lm: LoadedModel, m: Method, prompts: list[list[int]], new: int) -> dict:
     rows = len(prompts)
     engine = BatchEngine(lm, max_rows=rows, max_context=max(map(len, prompts)) + new + 8,
-                         length=length_rule(method, lm, rows), drafters=make)
+                         length=length_rule(m.spec, lm, rows), drafters=m.make)
     gen = GenerationConfig(max_new_tokens=new, stop_on_eos=False)
     handles = [engine.add(BatchRequest(p, gen)) for p in prompts]
     # prefill: until every row has emitted its first token (not timed)
@@ -47,64 +92,165 @@ def run(lm, method, make, prompts, new: int) -> dict:
     results = [engine.pop_result(h) for h in handles]
     st = engine.stats
     tokens = sum(len(r.tokens) for r in results) - emitted0
-    steps = st.steps - steps0
     row_steps = st.rows - rows0
     phases = {k: v - phases0[k] for k, v in st.phase_seconds().items()}
-    return {"method": describe(method), "rows": rows, "decode_tokens": tokens, "decode_seconds": seconds,
-            "tokens_per_s": tokens / seconds, "steps": steps,
-            "drafted_per_row_step": (st.drafted - drafted0) / max(1, row_steps),
+    return {"method": m.label, "spec": describe(m.spec), "draft": m.draft, "rows": rows, "decode_tokens": tokens,
+            "decode_seconds": seconds, "tokens_per_s": tokens / seconds, "steps": st.steps - steps0,
+            "tau": tokens / max(1, row_steps), "drafted_per_row_step": (st.drafted - drafted0) / max(1, row_steps),
             "accepted": st.accepted - accepted0, "drafted": st.drafted - drafted0, "phases": phases,
-            "context": statistics.mean(len(p) for p in prompts)}
+            "context": statistics.mean(len(p) for p in prompts) + new / 2}
+
+
+def prompt_sets(lm: LoadedModel, args: argparse.Namespace) -> dict[tuple[int, int], list[list[int]]]:
+    """(B, L) -> B prompts."""
+    if args.prompts is not None:
+        texts = [lm.tokenizer.encode(p.text) for p in read_jsonl(args.prompts)]
+        return {(b, 0): texts[:b] for b in args.batch}
+    from specstack.training.data import read_sequences
+
+    (held,) = read_sequences(args.sequences, ("heldout",))
+    need = max(args.batch)
+    if len(held) < need or held.shape[1] < max(args.context):
+        sys.exit(f"{args.sequences}: {len(held)} held-out rows of {held.shape[1]} tokens; need {need} of "
+                 f"{max(args.context)}")
+    return {(b, n): [row[: n - args.new // 2].tolist() for row in held[:b]] for b in args.batch for n in args.context}
+
+
+def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int, tau: float) -> float | None:
+    """The throughput model's multiplier for this method's draft at (B, L) with the τ the run measured."""
+    from specstack.models.drafts import DraftKind, DraftSpec
+    from specstack.throughput.model import Draft, magicdec_draft, round_times, vanilla_draft
+    from specstack.throughput.shapes import from_config, model_shape, trained_draft_shape
+
+    k = m.spec.params.get("k")
+    if m.make is None or not k:
+        return None
+    target = from_config(lm.config, lm.name, "int4")
+    spec = DraftSpec.parse(m.draft or "default").resolved(lm.name)
+    if spec.kind == DraftKind.MAGICDEC:
+        draft = magicdec_draft(target, spec.size + 1)
+    elif spec.kind == DraftKind.FILE:
+        from specstack.models.draft_file import read_draft_header
+
+        shape = trained_draft_shape(spec.source, target)
+        spire = bool(read_draft_header(spec.source).config.target_layers)
+        draft = Draft("spire" if spire else "vanilla", shape, memory_projection=spire)
+    elif spec.kind == DraftKind.MODEL:
+        draft = vanilla_draft(model_shape(spec.source, "int4"))
+    elif spec.kind == DraftKind.SELF:
+        draft = vanilla_draft(target.first_layers(spec.size, name=str(spec)))
+    else:
+        return None
+    return round_times(target, draft, hardware, batch, int(context), k).multiplier(min(max(tau, 1.0), k + 1))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=Path, required=True)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--model", default="smollm2-135m")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", type=Path, help="a JSONL prompt set (its own context)")
+    src.add_argument("--sequences", type=Path, help="a `train-draft --sequences` file (held-out rows)")
+    ap.add_argument("--batch", type=lambda s: [int(x) for x in s.split(",")], default=[16])
+    ap.add_argument("--context", type=lambda s: [int(x) for x in s.split(",")], default=[1024],
+                    help="mean decode contexts (with --sequences)")
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--methods", default="ar;chain:k=2;chain:k=2,cost=1")
-    ap.add_argument("--draft", default=None)
+    ap.add_argument("--draft", default=None, help="the draft of methods that name none")
+    ap.add_argument("--hardware", default=None, help="a throughput-calibrate file: predict each cell")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    lm = load_model("smollm2-135m")
-    prompts = [lm.tokenizer.encode(p.text) for p in read_jsonl(args.prompts)][: args.batch]
-    methods = [parse_method(m) for m in args.methods.split(";")]
-    sources = DraftSources.for_model(lm.name, args.draft)
-    makes = [drafter_factory(m, lm, sources) for m in methods]
-    for m, make in zip(methods, makes, strict=True):  # warm-up (and the batch cost curves, once)
-        run(lm, m, make, prompts[: min(4, len(prompts))], 8)
-    rows = []
-    for r in range(args.repeats):
-        order = list(range(len(methods)))
-        order = order[r % len(order):] + order[: r % len(order)]
-        for i in order:
-            row = run(lm, methods[i], makes[i], prompts, args.new) | {"repeat": r, "draft": args.draft or "default"}
-            rows.append(row)
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
-                              if k != "phases"}), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rows.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    base = statistics.median(r["tokens_per_s"] for r in rows if r["method"] == "ar") if any(
-        r["method"] == "ar" for r in rows) else None
-    lines = [f"B = {len(prompts)}, context {rows[0]['context']:.0f} tokens, {args.new} new tokens a row, draft "
-             f"{args.draft or 'default'}, {args.threads} threads, median of {args.repeats}", "",
-             "| method | decode tokens/s | x ar | draft tokens a row step | accepted of drafted | "
-             "draft / target / verify / overhead s |",
-             "|---|---:|---:|---:|---:|---|"]
+    lm = load_model(args.model)
+    cells = prompt_sets(lm, args)
+    methods = parse_methods(args.methods, args.draft)
+    hardware = None
+    if args.hardware:
+        from specstack.throughput.hardware import load_hardware
+
+        hardware = load_hardware(args.hardware)
     for m in methods:
-        mine = [r for r in rows if r["method"] == describe(m)]
-        tps = statistics.median(r["tokens_per_s"] for r in mine)
-        ph = mine[0]["phases"]
-        share = sum(r["accepted"] for r in mine) / max(1, sum(r["drafted"] for r in mine))
-        lines.append(f"| {describe(m)} | {tps:.1f} | {tps / base:.2f} | "
-                     f"{statistics.median(r['drafted_per_row_step'] for r in mine):.2f} | {share:.0%} | "
-                     f"{ph['draft']:.1f} / {ph['target']:.1f} / {ph['verify']:.1f} / {ph['overhead']:.1f} |"
-                     if base else f"| {describe(m)} | {tps:.1f} | | | | |")
+        m.make = drafter_factory(m.spec, lm, DraftSources.for_model(lm.name, m.draft))
+    warm = next(iter(cells.values()))
+    for m in methods:  # warm-up (and the batch cost curves, once)
+        run(lm, m, [p[:128] for p in warm[: min(4, len(warm))]], 8)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for (b, _n), prompts in cells.items():
+        for r in range(args.repeats):
+            order = methods[r % len(methods):] + methods[: r % len(methods)]
+            for m in order:
+                row = run(lm, m, prompts, args.new) | {"repeat": r, "batch": b}
+                rows.append(row)
+                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                                  if k != "phases"}), flush=True)
+        (args.out / "rows.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    summary(lm, methods, rows, args, hardware)
+
+
+def summary(lm: LoadedModel, methods: list[Method], rows: list[dict], args: argparse.Namespace, hardware: Any) -> None:
+    cells = sorted({(r["batch"], round(r["context"])) for r in rows})
+    lines = [f"{lm.name}, {args.new} new tokens a row, {args.threads} threads, median of {args.repeats}; "
+             "x ar: decode tokens/s over `ar`'s in the same cell; predicted: the throughput model with "
+             f"{args.hardware or 'no hardware file'} at the cell's B, L and measured τ", "",
+             "| B | context | method | decode tokens/s | x ar | predicted | τ | draft tokens a row step | "
+             "accepted of drafted | draft / target / verify / overhead s |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    grid: dict[str, dict[tuple[int, int], tuple[float, float | None]]] = {}
+    for b, n in cells:
+        here = [r for r in rows if r["batch"] == b and round(r["context"]) == n]
+        base = [r["tokens_per_s"] for r in here if r["method"] == "ar"]
+        for m in methods:
+            mine = [r for r in here if r["method"] == m.label]
+            if not mine:
+                continue
+            tps = statistics.median(r["tokens_per_s"] for r in mine)
+            tau = statistics.median(r["tau"] for r in mine)
+            x = tps / statistics.median(base) if base else None
+            pred = predict(lm, m, hardware, b, n, tau) if hardware is not None else None
+            if m.make is not None and x is not None:
+                grid.setdefault(m.label, {})[(b, n)] = (x, pred)
+            ph = mine[0]["phases"]
+            share = sum(r["accepted"] for r in mine) / max(1, sum(r["drafted"] for r in mine))
+            lines.append(f"| {b} | {n} | {m.label} | {tps:.1f} | {'' if x is None else f'{x:.2f}'} | "
+                         f"{'' if pred is None else f'{pred:.2f}'} | {tau:.2f} | "
+                         f"{statistics.median(r['drafted_per_row_step'] for r in mine):.2f} | {share:.0%} | "
+                         f"{ph['draft']:.1f} / {ph['target']:.1f} / {ph['verify']:.1f} / {ph['overhead']:.1f} |")
     (args.out / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
+    if grid:
+        heatmaps(grid, args.out / "regime.png")
+
+
+def heatmaps(grid: dict[str, dict[tuple[int, int], tuple[float, float | None]]], path: Path) -> None:
+    """Per method: the measured multiplier over (B, L), and beside it the predicted one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({b for g in grid.values() for b, _ in g})
+    contexts = sorted({n for g in grid.values() for _, n in g})
+    fig, axes = plt.subplots(len(grid), 2, figsize=(2.2 + 1.1 * len(contexts) * 2, 1.2 + 0.9 * len(batches) * len(grid)),
+                             squeeze=False)
+    for row, (label, g) in enumerate(grid.items()):
+        for col, which in enumerate(("measured", "predicted")):
+            ax = axes[row][col]
+            vals = [[(g.get((b, n)) or (None, None))[col] for n in contexts] for b in batches]
+            data = [[float("nan") if v is None else v for v in line] for line in vals]
+            ax.imshow(data, cmap="RdYlGn", vmin=0.0, vmax=2.0, aspect="auto")
+            for i, line in enumerate(vals):
+                for j, v in enumerate(line):
+                    ax.text(j, i, "–" if v is None else f"{v:.2f}", ha="center", va="center", fontsize=9)
+            ax.set_xticks(range(len(contexts)), [str(n) for n in contexts])
+            ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+            ax.set_xlabel("context")
+            ax.set_ylabel("batch")
+            ax.set_title(f"{label}: {which} x ar", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"heat map -> {path}")
 
 
 if __name__ == "__main__":

@@ -140,9 +140,10 @@ def add_draft_args(g: argparse._ActionsContainer) -> None:
     """--draft, --draft-dtype, --ngram: where the drafts come from (engine.draft_sources.DraftSources)."""
     g.add_argument("--draft", default=None, metavar="MODEL",
                    help="draft: a model (shares the tokenizer), a trained draft FILE.safetensors "
-                        "(specstack train-draft), self:N = the target's first N layers, or magicdec:W = the "
-                        "target itself with a sliding-window KV of W tokens (default for smollm2-135m: the "
-                        "shipped SPIRe draft; for qwen2.5-coder-1.5b: qwen2.5-coder-0.5b)")
+                        "(specstack train-draft), a draft shipped for the target by name (spire), self:N = the "
+                        "target's first N layers, or magicdec:W = the target itself with a sliding-window KV of "
+                        "W tokens (default for smollm2-135m: the shipped SPIRe draft; for qwen2.5-coder-1.5b: "
+                        "qwen2.5-coder-0.5b)")
     g.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default=None,
                    help="the draft's weight format (default: int8 for a trained draft, int4 for a model or "
                         "self:N draft)")

@@ -4,7 +4,9 @@
         --contexts 256,1024,2048 runs/spire/draft.safetensors runs/vanilla/draft.safetensors magicdec
 
 Each DRAFT is a draft file from `specstack train-draft`, `magicdec` (the target behind a window of
-sink 1 + C // 8 positions at context C) or `magicdec:W`, all measured on the same held-out sequences
+sink 1 + C // 8 positions at context C), `magicdec:W`, or a model sharing the target's vocabulary
+(`qwen2.5-coder-0.5b`; `qwen2.5-coder-0.5b@32768` with its head over the target's 32,768 most frequent
+tokens), all measured on the same held-out sequences
 with the same counting. A thin adapter (DESIGN §1): the measuring lives in training/acceptance.py
 (whose docstring defines the figures), the counting in distill.py, the teacher in teacher.py.
 """
@@ -26,9 +28,11 @@ DEFAULT_CONTEXTS = (256, 1024, 2048)
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("draft-acceptance", help="held-out greedy acceptance of drafts, by context",
                               description="Teacher-forced held-out acceptance (alpha per chain position, tau of a "
-                                          "k-chain) of draft files and MagicDec, overall and by context.")
+                                          "k-chain) of draft files, MagicDec and draft models, overall and by "
+                                          "context.")
     p.add_argument("designs", nargs="+", metavar="DRAFT",
-                   help="a draft file from `specstack train-draft`, magicdec, or magicdec:W")
+                   help="a draft file from `specstack train-draft`, magicdec, magicdec:W, or a model sharing the "
+                        "target's vocabulary (MODEL@K: its head over the target's K most frequent tokens)")
     p.add_argument("--target", default=DEFAULT_MODEL, help=f"target model (default: {DEFAULT_MODEL})")
     p.add_argument("--sequences", type=Path, required=True, metavar="FILE",
                    help="a `train-draft --sequences` file: its held-out sequences are measured")

