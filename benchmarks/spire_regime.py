@@ -123,7 +123,7 @@ def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int,
     from specstack.throughput.shapes import from_config, model_shape, trained_draft_shape
 
     k = m.spec.params.get("k")
-    if m.make is None or not k:
+    if not k:
         return None
     target = from_config(lm.config, lm.name, "int4")
     spec = DraftSpec.parse(m.draft or "default").resolved(lm.name)
@@ -160,16 +160,22 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--summarize", action="store_true",
+                    help="run nothing: summarise --out's rows.json again (e.g. with a --hardware made after the run)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model(args.model)
-    cells = prompt_sets(lm, args)
-    methods = parse_methods(args.methods, args.draft)
     hardware = None
     if args.hardware:
         from specstack.throughput.hardware import load_hardware
 
         hardware = load_hardware(args.hardware)
+    if args.summarize:
+        summary(lm, parse_methods(args.methods, args.draft), json.loads((args.out / "rows.json").read_text()), args,
+                hardware)
+        return
+    cells = prompt_sets(lm, args)
+    methods = parse_methods(args.methods, args.draft)
     for m in methods:
         m.make = drafter_factory(m.spec, lm, DraftSources.for_model(lm.name, m.draft))
     warm = next(iter(cells.values()))
@@ -209,7 +215,7 @@ def summary(lm: LoadedModel, methods: list[Method], rows: list[dict], args: argp
             tau = statistics.median(r["tau"] for r in mine)
             x = tps / statistics.median(base) if base else None
             pred = predict(lm, m, hardware, b, n, tau) if hardware is not None else None
-            if m.make is not None and x is not None:
+            if m.spec.params.get("k") and x is not None:
                 grid.setdefault(m.label, {})[(b, n)] = (x, pred)
             ph = mine[0]["phases"]
             share = sum(r["accepted"] for r in mine) / max(1, sum(r["drafted"] for r in mine))
