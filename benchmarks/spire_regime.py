@@ -29,6 +29,7 @@ a model, magicdec:W, default), else --draft:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 
 from specstack.bench.datasets import read_jsonl
-from specstack.config import GenerationConfig
+from specstack.config import DEFAULT_STEP_TOKENS, GenerationConfig
 from specstack.engine.batched import BatchEngine, BatchRequest
 from specstack.engine.methods import (
     DraftSources,
@@ -58,7 +59,14 @@ class Method:
     label: str
     spec: MethodSpec
     draft: str | None
-    make: Any = None  # its drafter factory (the draft loaded once)
+
+    @property
+    def drafting(self) -> bool:
+        return self.spec.name != "ar"
+
+    @property
+    def k(self) -> int:
+        return int(self.spec.params.get("k") or 0)
 
 
 def parse_methods(text: str, default_draft: str | None) -> list[Method]:
@@ -73,32 +81,52 @@ def parse_methods(text: str, default_draft: str | None) -> list[Method]:
     return out
 
 
+def emitted(engine: BatchEngine) -> int:
+    return sum(len(r.stream.tokens) for r in engine.rows)
+
+
 def run(lm: LoadedModel, m: Method, prompts: list[list[int]], new: int) -> dict:
+    """One method on one cell: the steps in which all B rows decode, until they have `new` tokens a row
+    on average. Rows read their prompts a chunk a step (one token budget), so the first rows decode
+    while the last still read theirs: the timed window opens once every row has its first token, and
+    each row may make enough tokens that none finishes inside it (the engine is then dropped).
+    Its drafters are made for this run and dropped after it: a chain group's draft cache keeps a row
+    per drafter it made, each sized to the draft's whole context (32k positions for Qwen2.5), so 16
+    rows of two methods' drafts would not fit in memory together."""
     rows = len(prompts)
-    engine = BatchEngine(lm, max_rows=rows, max_context=max(map(len, prompts)) + new + 8,
-                         length=length_rule(m.spec, lm, rows), drafters=m.make)
-    gen = GenerationConfig(max_new_tokens=new, stop_on_eos=False)
-    handles = [engine.add(BatchRequest(p, gen)) for p in prompts]
+    spread = sum(map(len, prompts)) // DEFAULT_STEP_TOKENS + 1  # steps the prompts take to read, at most
+    most = (spread + new) * (m.k + 1) + 1  # what one row could make before and inside the window
+    make = drafter_factory(m.spec, lm, DraftSources.for_model(lm.name, m.draft)) if m.drafting else None
+    engine = BatchEngine(lm, max_rows=rows, max_context=max(map(len, prompts)) + most + 8,
+                         length=length_rule(m.spec, lm, rows), drafters=make)
+    gen = GenerationConfig(max_new_tokens=most, stop_on_eos=False)
+    for p in prompts:
+        engine.add(BatchRequest(p, gen))
     # prefill: until every row has emitted its first token (not timed)
     while any(not r.stream.tokens for r in engine.rows) or engine.waiting:
         engine.step()
-    emitted0 = sum(len(r.stream.tokens) for r in engine.rows)
+
+    emitted0 = emitted(engine)
     steps0, drafted0, accepted0, rows0 = engine.stats.steps, engine.stats.drafted, engine.stats.accepted, engine.stats.rows
     phases0 = engine.stats.phase_seconds()
     t0 = time.perf_counter()
-    while engine.busy:
+    while emitted(engine) - emitted0 < rows * new:
+        if len(engine.rows) < rows:
+            raise RuntimeError(f"a row finished inside the timed window ({most} tokens were not enough)")
         engine.step()
     seconds = time.perf_counter() - t0
-    results = [engine.pop_result(h) for h in handles]
+    tokens = emitted(engine) - emitted0
     st = engine.stats
-    tokens = sum(len(r.tokens) for r in results) - emitted0
     row_steps = st.rows - rows0
     phases = {k: v - phases0[k] for k, v in st.phase_seconds().items()}
-    return {"method": m.label, "spec": describe(m.spec), "draft": m.draft, "rows": rows, "decode_tokens": tokens,
-            "decode_seconds": seconds, "tokens_per_s": tokens / seconds, "steps": st.steps - steps0,
-            "tau": tokens / max(1, row_steps), "drafted_per_row_step": (st.drafted - drafted0) / max(1, row_steps),
-            "accepted": st.accepted - accepted0, "drafted": st.drafted - drafted0, "phases": phases,
-            "context": statistics.mean(len(p) for p in prompts) + new / 2}
+    out = {"method": m.label, "spec": describe(m.spec), "draft": m.draft, "rows": rows, "decode_tokens": tokens,
+           "decode_seconds": seconds, "tokens_per_s": tokens / seconds, "steps": st.steps - steps0,
+           "tau": tokens / max(1, row_steps), "drafted_per_row_step": (st.drafted - drafted0) / max(1, row_steps),
+           "accepted": st.accepted - accepted0, "drafted": st.drafted - drafted0, "phases": phases,
+           "context": statistics.mean(len(p) for p in prompts) + new / 2}
+    del engine, make
+    gc.collect()
+    return out
 
 
 def prompt_sets(lm: LoadedModel, args: argparse.Namespace) -> dict[tuple[int, int], list[list[int]]]:
@@ -116,13 +144,24 @@ def prompt_sets(lm: LoadedModel, args: argparse.Namespace) -> dict[tuple[int, in
     return {(b, n): [row[: n - args.new // 2].tolist() for row in held[:b]] for b in args.batch for n in args.context}
 
 
+def round_tau(m: Method, rows: list[dict]) -> float:
+    """τ, tokens a row gains per round: 1 + k · accepted / drafted for a chain of k (every round drafts k,
+    so drafted / k counts the rounds; the rows' steps would also count the steps that finish a prefill
+    inside the timed window); 1 for `ar`. A length rule drafts fewer: then drafted / k undercounts rounds
+    and this overstates τ, which is why its cells are marked."""
+    drafted = sum(r["drafted"] for r in rows)
+    if not m.k or not drafted:
+        return 1.0
+    return 1.0 + m.k * sum(r["accepted"] for r in rows) / drafted
+
+
 def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int, tau: float) -> float | None:
     """The throughput model's multiplier for this method's draft at (B, L) with the τ the run measured."""
     from specstack.models.drafts import DraftKind, DraftSpec
     from specstack.throughput.model import Draft, magicdec_draft, round_times, vanilla_draft
     from specstack.throughput.shapes import from_config, model_shape, trained_draft_shape
 
-    k = m.spec.params.get("k")
+    k = m.k
     if not k:
         return None
     target = from_config(lm.config, lm.name, "int4")
@@ -176,8 +215,6 @@ def main() -> None:
         return
     cells = prompt_sets(lm, args)
     methods = parse_methods(args.methods, args.draft)
-    for m in methods:
-        m.make = drafter_factory(m.spec, lm, DraftSources.for_model(lm.name, m.draft))
     warm = next(iter(cells.values()))
     for m in methods:  # warm-up (and the batch cost curves, once)
         run(lm, m, [p[:128] for p in warm[: min(4, len(warm))]], 8)
@@ -212,10 +249,10 @@ def summary(lm: LoadedModel, methods: list[Method], rows: list[dict], args: argp
             if not mine:
                 continue
             tps = statistics.median(r["tokens_per_s"] for r in mine)
-            tau = statistics.median(r["tau"] for r in mine)
+            tau = round_tau(m, mine)
             x = tps / statistics.median(base) if base else None
             pred = predict(lm, m, hardware, b, n, tau) if hardware is not None else None
-            if m.spec.params.get("k") and x is not None:
+            if m.k and x is not None:
                 grid.setdefault(m.label, {})[(b, n)] = (x, pred)
             ph = mine[0]["phases"]
             share = sum(r["accepted"] for r in mine) / max(1, sum(r["drafted"] for r in mine))
