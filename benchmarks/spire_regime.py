@@ -164,7 +164,7 @@ def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int,
     k = m.k
     if not k:
         return None
-    target = from_config(lm.config, lm.name, "int4")
+    target = from_config(lm.config, lm.name, lm.fmt)
     spec = DraftSpec.parse(m.draft or "default").resolved(lm.name)
     if spec.kind == DraftKind.MAGICDEC:
         draft = magicdec_draft(target, spec.size + 1)
@@ -177,7 +177,7 @@ def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int,
     elif spec.kind == DraftKind.MODEL:
         draft = vanilla_draft(model_shape(spec.source, "int4"))
     elif spec.kind == DraftKind.SELF:
-        draft = vanilla_draft(target.first_layers(spec.size, name=str(spec)))
+        draft = vanilla_draft(target.first_layers(spec.size, name=str(spec)).in_format("int4"))
     else:
         return None
     return round_times(target, draft, hardware, batch, int(context), k).multiplier(min(max(tau, 1.0), k + 1))
@@ -186,6 +186,7 @@ def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="int4", help="the target's weight format (default int4)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", type=Path, help="a JSONL prompt set (its own context)")
     src.add_argument("--sequences", type=Path, help="a `train-draft --sequences` file (held-out rows)")
@@ -203,7 +204,7 @@ def main() -> None:
                     help="run nothing: summarise --out's rows.json again (e.g. with a --hardware made after the run)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    lm = load_model(args.model)
+    lm = load_model(args.model, dtype=args.dtype)
     hardware = None
     if args.hardware:
         from specstack.throughput.hardware import load_hardware
@@ -234,7 +235,7 @@ def main() -> None:
 
 def summary(lm: LoadedModel, methods: list[Method], rows: list[dict], args: argparse.Namespace, hardware: Any) -> None:
     cells = sorted({(r["batch"], round(r["context"])) for r in rows})
-    lines = [f"{lm.name}, {args.new} new tokens a row, {args.threads} threads, median of {args.repeats}; "
+    lines = [f"{lm.name} ({lm.fmt}), {args.new} new tokens a row, {args.threads} threads, median of {args.repeats}; "
              "x ar: decode tokens/s over `ar`'s in the same cell; predicted: the throughput model with "
              f"{args.hardware or 'no hardware file'} at the cell's B, L and measured τ", "",
              "| B | context | method | decode tokens/s | x ar | predicted | τ | draft tokens a row step | "
