@@ -121,7 +121,7 @@ def run(lm: LoadedModel, m: Method, prompts: list[list[int]], new: int) -> dict:
     phases = {k: v - phases0[k] for k, v in st.phase_seconds().items()}
     out = {"method": m.label, "spec": describe(m.spec), "draft": m.draft, "rows": rows, "decode_tokens": tokens,
            "decode_seconds": seconds, "tokens_per_s": tokens / seconds, "steps": st.steps - steps0,
-           "tau": tokens / max(1, row_steps), "drafted_per_row_step": (st.drafted - drafted0) / max(1, row_steps),
+           "drafted_per_row_step": (st.drafted - drafted0) / max(1, row_steps),
            "accepted": st.accepted - accepted0, "drafted": st.drafted - drafted0, "phases": phases,
            "context": statistics.mean(len(p) for p in prompts) + new / 2}
     del engine, make

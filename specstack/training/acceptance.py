@@ -112,6 +112,13 @@ def choose_device(requested: str | None) -> str:
     return device
 
 
+def greedy_guesses(model: Transformer, tokens: torch.Tensor, window: WindowSpec | None = None) -> torch.Tensor:
+    """[T] the model's greedy next token at every position of `tokens` [1, T], read in one forward
+    (through a sliding-window KV when `window` is given)."""
+    cache = model.new_cache(1, tokens.shape[1] + 8, window=window)
+    return model.forward(tokens, build_batch(cache, tokens.shape[1]), cache).logits[0].argmax(-1)
+
+
 def model_acceptance(draft: Transformer, teacher: OnlineTeacher, k: int, contexts: tuple[int, ...]) -> Acceptance:
     """A draft model's greedy guesses with its full context, teacher-forced (see the module's docstring)."""
     counts = ChainCounts(k, contexts, draft.device)
@@ -119,9 +126,7 @@ def model_acceptance(draft: Transformer, teacher: OnlineTeacher, k: int, context
         for batch in teacher.heldout_batches():
             tokens = batch["tokens"].long().to(draft.device)  # [1, seq_len]
             greedy = batch["topk_ids"][0, :, 0].long().to(draft.device)
-            cache = draft.new_cache(1, tokens.shape[1])
-            guess = draft.forward(tokens, build_batch(cache, tokens.shape[1]), cache).logits[0].argmax(-1)
-            counts.add(tokens[0], greedy, [guess] * k)
+            counts.add(tokens[0], greedy, [greedy_guesses(draft, tokens)] * k)
     return counts.result()
 
 
@@ -150,9 +155,7 @@ def magicdec_acceptance(target: Transformer, teacher: OnlineTeacher, k: int, con
             tokens = batch["tokens"].long()  # [1, seq_len]
             greedy = batch["topk_ids"][0, :, 0].long()  # [seq_len]: the target's greedy choice at each position
             for w, counts in per_window.items():
-                cache = target.new_cache(1, tokens.shape[1] + 8, window=WindowSpec(1, w))
-                guess = target.forward(tokens, build_batch(cache, tokens.shape[1]), cache).logits[0].argmax(-1)
-                counts.add(tokens[0], greedy, [guess] * k)
+                counts.add(tokens[0], greedy, [greedy_guesses(target, tokens, WindowSpec(1, w))] * k)
     if fixed is not None:
         return per_window[fixed].result()
     by_context = {c: per_window[windows[c]].result().by_context[c] for c in contexts}
