@@ -107,7 +107,9 @@ def run(lm: LoadedModel, m: Method, prompts: list[list[int]], new: int) -> dict:
         engine.step()
 
     emitted0 = emitted(engine)
-    steps0, drafted0, accepted0, rows0 = engine.stats.steps, engine.stats.drafted, engine.stats.accepted, engine.stats.rows
+    st = engine.stats
+    steps0, drafted0, accepted0, rows0 = st.steps, st.drafted, st.accepted, st.rows
+    verified0, emitted0_rounds = st.verified, st.emitted
     phases0 = engine.stats.phase_seconds()
     t0 = time.perf_counter()
     while emitted(engine) - emitted0 < rows * new:
@@ -116,13 +118,13 @@ def run(lm: LoadedModel, m: Method, prompts: list[list[int]], new: int) -> dict:
         engine.step()
     seconds = time.perf_counter() - t0
     tokens = emitted(engine) - emitted0
-    st = engine.stats
     row_steps = st.rows - rows0
     phases = {k: v - phases0[k] for k, v in st.phase_seconds().items()}
     out = {"method": m.label, "spec": describe(m.spec), "draft": m.draft, "rows": rows, "decode_tokens": tokens,
            "decode_seconds": seconds, "tokens_per_s": tokens / seconds, "steps": st.steps - steps0,
            "drafted_per_row_step": (st.drafted - drafted0) / max(1, row_steps),
            "accepted": st.accepted - accepted0, "drafted": st.drafted - drafted0, "phases": phases,
+           "rounds": st.verified - verified0, "round_tokens": st.emitted - emitted0_rounds,
            "context": statistics.mean(len(p) for p in prompts) + new / 2}
     del engine, make
     gc.collect()
@@ -145,14 +147,15 @@ def prompt_sets(lm: LoadedModel, args: argparse.Namespace) -> dict[tuple[int, in
 
 
 def round_tau(m: Method, rows: list[dict]) -> float:
-    """τ, tokens a row gains per round: 1 + k · accepted / drafted for a chain of k (every round drafts k,
-    so drafted / k counts the rounds; the rows' steps would also count the steps that finish a prefill
-    inside the timed window); 1 for `ar`. A length rule drafts fewer: then drafted / k undercounts rounds
-    and this overstates τ, which is why its cells are marked."""
+    """τ, tokens a row gains per round: the tokens the window's verifications emitted over their count
+    (the engine's BatchStats), every round counted, those a length rule drafted fewer nodes for, or
+    none; 1 for `ar`. Rows written before the engine counted rounds: 1 + k · accepted / drafted, which
+    overstates τ under a length rule (drafted / k undercounts its rounds)."""
+    if all("rounds" in r for r in rows):
+        rounds = sum(r["rounds"] for r in rows)
+        return sum(r["round_tokens"] for r in rows) / rounds if rounds else 1.0
     drafted = sum(r["drafted"] for r in rows)
-    if not m.k or not drafted:
-        return 1.0
-    return 1.0 + m.k * sum(r["accepted"] for r in rows) / drafted
+    return 1.0 + m.k * sum(r["accepted"] for r in rows) / drafted if m.k and drafted else 1.0
 
 
 def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int, tau: float) -> float | None:
@@ -221,11 +224,12 @@ def main() -> None:
         run(lm, m, [p[:128] for p in warm[: min(4, len(warm))]], 8)
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
+    run_id = time.strftime("%Y-%m-%dT%H:%M:%S")  # a cell's multipliers are over `ar` of the same run
     for (b, _n), prompts in cells.items():
         for r in range(args.repeats):
             order = methods[r % len(methods):] + methods[: r % len(methods)]
             for m in order:
-                row = run(lm, m, prompts, args.new) | {"repeat": r, "batch": b}
+                row = run(lm, m, prompts, args.new) | {"repeat": r, "batch": b, "run": run_id}
                 rows.append(row)
                 print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
                                   if k != "phases"}), flush=True)
@@ -244,11 +248,13 @@ def summary(lm: LoadedModel, methods: list[Method], rows: list[dict], args: argp
     grid: dict[str, dict[tuple[int, int], tuple[float, float | None]]] = {}
     for b, n in cells:
         here = [r for r in rows if r["batch"] == b and round(r["context"]) == n]
-        base = [r["tokens_per_s"] for r in here if r["method"] == "ar"]
         for m in methods:
             mine = [r for r in here if r["method"] == m.label]
             if not mine:
                 continue
+            # `ar` of the runs this method's rows come from (rows merged from several runs keep their own)
+            runs = {r.get("run") for r in mine}
+            base = [r["tokens_per_s"] for r in here if r["method"] == "ar" and r.get("run") in runs]
             tps = statistics.median(r["tokens_per_s"] for r in mine)
             tau = round_tau(m, mine)
             x = tps / statistics.median(base) if base else None

@@ -171,6 +171,7 @@ def build_batch(
     if len(n_valid_t) != b or any(not 0 <= n <= t for n in n_valid_t):
         raise ValueError(f"n_valid {n_valid_t} does not fit {b} rows of {t} tokens")
     prior = cache.scratch if append else 0
+    cache.check_room(prior + t)  # a growable cache grows before the mask reads its slots
     start = torch.tensor(cache.next_pos, device=dev).unsqueeze(1)
     offsets = torch.arange(prior, prior + t, device=dev) if block_offsets is None else block_offsets.to(dev)
     positions = start + offsets.expand(b, t)
@@ -270,6 +271,7 @@ def row_blocks_batch(cache: KVCache, parents: Sequence[Sequence[int]], layout: L
     if layout != "split":
         raise ValueError(f"unknown layout {layout!r}: choose from {', '.join(LAYOUTS)}")
     dev = cache.device
+    cache.check_room(t, counts)
     pos_parts: list[torch.Tensor] = []
     for r, par in enumerate(parents):
         if par:

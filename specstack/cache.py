@@ -17,6 +17,10 @@ then count over the whole scratch.
 Keys are stored after RoPE, so a slot carries its position in `slot_pos`; that is what lets the
 sliding-window mode evict old slots physically (first `sink` positions plus the last `window`) while
 the mask builder in attention.py still reasons in positions.
+
+A cache allocated for its whole capacity is the engine's (the KV budget is checked once); a draft's
+grows on demand up to `max_capacity` (`check_room`, which a forward and the mask builders call first),
+so a row holds what it read, not the draft model's whole context.
 """
 from __future__ import annotations
 
@@ -26,6 +30,17 @@ import torch
 
 from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
+
+# slots a row of a cache that grows on demand starts with
+FIRST_SLOTS = 256
+
+
+def cache_slots(config: ModelConfig, capacity: int | None, max_capacity: int | None) -> tuple[int, int]:
+    """(slots allocated, slots a row may grow to) of a model's new cache: a given capacity is allocated
+    and fixed unless max_capacity allows more; without one the cache starts small and grows up to
+    max_capacity (default: the context plus one block of scratch, where a tree or padded rows sit)."""
+    most = max_capacity or capacity or config.max_seq_len + 64
+    return (min(FIRST_SLOTS, most) if capacity is None else capacity), most
 
 
 class KVCache:
@@ -39,13 +54,19 @@ class KVCache:
         window: WindowSpec | None = None,
         feature_dim: int = 0,
         max_rows: int | None = None,
+        max_capacity: int | None = None,
     ) -> None:
+        """capacity: slots allocated per row. max_capacity: slots a row may grow to (default: capacity,
+        allocated once). A draft's cache starts small and grows as its rows do, so that it holds what
+        its rows read rather than the draft's whole context for each (a sliding window's never grows
+        past its window and the longest block it reads)."""
         self.config = config
         # rows in use: a forward covers rows [0, batch_size). A batched engine allocates max_rows once and
         # adds/removes rows between steps (add_row, remove_row); the live rows stay a prefix
         self.max_rows = max(max_rows or batch_size, batch_size)
         self.batch_size = batch_size
         self.capacity = capacity
+        self.max_capacity = max(capacity, max_capacity or capacity)
         self.window = window
         shape = (config.n_layers, self.max_rows, config.n_kv_heads, capacity, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -148,8 +169,9 @@ class KVCache:
         n = k.shape[2]
         if self.lengths[row] or self.next_pos[row]:
             raise ValueError(f"row {row} is not empty: a prefix is loaded before it reads anything")
-        if n > self.capacity:
-            raise SpecstackError(f"KV cache full: a {n}-token prefix, capacity {self.capacity}")
+        if n > self.max_capacity:
+            raise SpecstackError(f"KV cache full: a {n}-token prefix, capacity {self.max_capacity}")
+        self._grow(n)
         self.k[:, row, :, :n] = k
         self.v[:, row, :, :n] = v
         self.slot_pos[row, :n] = torch.arange(n, device=self.device)
@@ -166,17 +188,42 @@ class KVCache:
     # -- writing (called by the model, once per layer) -------------------------------------------
     def check_room(self, n_new: int, counts: Sequence[int] | None = None) -> None:
         """Every row has room for its next n_new slots (with counts: row b writes only the first
-        n_new - (t - counts[b]) of them, a packed block of rows of different lengths)."""
+        n_new - (t - counts[b]) of them, a packed block of rows of different lengths); a growable
+        cache grows to give it."""
         if counts is None:
             need = max(self.lengths, default=0) + n_new
         else:
             extra = n_new - max(counts, default=0)
             need = max((n + c + extra for n, c in zip(self.lengths, counts, strict=True)), default=0)
-        if need > self.capacity:
+        if need > self.max_capacity:
             raise SpecstackError(
-                f"KV cache full: {need} slots needed, capacity {self.capacity} "
+                f"KV cache full: {need} slots needed, capacity {self.max_capacity} "
                 "(the prompt plus generated tokens exceed the context limit)"
             )
+        self._grow(need)
+
+    def _grow(self, need: int) -> None:
+        """At least `need` slots a row (need <= max_capacity): the tensors are reallocated with a quarter
+        more than asked, at least twice the old size (amortised O(1) copies a slot), the slots copied."""
+        if need <= self.capacity:
+            return
+        new = min(self.max_capacity, max(need + need // 4, 2 * self.capacity))
+
+        def wider(old: torch.Tensor, dim: int, fill: float = 0) -> torch.Tensor:
+            shape = list(old.shape)
+            shape[dim] = new
+            # a plain tensor even when a forward in inference mode grows it: the cache is written outside too
+            with torch.inference_mode(False):
+                out = old.new_full(shape, fill)
+                out.narrow(dim, 0, self.capacity).copy_(old)
+            return out
+
+        self.k, self.v = wider(self.k, 3), wider(self.v, 3)
+        self._k_layer, self._v_layer = list(self.k.unbind(0)), list(self.v.unbind(0))
+        if self.feat is not None:
+            self.feat = wider(self.feat, 1)
+        self.slot_pos = wider(self.slot_pos, 1, -1)
+        self.capacity = new
 
     def begin_block(self, positions: torch.Tensor, append: bool = False,
                     counts: Sequence[int] | None = None) -> None:

@@ -37,7 +37,8 @@ class DraftCache:
                  prefix: PrefixCache | None = None) -> None:
         model = draft.model
         self.device = model.device
-        self.cache = model.new_cache(0, capacity, window, max_rows=1)
+        # grown as its rows read (up to `capacity`): a row holds what it read, not the draft's whole context
+        self.cache = model.new_cache(0, None, window, max_rows=1, max_capacity=capacity)
         # the one check of the capability (a SPIRe draft built without target activations has it, but
         # reads no layer: it runs every token itself, like any other draft)
         reader = model if isinstance(model, ReadsTargetActivations) and model.target_hidden_layers else None

@@ -272,7 +272,8 @@ class BatchEngine:
         finished = self._commit(blocks, verdicts, hidden, (t2 - t1, t3 - t2, t4 - t3))  # 4.
         st = self.stats
         st.add(BatchStep(len(blocks), sum(len(b) for b in blocks), layout, sum(len(b.tree) for b in blocks),
-                         sum(len(v.accepted) for v, _ in verdicts.values()), sum(1 for b in blocks if len(b.tree))))
+                         sum(len(v.accepted) for v, _ in verdicts.values()), sum(1 for b in blocks if len(b.tree)),
+                         len(verdicts), sum(len(v.tokens) for v, _ in verdicts.values())))
         st.draft_seconds += t2 - t1
         st.target_seconds += t3 - t2
         st.verify_seconds += t4 - t3

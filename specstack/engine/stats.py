@@ -122,6 +122,13 @@ class BatchStep:
     drafted: int  # draft nodes verified (over all rows)
     accepted: int  # of them, accepted
     drafting: int  # rows that verified a draft
+    verified: int = 0  # rows verified (each a round: it emits 1 + its accepted tokens)
+    emitted: int = 0  # tokens their verifications emitted
+
+    @property
+    def tau(self) -> float:
+        """Tokens a verified row gained this step (1 without drafts)."""
+        return self.emitted / self.verified if self.verified else 0.0
 
 
 @dataclass
@@ -134,6 +141,8 @@ class BatchStats:
     tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    verified: int = 0
+    emitted: int = 0
     layouts: Counter[str] = field(default_factory=Counter)
     recent: deque[BatchStep] = field(default_factory=lambda: deque(maxlen=HISTORY))
     draft_seconds: float = 0.0
@@ -147,8 +156,16 @@ class BatchStats:
         self.tokens += step.tokens
         self.drafted += step.drafted
         self.accepted += step.accepted
+        self.verified += step.verified
+        self.emitted += step.emitted
         self.layouts[step.layout] += 1
         self.recent.append(step)
+
+    @property
+    def tau(self) -> float:
+        """τ: tokens a row gains per round (verification), over every step; whatever the rounds drafted
+        (a length rule that drafts fewer nodes, or none, still makes a round of each)."""
+        return self.emitted / self.verified if self.verified else 0.0
 
     @property
     def last(self) -> BatchStep | None:

@@ -43,9 +43,11 @@ class DecoderModel(Protocol):
     def device(self) -> torch.device: ...
 
     def new_cache(self, batch_size: int = 1, capacity: int | None = None,
-                  window: WindowSpec | None = None, max_rows: int | None = None) -> KVCache:
-        """A cache for `batch_size` rows of `capacity` slots (default: the context plus one block of
-        scratch); window: a sliding-window KV (None: the model's own choice, full for the target);
+                  window: WindowSpec | None = None, max_rows: int | None = None,
+                  max_capacity: int | None = None) -> KVCache:
+        """A cache for `batch_size` rows of `capacity` slots, grown on demand up to `max_capacity`
+        (cache.cache_slots; default: from a few slots up to the context plus one block of scratch);
+        window: a sliding-window KV (None: the model's own choice, full for the target);
         max_rows: rows allocated for a batch that grows and shrinks (KVCache.add_row)."""
         ...
 

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specstack.attention import AttentionBatch, attend, causal_block_mask, unrolled_step_mask, window_mask
-from specstack.cache import KVCache
+from specstack.cache import KVCache, cache_slots
 from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
@@ -202,13 +202,15 @@ class SpireDraft(Extends, nn.Module):
         return self
 
     def new_cache(self, batch_size: int = 1, capacity: int | None = None,
-                  window: WindowSpec | None = None, max_rows: int | None = None) -> KVCache:
+                  window: WindowSpec | None = None, max_rows: int | None = None,
+                  max_capacity: int | None = None) -> KVCache:
         """window: None (or the draft's own): the window the draft was trained with, used in any case."""
         if window is not None and window != self.spire.window:
             raise SpecstackError(f"this SPIRe draft was trained with the window {self.spire.window}, not {window}")
-        cap = capacity or self.config.max_seq_len + 64
+        cap, most = cache_slots(self.config, capacity, max_capacity)
         return KVCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window,
-                       feature_dim=self.config.d_model if self.spire.feature_input else 0, max_rows=max_rows)
+                       feature_dim=self.config.d_model if self.spire.feature_input else 0, max_rows=max_rows,
+                       max_capacity=most)
 
     def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rope_cos[pos].unsqueeze(-2).to(dtype), self.rope_sin[pos].unsqueeze(-2).to(dtype)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specstack.attention import AttentionBatch, attend
-from specstack.cache import KVCache
+from specstack.cache import KVCache, cache_slots
 from specstack.config import HEAD_FORMAT, ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
@@ -239,10 +239,11 @@ class Transformer(Extends, nn.Module):
 
     # -- use ----------------------------------------------------------------------------------------
     def new_cache(self, batch_size: int = 1, capacity: int | None = None,
-                  window: WindowSpec | None = None, max_rows: int | None = None) -> KVCache:
-        # default: the whole context plus scratch for one block (a tree or padded ragged rows) at its end
-        cap = capacity or self.config.max_seq_len + 64
-        return KVCache(self.config, batch_size, cap, self.kv_dtype, self.device, window, max_rows=max_rows)
+                  window: WindowSpec | None = None, max_rows: int | None = None,
+                  max_capacity: int | None = None) -> KVCache:
+        cap, most = cache_slots(self.config, capacity, max_capacity)
+        return KVCache(self.config, batch_size, cap, self.kv_dtype, self.device, window, max_rows=max_rows,
+                       max_capacity=most)
 
     @property
     def kv_dtype(self) -> torch.dtype:

@@ -236,3 +236,30 @@ def test_chain_group_drafts_what_a_lone_drafter_drafts(tiny_llama, spire_drafts,
         lone = generate(tiny_llama.lm, p, GEN, drafter=ModelDrafter(lm, TreeParams.chain(3)))
         assert out.tokens == lone.tokens
         assert [s.accepted for s in out.stats.steps] == [s.accepted for s in lone.stats.steps], f"prompt of {len(p)}"
+
+
+@pytest.mark.parametrize("draft", ["self1", "spire", "magicdec"])
+def test_draft_caches_grow_with_their_rows(tiny_llama, spire_drafts, self_drafts, draft, monkeypatch):
+    """A draft's cache starts at a slot a row and grows as its rows read (never to the draft's whole
+    context per row): the rows' outputs and every step's accepted count equal those of caches that
+    start large enough never to grow."""
+    from specstack import cache as cache_module
+
+    def run(first_slots: int):
+        monkeypatch.setattr(cache_module, "FIRST_SLOTS", first_slots)
+        if draft == "magicdec":
+            small = resolve_draft(tiny_llama.lm, DraftSources(draft="magicdec:6"), "cpu")
+            group = ChainGroup(small.lm, 3, small.window)
+        else:
+            group = ChainGroup({"self1": self_drafts["llama"], "spire": spire_drafts["spire"]}[draft], 3)
+        _, results = run_batch(tiny_llama.lm, [group.member() for _ in PROMPTS], AsProposed(), "auto", max_rows=4)
+        return group, results
+
+    grown, results = run(1)
+    whole, reference = run(4096)
+    assert whole.cache.capacity == grown.cache.max_capacity  # the reference never grew
+    check(tiny_llama.lm, PROMPTS, results, draft)
+    for r, ref in zip(results, reference, strict=True):
+        assert [s.accepted for s in r.stats.steps] == [s.accepted for s in ref.stats.steps]
+    longest = max(len(p) for p in PROMPTS) + GEN.max_new_tokens
+    assert grown.cache.capacity < min(2 * longest, grown.cache.max_capacity)

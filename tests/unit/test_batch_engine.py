@@ -184,3 +184,29 @@ def test_drafters_are_lent_from_one_pool_per_factory_and_reused(tiny_llama):
     assert [p for p in served] == [[3, 4], [5, 6], [7, 8], [2, 3]]  # the opted-out row had none
     for r, o in zip(requests, outs, strict=True):
         assert o.tokens == generate(tiny_llama.lm, r.prompt_ids, gen).tokens
+
+
+def test_engine_tau_counts_rounds_whatever_they_drafted(tiny_llama):
+    """τ (tokens a row gains per round) counts every verification, those of rows whose length rule kept
+    fewer nodes than their drafter proposed, or none: a perfect draft cut to 2 nodes gives exactly 3,
+    plain rows 1, and both side by side their pooled share."""
+    from specstack.drafting.batch_length import FixedLength
+    from specstack.drafting.batched_chain import ChainGroup
+
+    gen = GenerationConfig(max_new_tokens=30, stop_on_eos=False)
+    prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]
+
+    def run(speculate: list[bool]):
+        group = ChainGroup(tiny_llama.lm, 4)  # the target drafting for itself: every node accepted
+        engine = BatchEngine(tiny_llama.lm, max_rows=3, max_context=64, length=FixedLength(2))
+        engine.run([BatchRequest(p, gen, drafter=group.member() if s else None, speculate=s)
+                    for p, s in zip(prompts, speculate, strict=True)])
+        return engine.stats
+
+    st = run([True] * 3)
+    assert st.drafted == 2 * st.verified and st.accepted == st.drafted and st.tau == 3.0
+    assert run([False] * 3).tau == 1.0
+    mixed = run([True, False, True])
+    plain_rounds = mixed.verified - mixed.drafted // 2
+    assert mixed.emitted == 3 * (mixed.drafted // 2) + plain_rounds
+    assert 1.0 < mixed.tau < 3.0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specstack.attention import AttentionBatch, build_batch, depths_from_parents
+from specstack.attention import AttentionBatch, build_batch, depths_from_parents, tree_batch
 from specstack.cache import KVCache
 from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
@@ -297,3 +297,68 @@ def test_window_cache_with_ragged_rows(tiny):
         done = [done[r] + step[r] for r in range(2)]
         assert cache.next_pos == done
     assert max(cache.lengths) < n
+
+
+# -- growing on demand (a draft's cache) ---------------------------------------------------------------
+def test_a_growable_cache_keeps_its_slots_as_it_grows():
+    """A cache of 2 slots a row that may grow to 40: blocks past its size reallocate it, and every
+    committed slot (keys, values, positions, features) and the scratch written this round survive."""
+    cache = KVCache(CFG, 2, 2, torch.float32, feature_dim=3, max_capacity=40)
+    put(cache, [[1, 2, 3], [4, 5, 6]])  # 3 slots: grows at once
+    assert 3 <= cache.capacity < 40
+    cache.feat[:, :3] = torch.arange(18.0).view(2, 3, 3)
+    cache.commit_prefix([3, 1])
+    for step in range(6):  # rows of different lengths, each block past the last size
+        put(cache, [[10.0 * step + i for i in range(5)], [100.0 + step] * 5])
+        cache.commit_prefix([5, 2])
+    assert cache.lengths == [33, 13] and cache.capacity <= 40
+    assert committed(cache, 0) == [1, 2, 3] + [10.0 * s + i for s in range(6) for i in range(5)]
+    assert committed(cache, 1) == [4] + [100.0 + s for s in range(6) for _ in range(2)]
+    assert cache.committed_positions(0) == list(range(33))
+    assert torch.equal(cache.feat[:, :3], torch.arange(18.0).view(2, 3, 3))
+    assert cache.k.shape[3] == cache.slot_pos.shape[1] == cache.feat.shape[1] == cache.capacity
+    with pytest.raises(SpecstackError, match="KV cache full"):  # past its limit it is full, as a fixed one
+        put(cache, [[1.0] * 8, [1.0] * 8])
+    assert cache.lengths == [33, 13]
+
+
+def test_a_growable_window_cache_stays_within_its_window():
+    """A sliding window's cache grows to its window plus its longest block, never to the sequence."""
+    sink, window = 2, 4
+    cache = KVCache(CFG, 1, 1, torch.float32, window=WindowSpec(sink, window), max_capacity=1000)
+    for pos in range(0, 300, 3):
+        put(cache, [[float(pos + i) for i in range(3)]])
+        cache.commit_prefix([3])
+    assert cache.capacity <= 2 * (sink + 2 * window + 3)
+    kept = cache.committed_positions(0)
+    assert committed(cache) == [float(p) for p in kept] and kept[-window:] == list(range(300 - window, 300))
+
+
+def test_a_growing_cache_gives_the_logits_of_a_fixed_one(tiny):
+    """A model's default cache starts small and grows: chunks, a tree block whose path is committed and a
+    prefix load across its growths give the logits of a cache allocated whole."""
+    from specstack import cache as cache_module
+
+    model = tiny.lm.model
+    g = torch.Generator().manual_seed(3)
+    seq = torch.randint(0, 257, (1, 40), generator=g)
+    fixed = model.new_cache(1, capacity=64)
+    small = cache_module.KVCache(model.config, 1, 2, fixed.dtype, max_capacity=64)
+    for a, b in [(0, 5), (5, 6), (6, 19)]:
+        torch.testing.assert_close(model.extend(seq[:, a:b], small).logits, model.extend(seq[:, a:b], fixed).logits,
+                                   atol=0, rtol=0)
+    parents = [-1, 0, 0, 1, 2]
+    tree = seq[:, 19:24]
+    outs = []
+    for cache in (small, fixed):
+        batch = tree_batch(cache, parents)
+        outs.append(model.forward(tree, batch, cache).logits)
+        cache.commit_nodes(0, [0, 2])
+    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+    rest = seq[:, 24:]
+    torch.testing.assert_close(model.extend(rest, small).logits, model.extend(rest, fixed).logits, atol=0, rtol=0)
+    assert small.capacity < 64  # it grew only as far as it needed
+    other = cache_module.KVCache(model.config, 1, 1, fixed.dtype, max_capacity=64)
+    other.load_prefix(0, *fixed.committed_kv(0))  # a cached prefix longer than it holds
+    torch.testing.assert_close(model.extend(seq[:, :3], other).logits, model.extend(seq[:, :3], fixed).logits,
+                               atol=0, rtol=0)
