@@ -11,12 +11,12 @@ A row's `pending` tokens are those not yet in the cache; the last one is the roo
 token, or the prompt's last token). Each step:
   1. plan (engine/plan.py, pure): which waiting requests take free rows, how many pending tokens each
      row reads, and how many draft nodes each decoding row may add, all under one token budget;
-  2. every row builds its block: a prompt row the chunk the plan gave it; a decoding row its root plus
-     its drafter's tree (empty without a drafter: plain autoregressive decoding), the trees limited by
-     the plan and by the step's draft-length rule (drafting/batch_length.py), which cuts them after;
+  2. every row builds its block (engine/propose.py): a prompt row the chunk the plan gave it; a decoding
+     row its root plus its drafter's tree (empty without a drafter: plain autoregressive decoding), the
+     trees limited by the plan and by the step's draft-length rule (drafting/batch_length.py), which cuts them after;
   3. one target forward scores all rows' blocks, ragged: PAD (padded to the longest block, masked)
      or SPLIT (packed, attention per run of equal-length rows; short blocks padded into one), see attention.py;
-  4. each row whose block reached its root is verified on its own (verify.verify_tree: greedy walk,
+  4. each row whose block reached its root is verified on its own (engine/verify_rows.py; verify.verify_tree: greedy walk,
      sample-walk or RRS with the row's parameters) and commits its own number of tokens; the emitted
      tokens go to the row's stream, its drafter is told the verdict. Finished rows leave.
 
@@ -39,27 +39,27 @@ import torch
 from specstack import interrupt
 from specstack.attention import LAYOUTS, Layout, row_blocks_batch
 from specstack.config import DEFAULT_MAX_CONTEXT, DEFAULT_STEP_TOKENS, GenerationConfig
-from specstack.drafting.base import DraftContext, Drafter, DraftGroup
+from specstack.drafting.base import DraftContext, Drafter
 from specstack.drafting.batch_length import AsProposed, BatchLength
-from specstack.engine.forced import forced_chain
 from specstack.engine.plan import RowState, StepPlan, plan_step
 from specstack.engine.prefix_rows import attach, look_up, publish
+from specstack.engine.propose import propose_blocks
 from specstack.engine.rows import BatchRequest, Block, DrafterFactory, DrafterPool, Row
 from specstack.engine.stats import BatchStats, BatchStep, GenerationResult, RunStats, StepStats, emitted_origins
 from specstack.engine.stopping import TokenStream
+from specstack.engine.verify_rows import Verdict, verify_rows
 from specstack.errors import SpecstackError
 from specstack.grammar import GrammarCompiler, compiler_for
 from specstack.models.base import LoadedModel
 from specstack.prefix_cache import PrefixCache
-from specstack.processing import RowProcessor, TokenLogprob, token_logprobs
+from specstack.processing import RowProcessor, TokenLogprob
 from specstack.prompts import check_context
 from specstack.sampling import make_generator
 from specstack.tree import DraftTree
 from specstack.validate import MAX_TREE
-from specstack.verify import VerifyResult, verify_tree
+from specstack.verify import VerifyResult
 
 LayoutChoice = Literal["auto", "pad", "split"]
-Verdict = tuple[VerifyResult, list[TokenLogprob] | None]  # a row's verification and its tokens' log-probabilities
 LAYOUT_CHOICES: tuple[LayoutChoice, ...] = ("auto", *LAYOUTS)
 
 
@@ -263,11 +263,11 @@ class BatchEngine:
         if not self.rows:
             return []
         t1 = time.perf_counter()
-        blocks = self._propose(plan)  # 1.
+        blocks = propose_blocks(self.rows, plan, self.length, self.lm.config.d_model, self.model.device)  # 2.
         t2 = time.perf_counter()
-        layout, logits, hidden = self._score(blocks)  # 2.
+        layout, logits, hidden = self._score(blocks)  # 3.
         t3 = time.perf_counter()
-        verdicts = self._verify(blocks, logits)  # 3.
+        verdicts = verify_rows(self.rows, blocks, logits)  # 4.
         t4 = time.perf_counter()
         finished = self._commit(blocks, verdicts, hidden, (t2 - t1, t3 - t2, t4 - t3))  # 4.
         st = self.stats
@@ -280,64 +280,8 @@ class BatchEngine:
         st.overhead_seconds += (t1 - t0) + (time.perf_counter() - t4)
         return finished
 
-    def _propose(self, plan: StepPlan) -> list[Block]:
-        """1. Each row's block: the pending tokens the plan lets it read, then, once they reach the root,
-        its drafter's tree (drafters of one group propose together: one draft forward per draft step
-        for all their rows), or, where its grammar forces tokens, those (engine/forced.py), within the
-        plan's nodes for it and cut by the step's length rule."""
-        limit = self.length.limit()
-        blocks: list[Block] = []
-        drafting: dict[int, tuple[Drafter, int]] = {}  # row -> its drafter and the most nodes it may verify
-        grammar: dict[int, DraftTree] = {}  # row -> the tokens its grammar forces, as its tree this step
-        for i, row in enumerate(self.rows):
-            take = plan.reads.get(row.handle, 0)
-            blocks.append(Block(row.pending[:take], DraftTree(), reaches_root=take == len(row.pending)))
-            drafter = row.drafter
-            if take == len(row.pending) and drafter is not None:  # a tree off the root
-                if not row.started:
-                    drafter.reset(row.request.prompt_ids, self._prompt_hidden(row))
-                    row.started, row.hidden = True, []
-                cap = plan.drafts.get(row.handle, 0)
-                row.ctx.limit = cap if limit is None else min(limit, cap)
-                row.ctx.size = self.length.size  # a best-first drafter sizes its tree by the rule as it grows
-                drafting[i] = drafter, row.ctx.limit
-                forced = row.processor.forced() if row.processor is not None and not row.layers else []
-                if forced and row.ctx.limit:  # the grammar drafts this step; the drafter only catches up
-                    grammar[i] = forced_chain(forced, row.ctx.limit)
-                    row.ctx.limit = 0
-        groups: dict[int, tuple[DraftGroup, list[int]]] = {}
-        for i, (drafter, _) in drafting.items():
-            group = getattr(drafter, "group", None)
-            if group is None:
-                blocks[i].tree = drafter.propose(self.rows[i].ctx)
-            else:
-                groups.setdefault(id(group), (group, []))[1].append(i)
-        for group, members in groups.values():
-            trees = group.propose_rows([drafting[i][0] for i in members], [self.rows[i].ctx for i in members])
-            for i, tree in zip(members, trees, strict=True):
-                blocks[i].tree = tree
-        for i, (_, cap) in drafting.items():  # no tree outgrows what the plan gave it (the context's room too)
-            blocks[i].tree = blocks[i].tree.truncated(cap)
-        for i, chain in grammar.items():
-            blocks[i].tree, blocks[i].own = chain, 0
-        if drafting:  # the step's draft length: rows with a drafter keep a prefix of their tree
-            keep = self.length.choose([blocks[i].tree for i in drafting], len(blocks),
-                                      sum(len(b.chain) for b in blocks))
-            for i, k in zip(drafting, keep, strict=True):
-                blocks[i].tree = blocks[i].tree.truncated(k)
-        return blocks
-
-    def _prompt_hidden(self, row: Row) -> torch.Tensor | None:
-        """[1, len(prompt) - 1, L, d]: the target's activations of the prompt but its root, for a drafter
-        that reads them (None for one that does not)."""
-        if not row.layers:
-            return None
-        if row.hidden:
-            return torch.cat(row.hidden, 1)
-        return torch.zeros(1, 0, len(row.layers), self.lm.config.d_model, device=self.model.device)
-
     def _score(self, blocks: Sequence[Block]) -> tuple[Layout, torch.Tensor, dict[int, torch.Tensor]]:
-        """2. One target forward over every row's block; the logits of each block that reached its root,
+        """3. One target forward over every row's block; the logits of each block that reached its root,
         from the root on (rows of blocks in order), and the activations drafters read ({layer: [N, d]},
         a token of row i's block at position j at flat index starts[i] + j, see _rows_of)."""
         counts = [len(b) for b in blocks]
@@ -366,31 +310,6 @@ class BatchEngine:
         """[1, n, L, d]: the activations row i's drafter reads, of its block's tokens first .. first + n - 1."""
         at = self._starts[i] + first
         return torch.stack([hidden[layer][at : at + n] for layer in row.layers], 1).unsqueeze(0)
-
-    def _verify(self, blocks: Sequence[Block], logits: torch.Tensor) -> dict[int, Verdict]:
-        """3. Each row that reached its root, verified on its own (its sampling, its generator, its logits
-        rules applied along each node's path); the log-probabilities it asked for, of the raw logits of
-        the rows that scored its tokens (the prompt chunk's, the accepted path's)."""
-        verdicts, at = {}, 0
-        for i, (row, block) in enumerate(zip(self.rows, blocks, strict=True)):
-            gen = row.request.gen
-            if block.scored:  # a prompt chunk's rows: log-probabilities of the tokens after each
-                first = len(row.request.prompt_ids) - len(row.pending) + 1  # the token row 0 scored
-                toks = row.request.prompt_ids[first : first + block.scored]
-                row.prompt_logprobs += token_logprobs(logits[at : at + block.scored], toks, gen.logprobs or 0)
-                at += block.scored
-            if block.reaches_root:
-                k = 1 + len(block.tree)  # root + tree
-                raw = logits[at : at + k]
-                scores = raw if row.processor is None else row.processor.process(raw, block.tree)
-                result = verify_tree(block.tree, scores, gen.sampling, row.generator)
-                lps = None
-                if gen.logprobs is not None:
-                    rows = torch.tensor([0, *(a + 1 for a in result.accepted)], device=raw.device)
-                    lps = token_logprobs(raw[rows], result.tokens, gen.logprobs)
-                verdicts[i] = (result, lps)
-                at += k
-        return verdicts
 
     def _commit(self, blocks: Sequence[Block], verdicts: dict[int, Verdict], hidden: dict[int, torch.Tensor],
                 seconds: tuple[float, float, float]) -> list[tuple[int, GenerationResult]]:

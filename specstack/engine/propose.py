@@ -1,0 +1,73 @@
+"""Step 2 of the engine (engine/batched.py): each row's block of the step's forward, its pending tokens
+the plan lets it read then, once they reach its root, a tree: its drafter's (drafters of one group
+propose together: one draft forward per draft step for all their rows) or, where its grammar forces
+tokens, those (engine/forced.py); within the plan's nodes for it and cut by the step's length rule."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specstack.drafting.base import Drafter, DraftGroup
+from specstack.drafting.batch_length import BatchLength
+from specstack.engine.forced import forced_chain
+from specstack.engine.plan import StepPlan
+from specstack.engine.rows import Block, Row
+from specstack.tree import DraftTree
+
+
+def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_model: int,
+                   device: torch.device) -> list[Block]:
+    """Every row's block; a drafter's first tree (its row reached its root for the first time) comes
+    after it was reset with the prompt and, for one that reads them, the prompt's activations (d_model
+    wide on `device`, gathered chunk by chunk in row.hidden)."""
+    limit = length.limit()
+    blocks: list[Block] = []
+    drafting: dict[int, tuple[Drafter, int]] = {}  # row -> its drafter and the most nodes it may verify
+    grammar: dict[int, DraftTree] = {}  # row -> the tokens its grammar forces, as its tree this step
+    for i, row in enumerate(rows):
+        take = plan.reads.get(row.handle, 0)
+        blocks.append(Block(row.pending[:take], DraftTree(), reaches_root=take == len(row.pending)))
+        drafter = row.drafter
+        if take == len(row.pending) and drafter is not None:  # a tree off the root
+            if not row.started:
+                drafter.reset(row.request.prompt_ids, prompt_hidden(row, d_model, device))
+                row.started, row.hidden = True, []
+            cap = plan.drafts.get(row.handle, 0)
+            row.ctx.limit = cap if limit is None else min(limit, cap)
+            row.ctx.size = length.size  # a best-first drafter sizes its tree by the rule as it grows
+            drafting[i] = drafter, row.ctx.limit
+            forced = row.processor.forced() if row.processor is not None and not row.layers else []
+            if forced and row.ctx.limit:  # the grammar drafts this step; the drafter only catches up
+                grammar[i] = forced_chain(forced, row.ctx.limit)
+                row.ctx.limit = 0
+    groups: dict[int, tuple[DraftGroup, list[int]]] = {}
+    for i, (drafter, _) in drafting.items():
+        group = getattr(drafter, "group", None)
+        if group is None:
+            blocks[i].tree = drafter.propose(rows[i].ctx)
+        else:
+            groups.setdefault(id(group), (group, []))[1].append(i)
+    for group, members in groups.values():
+        trees = group.propose_rows([drafting[i][0] for i in members], [rows[i].ctx for i in members])
+        for i, tree in zip(members, trees, strict=True):
+            blocks[i].tree = tree
+    for i, (_, cap) in drafting.items():  # no tree outgrows what the plan gave it (the context's room too)
+        blocks[i].tree = blocks[i].tree.truncated(cap)
+    for i, chain in grammar.items():
+        blocks[i].tree, blocks[i].own = chain, 0
+    if drafting:  # the step's draft length: rows with a drafter keep a prefix of their tree
+        keep = length.choose([blocks[i].tree for i in drafting], len(blocks), sum(len(b.chain) for b in blocks))
+        for i, k in zip(drafting, keep, strict=True):
+            blocks[i].tree = blocks[i].tree.truncated(k)
+    return blocks
+
+
+def prompt_hidden(row: Row, d_model: int, device: torch.device) -> torch.Tensor | None:
+    """[1, len(prompt) - 1, L, d]: the target's activations of the prompt but its root, for a drafter
+    that reads them (None for one that does not)."""
+    if not row.layers:
+        return None
+    if row.hidden:
+        return torch.cat(row.hidden, 1)
+    return torch.zeros(1, 0, len(row.layers), d_model, device=device)
