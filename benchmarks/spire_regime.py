@@ -5,7 +5,7 @@ beside what the throughput model predicts for the same B, L and the τ each cell
 For each cell and method, B rows run in one BatchEngine: every row's prompt is read first (chunked
 prefill, not timed), then the decode steps are timed until every row has N new tokens. Methods take
 turns inside a cell, the order rotated each repeat. Per method and cell: decode tokens/s over all
-rows, its multiplier over `ar` in the same cell, τ (tokens a row gains per row step), draft tokens
+rows, its multiplier over `ar` in the same cell, τ (tokens a row gains per round), draft tokens
 verified per row step and the share accepted, and the engine's phases. With --hardware (a calibration
 from `specstack throughput-calibrate`), the model's multiplier for the same B, L, k and measured τ.
 JSON, markdown and one heat map per method (measured beside predicted) go to --out. (Rows with a
@@ -91,10 +91,11 @@ def run(lm: LoadedModel, m: Method, prompts: list[list[int]], new: int) -> dict:
     while the last still read theirs: the timed window opens once every row has its first token, and
     each row may make enough tokens that none finishes inside it (the engine is then dropped).
     Its drafters are made for this run and dropped after it: a chain group's draft cache keeps a row
-    per drafter it made, each sized to the draft's whole context (32k positions for Qwen2.5), so 16
-    rows of two methods' drafts would not fit in memory together."""
+    per drafter it made (grown to what the row read), and two methods' drafts at B = 32 need not share
+    the machine's memory."""
     rows = len(prompts)
-    spread = sum(map(len, prompts)) // DEFAULT_STEP_TOKENS + 1  # steps the prompts take to read, at most
+    # steps the prompts take to read, at most (every decoding row's root takes a token of each step's budget)
+    spread = sum(map(len, prompts)) // max(1, DEFAULT_STEP_TOKENS - rows) + 1
     most = (spread + new) * (m.k + 1) + 1  # what one row could make before and inside the window
     make = drafter_factory(m.spec, lm, DraftSources.for_model(lm.name, m.draft)) if m.drafting else None
     engine = BatchEngine(lm, max_rows=rows, max_context=max(map(len, prompts)) + most + 8,
@@ -158,8 +159,18 @@ def round_tau(m: Method, rows: list[dict]) -> float:
     return 1.0 + m.k * sum(r["accepted"] for r in rows) / drafted if m.k and drafted else 1.0
 
 
-def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int, tau: float) -> float | None:
-    """The throughput model's multiplier for this method's draft at (B, L) with the τ the run measured."""
+def drafted_per_round(m: Method, rows: list[dict]) -> float:
+    """Draft tokens a round verified (k for a chain every round of which drafts k; fewer under a length
+    rule); k for rows written before the engine counted rounds."""
+    rounds = sum(r.get("rounds", 0) for r in rows)
+    return sum(r["drafted"] for r in rows) / rounds if rounds and all("rounds" in r for r in rows) else float(m.k)
+
+
+def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int, tau: float,
+            drafted: float) -> float | None:
+    """The throughput model's multiplier for this method's draft at (B, L) with the τ the run measured and
+    `drafted` draft tokens a round (a length rule's fractional mean: Δt interpolated between the rounds of
+    the whole numbers around it)."""
     from specstack.models.drafts import DraftKind, DraftSpec
     from specstack.throughput.model import Draft, magicdec_draft, round_times, vanilla_draft
     from specstack.throughput.shapes import from_config, model_shape, trained_draft_shape
@@ -183,7 +194,10 @@ def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int,
         draft = vanilla_draft(target.first_layers(spec.size, name=str(spec)).in_format("int4"))
     else:
         return None
-    return round_times(target, draft, hardware, batch, int(context), k).multiplier(min(max(tau, 1.0), k + 1))
+    lo = min(k, int(drafted))
+    hi, w = min(k, lo + 1), drafted - lo
+    dt = [round_times(target, draft, hardware, batch, int(context), j).delta_t for j in (lo, hi)]
+    return min(max(tau, 1.0), drafted + 1) / ((1 - w) * dt[0] + w * dt[1])
 
 
 def main() -> None:
@@ -258,7 +272,7 @@ def summary(lm: LoadedModel, methods: list[Method], rows: list[dict], args: argp
             tps = statistics.median(r["tokens_per_s"] for r in mine)
             tau = round_tau(m, mine)
             x = tps / statistics.median(base) if base else None
-            pred = predict(lm, m, hardware, b, n, tau) if hardware is not None else None
+            pred = predict(lm, m, hardware, b, n, tau, drafted_per_round(m, mine)) if hardware is not None else None
             if m.k and x is not None:
                 grid.setdefault(m.label, {})[(b, n)] = (x, pred)
             ph = mine[0]["phases"]
