@@ -125,11 +125,6 @@ class BatchStep:
     verified: int = 0  # rows verified (each a round: it emits 1 + its accepted tokens)
     emitted: int = 0  # tokens their verifications emitted
 
-    @property
-    def tau(self) -> float:
-        """Tokens a verified row gained this step (1 without drafts)."""
-        return self.emitted / self.verified if self.verified else 0.0
-
 
 @dataclass
 class BatchStats:
