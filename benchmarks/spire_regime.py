@@ -110,8 +110,7 @@ def run(lm: LoadedModel, m: Method, prompts: list[list[int]], new: int) -> dict:
     emitted0 = emitted(engine)
     st = engine.stats
     steps0, drafted0, accepted0, rows0 = st.steps, st.drafted, st.accepted, st.rows
-    verified0, emitted0_rounds = st.verified, st.emitted
-    phases0 = engine.stats.phase_seconds()
+    verified0, phases0 = st.verified, st.phase_seconds()
     t0 = time.perf_counter()
     while emitted(engine) - emitted0 < rows * new:
         if len(engine.rows) < rows:
@@ -125,7 +124,7 @@ def run(lm: LoadedModel, m: Method, prompts: list[list[int]], new: int) -> dict:
            "decode_seconds": seconds, "tokens_per_s": tokens / seconds, "steps": st.steps - steps0,
            "drafted_per_row_step": (st.drafted - drafted0) / max(1, row_steps),
            "accepted": st.accepted - accepted0, "drafted": st.drafted - drafted0, "phases": phases,
-           "rounds": st.verified - verified0, "round_tokens": st.emitted - emitted0_rounds,
+           "rounds": st.verified - verified0,
            "context": statistics.mean(len(p) for p in prompts) + new / 2}
     del engine, make
     gc.collect()
@@ -148,13 +147,13 @@ def prompt_sets(lm: LoadedModel, args: argparse.Namespace) -> dict[tuple[int, in
 
 
 def round_tau(m: Method, rows: list[dict]) -> float:
-    """τ, tokens a row gains per round: the tokens the window's verifications emitted over their count
-    (the engine's BatchStats), every round counted, those a length rule drafted fewer nodes for, or
-    none; 1 for `ar`. Rows written before the engine counted rounds: 1 + k · accepted / drafted, which
-    overstates τ under a length rule (drafted / k undercounts its rounds)."""
+    """τ, tokens a row gains per round: the window's tokens over its verifications (the engine's
+    BatchStats), every round counted, those a length rule drafted fewer nodes for, or none; 1 for `ar`.
+    Rows written before the engine counted rounds: 1 + k · accepted / drafted, which overstates τ under
+    a length rule (drafted / k undercounts its rounds)."""
     if all("rounds" in r for r in rows):
         rounds = sum(r["rounds"] for r in rows)
-        return sum(r["round_tokens"] for r in rows) / rounds if rounds else 1.0
+        return sum(r["decode_tokens"] for r in rows) / rounds if rounds else 1.0
     drafted = sum(r["drafted"] for r in rows)
     return 1.0 + m.k * sum(r["accepted"] for r in rows) / drafted if m.k and drafted else 1.0
 
@@ -162,8 +161,8 @@ def round_tau(m: Method, rows: list[dict]) -> float:
 def drafted_per_round(m: Method, rows: list[dict]) -> float:
     """Draft tokens a round verified (k for a chain every round of which drafts k; fewer under a length
     rule); k for rows written before the engine counted rounds."""
-    rounds = sum(r.get("rounds", 0) for r in rows)
-    return sum(r["drafted"] for r in rows) / rounds if rounds and all("rounds" in r for r in rows) else float(m.k)
+    rounds = sum(r["rounds"] for r in rows) if all("rounds" in r for r in rows) else 0
+    return sum(r["drafted"] for r in rows) / rounds if rounds else float(m.k)
 
 
 def predict(lm: LoadedModel, m: Method, hardware: Any, batch: int, context: int, tau: float,

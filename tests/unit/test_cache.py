@@ -335,15 +335,13 @@ def test_a_growable_window_cache_stays_within_its_window():
 
 
 def test_a_growing_cache_gives_the_logits_of_a_fixed_one(tiny):
-    """A model's default cache starts small and grows: chunks, a tree block whose path is committed and a
-    prefix load across its growths give the logits of a cache allocated whole."""
-    from specstack import cache as cache_module
-
+    """A cache that starts at 2 slots and grows: chunks, a tree block whose path is committed and a
+    prefix load across its growths give the logits of a cache allocated whole, exactly."""
     model = tiny.lm.model
     g = torch.Generator().manual_seed(3)
     seq = torch.randint(0, 257, (1, 40), generator=g)
     fixed = model.new_cache(1, capacity=64)
-    small = cache_module.KVCache(model.config, 1, 2, fixed.dtype, max_capacity=64)
+    small = KVCache(model.config, 1, 2, fixed.dtype, max_capacity=64)
     for a, b in [(0, 5), (5, 6), (6, 19)]:
         torch.testing.assert_close(model.extend(seq[:, a:b], small).logits, model.extend(seq[:, a:b], fixed).logits,
                                    atol=0, rtol=0)
@@ -358,7 +356,7 @@ def test_a_growing_cache_gives_the_logits_of_a_fixed_one(tiny):
     rest = seq[:, 24:]
     torch.testing.assert_close(model.extend(rest, small).logits, model.extend(rest, fixed).logits, atol=0, rtol=0)
     assert small.capacity < 64  # it grew only as far as it needed
-    other = cache_module.KVCache(model.config, 1, 1, fixed.dtype, max_capacity=64)
+    other = KVCache(model.config, 1, 1, fixed.dtype, max_capacity=64)
     other.load_prefix(0, *fixed.committed_kv(0))  # a cached prefix longer than it holds
     torch.testing.assert_close(model.extend(seq[:, :3], other).logits, model.extend(seq[:, :3], fixed).logits,
                                atol=0, rtol=0)
