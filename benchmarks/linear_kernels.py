@@ -2,8 +2,9 @@
 count T, the time of every linear of every block (fused q|k|v, o, gate|up, down; not cache-resident
 together) in each kernel: torch's int4 (`_weight_int4pack_mm_for_cpu`, bf16 activations), w8a8
 (fbgemm, activations rounded per row) and w4a8 (ours, models/kernels/w4a8.cpp, activations rounded
-per row and group). Random weights of the model's shapes: the kernels' cost does not depend on the
-values. Kernels interleaved per repeat, best of the repeats; the bytes each reads beside the
+per row and group), w4a8 once per path of its kernel table this CPU runs (`w4a8:avx2`, `w4a8:vnni512`),
+and the unembedding in w4a8's 8-bit groups (`q8a8`, per path). Random weights of the model's shapes:
+the kernels' cost does not depend on the values. Kernels interleaved per repeat, best of the repeats; the bytes each reads beside the
 machine's copy bandwidth (bench/bandwidth.py).
 
     python benchmarks/linear_kernels.py [--model qwen2.5-coder-1.5b] [--tokens 1,2,4,8,16,32] [--repeats 3]
@@ -12,25 +13,48 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 import torch
 
 from specstack.bench.bandwidth import measure_bandwidth
+from specstack.models import w4a8
 from specstack.models.configs import read_gguf_config
 from specstack.models.quant import QLinear
 from specstack.models.registry import resolve
 
-FORMATS = ("int4", "w8a8", "w4a8")
+CPU = torch.device("cpu")
+PATHS = [k.name for k in w4a8.KERNELS if k.name != "reference" and k.applies(CPU)]
+# a format, or a w4a8 format on one path of its kernel table (format:path)
+FORMATS = ("int4", "w8a8", *(f"{f}:{p}" for f in ("w4a8", "q8a8") for p in PATHS))
 
 
-def shapes(model: str) -> tuple[list[tuple[int, int]], int]:
-    """(in, out) of every linear of one block, as the engine fuses them."""
+def shapes(model: str) -> tuple[list[tuple[int, int]], int, tuple[int, int]]:
+    """(in, out) of every linear of one block, as the engine fuses them; the head's."""
     cfg = read_gguf_config(resolve(model).path)
     up = (2 if cfg.block.gated else 1) * cfg.d_ff
     return [(cfg.d_model, cfg.q_dim + 2 * cfg.kv_dim), (cfg.q_dim, cfg.d_model), (cfg.d_model, up),
-            (cfg.d_ff, cfg.d_model)], cfg.n_layers
+            (cfg.d_ff, cfg.d_model)], cfg.n_layers, (cfg.d_model, cfg.vocab_size)
+
+
+def build(fmt: str, block: list[tuple[int, int]], n_layers: int, head: tuple[int, int]) -> list[QLinear]:
+    """The layers of `fmt` (q8a8: the head alone), bound to the named path."""
+    name, _, path = fmt.partition(":")
+    if path:
+        os.environ[w4a8.FORCE_ENV] = path
+    try:
+        shape_list = [head] if name == "q8a8" else block * n_layers
+        built = []
+        for k, n in shape_list:
+            lin = QLinear(k, n, name).set_float(torch.randn(n, k) * 0.02)
+            lin.wide_rows = None  # the small-format kernel at every T (what this measures)
+            lin(torch.zeros(1, k, dtype=lin.act_dtype))  # bound now, under the forced path
+            built.append(lin)
+        return built
+    finally:
+        os.environ.pop(w4a8.FORCE_ENV, None)
 
 
 def main() -> None:
@@ -42,23 +66,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    block, n_layers = shapes(a.model)
+    block, n_layers, head = shapes(a.model)
     layers: dict[str, list] = {}
     for fmt in FORMATS:
-        print(f"building {n_layers} x {len(block)} {fmt} layers...", flush=True)
-        built = []
-        for _ in range(n_layers):
-            for k, n in block:
-                lin = QLinear(k, n, fmt).set_float(torch.randn(n, k) * 0.02)
-                lin.wide_rows = None  # the small-format kernel at every T (what this measures)
-                built.append(lin)
-        layers[fmt] = built
+        print(f"building {fmt} layers...", flush=True)
+        layers[fmt] = build(fmt, block, n_layers, head)
     bw = measure_bandwidth()
     nbytes = {f: sum(lin.step_bytes() for lin in layers[f]) for f in FORMATS}
     rows = []
     with torch.inference_mode():
         for t in (int(v) for v in a.tokens.split(",")):
-            xs = {k: torch.randn(t, k) for k, _ in block}
+            xs = {k: torch.randn(t, k) for k, _ in [*block, head]}
             best = dict.fromkeys(FORMATS, float("inf"))
             for rep in range(a.repeats + 1):
                 for fmt in FORMATS[rep % len(FORMATS):] + FORMATS[: rep % len(FORMATS)]:

@@ -25,12 +25,17 @@ class KernelChoice:
 
 
 def choose(kernels: tuple[KernelChoice, ...], force_env: str, device: torch.device) -> KernelChoice:
-    """The kernel to use on `device`: the one `force_env` names, else the first that applies (the last
-    entry, the reference, applies everywhere)."""
+    """The kernel to use on `device`: the one `force_env` names (refused where it does not apply), else
+    the first that applies (the last entry, the reference, applies everywhere)."""
     forced = os.environ.get(force_env) or None
     if forced is not None and forced not in {k.name for k in kernels}:
         raise SpecstackError(f"{force_env}={forced!r}: choose from {', '.join(k.name for k in kernels)}")
     for k in kernels:
-        if (k.name == forced) if forced else k.applies(device):
+        if forced and k.name == forced:
+            if not k.applies(device):  # never run instructions the CPU lacks (that is a crash, not an error)
+                raise SpecstackError(f"{force_env}={forced!r}: this {device.type} cannot run it; here: "
+                                     + ", ".join(c.name for c in kernels if c.applies(device)))
+            return k
+        if not forced and k.applies(device):
             return k
     raise AssertionError("a table's last kernel applies everywhere")

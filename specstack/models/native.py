@@ -35,6 +35,12 @@ def cpu_capability() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+def has_vnni512() -> bool:
+    """Whether this CPU has AVX-512 with VNNI (vpdpbusd on 512-bit vectors): Intel Ice Lake and later,
+    AMD Zen 4 and later. The kernels' VNNI functions are compiled for that target on their own."""
+    return cpu_capability() == "AVX512" and bool(torch.cpu._is_vnni_supported())
+
+
 def supported(name: str) -> bool:
     """Whether this CPU runs kernel `name` and a compiler is there to build it."""
     return cpu_capability() in CPU_FLAGS[name] and shutil.which("c++") is not None

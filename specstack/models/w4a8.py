@@ -125,6 +125,14 @@ def reference(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> 
     return run
 
 
+def vnni512(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> Kernel:
+    if m is None:
+        op8 = torch.ops.specstack_w4a8.mm8_vnni.default
+        return lambda x: op8(x.contiguous(), stored, d)
+    op4 = torch.ops.specstack_w4a8.mm4_vnni.default
+    return lambda x: op4(x.contiguous(), stored, d, m)
+
+
 def avx2(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> Kernel:
     if m is None:
         op8 = torch.ops.specstack_w4a8.mm8.default
@@ -134,10 +142,11 @@ def avx2(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> Kerne
 
 
 KERNELS: tuple[KernelChoice, ...] = (
+    KernelChoice("vnni512", lambda dev: dev.type == "cpu" and native.has_vnni512() and native.load("w4a8"), vnni512),
     KernelChoice("avx2", lambda dev: dev.type == "cpu" and native.load("w4a8"), avx2),
     KernelChoice("reference", lambda dev: True, reference),
 )
-FORCE_ENV = "SPECSTACK_W4A8_KERNEL"  # a kernel's name: use it (tests simulate a CPU without AVX2)
+FORCE_ENV = "SPECSTACK_W4A8_KERNEL"  # a kernel's name: use it (tests run each path this CPU has)
 
 
 def kernel_for(device: torch.device) -> KernelChoice:

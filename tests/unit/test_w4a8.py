@@ -17,6 +17,7 @@ SHAPES = [(64, 48), (576, 1536), (1536, 2048), (896, 4864), (8960, 1536), (96, 4
 ROWS = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33]
 KERNELS = [k.name for k in w4a8.KERNELS if k.applies(torch.device("cpu"))]
 native_only = pytest.mark.skipif("avx2" not in KERNELS, reason="this CPU has no AVX2 (the reference is tested)")
+vnni_only = pytest.mark.skipif("vnni512" not in KERNELS, reason="this CPU has no AVX-512-VNNI (its path runs where it has)")
 
 
 BITS = (4, 8)
@@ -80,6 +81,17 @@ def test_the_kernel_rounds_activations_as_the_reference_does_bit_for_bit():
     for scale in (1e-6, 1.0, 3e4):
         x = inputs(9, 256) * scale
         q, dx, sx = torch.ops.specstack_w4a8.quantize(x)
+        rq, rdx, rsx = w4a8.quantize_groups(x)
+        assert torch.equal(q.float(), rq) and torch.equal(dx, rdx) and torch.equal(sx, rsx)
+
+
+@vnni_only
+def test_the_vnni_path_rounds_activations_as_the_reference_does_bit_for_bit():
+    for scale in (1e-6, 1.0, 3e4):
+        x = inputs(9, 576) * scale  # 18 groups: four whole chunks of 4 and two groups past them
+        x[0, :32] = 0.0  # an all-zero group
+        x[1, 5] = 127.5 * x[1, :32].abs().max() / 127  # a value on a rounding tie
+        q, dx, sx = torch.ops.specstack_w4a8.quantize_vnni(x)
         rq, rdx, rsx = w4a8.quantize_groups(x)
         assert torch.equal(q.float(), rq) and torch.equal(dx, rdx) and torch.equal(sx, rsx)
 
@@ -158,7 +170,9 @@ def test_gguf_codes_are_kept_exactly_and_the_layer_adds_its_bias():
 def test_the_kernel_is_chosen_from_the_cpu_and_a_forced_one_is_used(monkeypatch):
     cpu = torch.device("cpu")
     has_avx2 = native.cpu_capability() in native.CPU_FLAGS["w4a8"]
-    assert (w4a8.kernel_for(cpu).name == "avx2") == (has_avx2 and native.load("w4a8"))
+    built = has_avx2 and native.load("w4a8")
+    want = ("vnni512" if native.has_vnni512() else "avx2") if built else "reference"
+    assert w4a8.kernel_for(cpu).name == want
     assert w4a8.kernel_for(torch.device("meta")).name == "reference"  # not a CPU: never the C++ kernel
     monkeypatch.setattr(native, "cpu_capability", lambda: "DEFAULT")  # a CPU without AVX2
     native.load.cache_clear()
@@ -168,9 +182,17 @@ def test_the_kernel_is_chosen_from_the_cpu_and_a_forced_one_is_used(monkeypatch)
         native.load.cache_clear()
     monkeypatch.setenv(w4a8.FORCE_ENV, "reference")
     assert w4a8.kernel_for(cpu).name == "reference"
-    monkeypatch.setenv(w4a8.FORCE_ENV, "vnni")
-    with pytest.raises(SpecstackError, match="vnni.*avx2, reference"):
+    monkeypatch.setenv(w4a8.FORCE_ENV, "amx")
+    with pytest.raises(SpecstackError, match="amx.*vnni512, avx2, reference"):
         w4a8.kernel_for(cpu)
+    # a path forced where it cannot run is refused, never run (its instructions would kill the process)
+    monkeypatch.setenv(w4a8.FORCE_ENV, "vnni512")
+    monkeypatch.setattr(native, "has_vnni512", lambda: False)
+    with pytest.raises(SpecstackError, match="vnni512.*cannot run it"):
+        w4a8.kernel_for(cpu)
+    monkeypatch.setenv(w4a8.FORCE_ENV, "avx2")
+    with pytest.raises(SpecstackError, match="avx2.*cannot run it; here: reference"):
+        w4a8.kernel_for(torch.device("meta"))
 
 
 def test_a_layer_computes_the_same_on_the_fallback_up_to_rounding(monkeypatch):

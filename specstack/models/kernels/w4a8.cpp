@@ -199,16 +199,286 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> w4a8_quantize(const at::Tensor& x
   return {q, dx, sx};
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// The AVX-512-VNNI path (Intel Ice Lake and later, AMD Zen 4 and later): the same format and the same
+// integer group sums, 64 products an instruction (vpdpbusd: unsigned weight bytes times signed
+// activation bytes, summed in fours into int32 lanes). Compiled for its own target here (the library
+// itself is -mavx2), used only where the CPU reports avx512_vnni (specstack/models/w4a8.py chooses).
+//
+// Why it is shaped so:
+// - a lane's integer sum belongs to one group, so the float epilogue scales whole vectors of lanes
+//   (one conversion and one FMA for 64 or 128 codes) and reduces the lanes once per output: no float
+//   work per group and no horizontal sum per group, which is what bounds the avx2 path;
+// - 4-bit codes: 64 packed bytes are 4 groups whose low nibbles (codes 0..15 of each) and high nibbles
+//   (codes 16..31) form two byte vectors; the activations of a call are laid out in that order when
+//   they are rounded (`interleave`), so the codes are never shuffled;
+// - 8-bit codes: c + 128 (an xor) is the unsigned operand, and each lane's 128 * sum(q) is subtracted by
+//   starting its accumulator at minus that, computed once per row of the call;
+// - a row's output is the same sequence of operations whatever other rows share the call (rows are
+//   tiled, never mixed), so this path is batch-invariant as the avx2 one is. Its fp32 rounding differs
+//   from avx2's: a process uses one path (w4a8.py), so a model's numbers are that path's.
+#define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+constexpr int64_t kVnniTile = 4;  // rows a tile keeps in registers while a weight row streams
+
+// Round one row to 8 bits per group of 32 (the reference's operations: amax, 127 / amax, x * inv,
+// round half to even, clamp), vectorised; q in natural order, or, with `interleave`, each chunk of 4
+// whole groups as [low halves of groups 0..3 | high halves of groups 0..3] (the mm4 layout; the
+// groups past the last whole chunk stay in natural order).
+VNNI_FN void quantize_row_vnni(const float* x, int64_t k, int8_t* q, float* dx, float* sx, bool interleave) {
+  const int64_t groups = k / kGroup, chunked = interleave ? groups / 4 * 4 : 0;
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512 a = _mm512_loadu_ps(x + g * kGroup), b = _mm512_loadu_ps(x + g * kGroup + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(a, absmask), _mm512_and_ps(b, absmask)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m512 ra = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_mul_ps(a, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    const __m512 rb = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_mul_ps(b, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    const __m512i ia = _mm512_cvtps_epi32(ra), ib = _mm512_cvtps_epi32(rb);
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib));
+    int8_t* qa;
+    int8_t* qb;
+    if (g < chunked) {
+      int8_t* base = q + (g / 4) * 128 + (g % 4) * 16;
+      qa = base;
+      qb = base + 64;
+    } else {
+      qa = q + g * kGroup;
+      qb = qa + 16;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qa), _mm512_cvtsepi32_epi8(ia));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtsepi32_epi8(ib));
+    const float d = amax / 127.f;
+    dx[g] = d;
+    sx[g] = d * static_cast<float>(sum);
+  }
+}
+
+// sum_g m[g] * sx[g] in 16 lanes (masked tail), added to `acc` lane-wise
+VNNI_FN inline __m512 min_lanes(const float* m, const float* sx, int64_t groups, __m512 acc) {
+  int64_t g = 0;
+  for (; g + 16 <= groups; g += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(m + g), _mm512_loadu_ps(sx + g), acc);
+  if (g < groups) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (groups - g)) - 1);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, m + g), _mm512_maskz_loadu_ps(mask, sx + g), acc);
+  }
+  return acc;
+}
+
+// 4-bit groups, R rows against one output channel. q: the rows' interleaved codes (stride k).
+template <int R>
+VNNI_FN inline void tile4_vnni(const uint8_t* wn, const float* dn, const float* mn, const int8_t* q,
+                               const float* dx, const float* lanes, const float* sx, int64_t k, int64_t groups,
+                               float* y, int64_t ldy) {
+  const int64_t chunks = groups / 4;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[R];
+  __m128 tail[R];
+  for (int i = 0; i < R; ++i) { acc[i] = _mm512_setzero_ps(); tail[i] = _mm_setzero_ps(); }
+  for (int64_t c = 0; c < chunks; ++c) {
+    const __m512i raw = _mm512_loadu_si512(wn + c * 64);
+    const __m512i low = _mm512_and_si512(raw, nib), high = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    // the 4 groups' weight scales, one per 4 lanes (a lane's sum belongs to group lane / 4)
+    const __m512 d16 = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(dn + 4 * c)));
+    for (int i = 0; i < R; ++i) {
+      const int8_t* qc = q + i * k + c * 128;
+      __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low, _mm512_loadu_si512(qc));
+      s = _mm512_dpbusd_epi32(s, high, _mm512_loadu_si512(qc + 64));
+      const __m512 sc = _mm512_mul_ps(d16, _mm512_loadu_ps(lanes + i * (k / 8) + c * 16));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[i]);
+    }
+  }
+  for (int64_t g = chunks * 4; g < groups; ++g) {  // groups past the last whole chunk: natural order
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wn + g * 16));
+    const __m128i n4 = _mm_set1_epi8(0x0F);
+    const __m128i low = _mm_and_si128(raw, n4), high = _mm_and_si128(_mm_srli_epi16(raw, 4), n4);
+    for (int i = 0; i < R; ++i) {
+      const int8_t* qg = q + i * k + g * kGroup;
+      __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), low, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qg)));
+      s = _mm_dpbusd_epi32(s, high, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qg + 16)));
+      tail[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(dn[g] * dx[i * groups + g]), tail[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    const __m512 all = min_lanes(mn, sx + i * groups, groups, acc[i]);
+    y[i * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(all, _mm512_castps128_ps512(tail[i])));
+  }
+}
+
+// 8-bit groups, R rows against one output channel. q natural order; neg: minus 128 * the sum of each
+// lane's 4 activation codes (stride k / 4).
+template <int R>
+VNNI_FN inline void tile8_vnni(const uint8_t* wn, const float* dn, const int8_t* q, const int32_t* neg,
+                               const float* dx, const float* lanes, int64_t k, int64_t groups, float* y,
+                               int64_t ldy) {
+  const int64_t chunks = groups / 4;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i lo2 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i hi2 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  __m512 acc[R];
+  __m256 tail[R];
+  for (int i = 0; i < R; ++i) { acc[i] = _mm512_setzero_ps(); tail[i] = _mm256_setzero_ps(); }
+  for (int64_t c = 0; c < chunks; ++c) {
+    const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wn + c * 128), flip);
+    const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(wn + c * 128 + 64), flip);
+    const __m512 d4 = _mm512_castps128_ps512(_mm_loadu_ps(dn + 4 * c));
+    const __m512 d0 = _mm512_permutexvar_ps(lo2, d4), d1 = _mm512_permutexvar_ps(hi2, d4);
+    for (int i = 0; i < R; ++i) {
+      const int8_t* qc = q + i * k + c * 128;
+      const int32_t* nc = neg + i * (k / 4) + c * 32;
+      const __m512i s0 = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc), w0, _mm512_loadu_si512(qc));
+      const __m512i s1 = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc + 16), w1, _mm512_loadu_si512(qc + 64));
+      const float* lc = lanes + i * (k / 4) + c * 32;  // 8 lanes a group here
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(d0, _mm512_loadu_ps(lc)), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(d1, _mm512_loadu_ps(lc + 16)), acc[i]);
+    }
+  }
+  const __m256i flip8 = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t g = chunks * 4; g < groups; ++g) {
+    const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wn + g * kGroup)), flip8);
+    for (int i = 0; i < R; ++i) {
+      const __m256i s = _mm256_dpbusd_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(neg + i * (k / 4) + g * 8)), w,
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * k + g * kGroup)));
+      tail[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dn[g] * dx[i * groups + g]), tail[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) y[i * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], _mm512_castps256_ps512(tail[i])));
+}
+
+// minus 128 * (the sum of each 4 consecutive codes) for the rows' natural-order codes
+VNNI_FN void lane_offsets(const int8_t* q, int64_t n, int32_t* neg) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q + i));
+    _mm512_storeu_si512(neg + i / 4, _mm512_mullo_epi32(s, _mm512_set1_epi32(-128)));
+  }
+  for (; i < n; i += 4) neg[i / 4] = -128 * (q[i] + q[i + 1] + q[i + 2] + q[i + 3]);
+}
+
+template <bool Four>
+at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const float* mins) {
+  const int64_t rows = x.size(0), k = x.size(1), n_out = codes.size(0);
+  const int64_t bytes = Four ? kGroup / 2 : kGroup;
+  TORCH_CHECK(k % kGroup == 0 && codes.size(1) == k / kGroup * bytes, "w4a8: codes do not fit x's width");
+  const int64_t groups = k / kGroup;
+  TORCH_CHECK(d.scalar_type() == at::kFloat && d.dim() == 2 && d.size(0) == n_out && d.size(1) == groups,
+              "w4a8: scales must be float32 [out, in / 32]");
+  const at::Tensor xc = x.contiguous(), cc = codes.contiguous(), dc = d.contiguous();
+  at::Tensor y = at::empty({rows, n_out}, x.options());
+  if (rows == 0 || n_out == 0) return y;
+  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
+  at::Tensor dx = at::empty({rows, groups}, x.options());
+  at::Tensor sx = at::empty({rows, groups}, x.options());
+  at::Tensor neg = at::empty({Four ? 0 : rows, k / 4}, x.options().dtype(at::kInt));
+  // each row's dx spread over the lanes that hold its groups' sums (4 lanes a group for 4-bit codes,
+  // 8 for 8-bit ones), so a row's scale is one multiply a vector
+  const int64_t per_group = Four ? 4 : 8, lstride = groups * per_group;
+  at::Tensor lanes = at::empty({rows, lstride}, x.options());
+  const float* xp = xc.data_ptr<float>();
+  int8_t* qw = q.data_ptr<int8_t>();
+  float* dxw = dx.data_ptr<float>();
+  float* sxw = sx.data_ptr<float>();
+  int32_t* negw = neg.data_ptr<int32_t>();
+  float* lw = lanes.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // the rows' rounding, each row on its own
+    for (int64_t r = r0; r < r1; ++r) {
+      quantize_row_vnni(xp + r * k, k, qw + r * k, dxw + r * groups, sxw + r * groups, Four);
+      if (!Four) lane_offsets(qw + r * k, k, negw + r * (k / 4));
+      for (int64_t g = 0; g < (Four ? groups / 4 * 4 : groups); ++g)
+        for (int64_t l = 0; l < per_group; ++l) lw[r * lstride + g * per_group + l] = dxw[r * groups + g];
+    }
+  });
+  const uint8_t* w = static_cast<const uint8_t*>(cc.data_ptr());
+  const float* dp = dc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t row_bytes = groups * bytes;
+  at::parallel_for(0, n_out, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+      const int64_t r1 = std::min(rows, r0 + kRowBlock);
+      for (int64_t n = n0; n < n1; ++n) {
+        const uint8_t* wn = w + n * row_bytes;
+        const float* dn = dp + n * groups;
+        for (int64_t r = r0; r < r1; r += kVnniTile) {
+          const int64_t left = std::min<int64_t>(kVnniTile, r1 - r);
+          const int8_t* qr = qw + r * k;
+          const float* dxr = dxw + r * groups;
+          const float* lr = lw + r * lstride;
+          float* yr = yp + r * n_out + n;
+          if constexpr (Four) {
+            const float* mn = mins + n * groups;
+            const float* sxr = sxw + r * groups;
+            switch (left) {
+              case 4: tile4_vnni<4>(wn, dn, mn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+              case 3: tile4_vnni<3>(wn, dn, mn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+              case 2: tile4_vnni<2>(wn, dn, mn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+              default: tile4_vnni<1>(wn, dn, mn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+            }
+          } else {
+            const int32_t* nr = negw + r * (k / 4);
+            switch (left) {
+              case 4: tile8_vnni<4>(wn, dn, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+              case 3: tile8_vnni<3>(wn, dn, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+              case 2: tile8_vnni<2>(wn, dn, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+              default: tile8_vnni<1>(wn, dn, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+            }
+          }
+        }
+      }
+    }
+  });
+  return y;
+}
+
+at::Tensor mm4_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
+  check_x(x);
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte, "w4a8 mm4: codes must be 2-D uint8");
+  TORCH_CHECK(m.scalar_type() == at::kFloat && m.sizes() == d.sizes(), "w4a8 mm4: mins must be float32 like d");
+  const at::Tensor mc = m.contiguous();
+  return matmul_vnni<true>(x, codes, d, mc.data_ptr<float>());
+}
+
+at::Tensor mm8_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
+  check_x(x);
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar, "w4a8 mm8: codes must be 2-D int8");
+  return matmul_vnni<false>(x, codes, d, nullptr);
+}
+
+// the VNNI path's rounding alone, in natural order (the tests hold it to the reference's, bit for bit)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> w4a8_quantize_vnni(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % kGroup == 0,
+              "w4a8_quantize: x must be float32 [M, K] with K divisible by 32");
+  const at::Tensor xc = x.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / kGroup;
+  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
+  at::Tensor dx = at::empty({rows, groups}, x.options());
+  at::Tensor sx = at::empty({rows, groups}, x.options());
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row_vnni(xc.data_ptr<float>() + r * k, k, q.data_ptr<int8_t>() + r * k, dx.data_ptr<float>() + r * groups,
+                      sx.data_ptr<float>() + r * groups, false);
+  return {q, dx, sx};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specstack_w4a8, lib) {
   lib.def("mm4(Tensor x, Tensor codes, Tensor d, Tensor m) -> Tensor");
   lib.def("mm8(Tensor x, Tensor codes, Tensor d) -> Tensor");
   lib.def("quantize(Tensor x) -> (Tensor, Tensor, Tensor)");
+  lib.def("mm4_vnni(Tensor x, Tensor codes, Tensor d, Tensor m) -> Tensor");
+  lib.def("mm8_vnni(Tensor x, Tensor codes, Tensor d) -> Tensor");
+  lib.def("quantize_vnni(Tensor x) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(specstack_w4a8, CPU, lib) {
   lib.impl("mm4", &mm4);
   lib.impl("mm8", &mm8);
   lib.impl("quantize", &w4a8_quantize);
+  lib.impl("mm4_vnni", &mm4_vnni);
+  lib.impl("mm8_vnni", &mm8_vnni);
+  lib.impl("quantize_vnni", &w4a8_quantize_vnni);
 }
