@@ -32,6 +32,20 @@ def measure_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
     return 2 * nbytes / best
 
 
+def measure_read_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
+    """Bytes per second read from a large buffer (a sum over it: reads only, as a decode step's weights
+    are), best of `repeats`. A step reads its weights and writes almost nothing, so this is its floor's
+    bandwidth; the copy's (read + write) is kept beside it as earlier runs reported it."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    src.sum()  # touch every page once before timing
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        src.sum()
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
+
+
 def step_bytes(lm: LoadedModel) -> int:
     """Bytes a one-token forward of the model reads from its weights."""
     model = lm.model
@@ -44,24 +58,37 @@ def step_bytes(lm: LoadedModel) -> int:
 class StepLimit:
     fmt: str
     bytes: int
-    limit_ms: float  # bytes / bandwidth
+    limit_ms: float  # bytes / bandwidth (the copy's)
+    read_limit_ms: float | None = None  # bytes / read bandwidth
 
 
-def step_limits(models: dict[str, LoadedModel], bandwidth: float) -> list[StepLimit]:
+def step_limits(models: dict[str, LoadedModel], bandwidth: float, read_bandwidth: float | None = None
+                ) -> list[StepLimit]:
     limits = []
     for fmt, lm in models.items():
         nbytes = step_bytes(lm)
-        limits.append(StepLimit(fmt, nbytes, 1e3 * nbytes / bandwidth))
+        read = None if read_bandwidth is None else 1e3 * nbytes / read_bandwidth
+        limits.append(StepLimit(fmt, nbytes, 1e3 * nbytes / bandwidth, read))
     return limits
 
 
-def limit_table(limits: list[StepLimit], t1_ms: dict[str, float], bandwidth: float) -> str:
-    """Per format: the bytes a step reads, its floor at the measured bandwidth, and the measured
-    one-token forward (t1_ms, by format) against that floor."""
-    lines = [f"| format | bytes a one-token step reads | floor at {bandwidth / 1e9:.1f} GB/s (ms) | "
-             "measured T = 1 (ms) | measured / floor |", "|---|---:|---:|---:|---:|"]
+def limit_table(limits: list[StepLimit], t1_ms: dict[str, float], bandwidth: float,
+                read_bandwidth: float | None = None) -> str:
+    """Per format: the bytes a step reads, its floor at the measured bandwidth (copy, and read where
+    measured), and the measured one-token forward (t1_ms, by format) against that floor."""
+    read = read_bandwidth is not None and all(lim.read_limit_ms is not None for lim in limits)
+    head = f"| format | bytes a one-token step reads | floor at {bandwidth / 1e9:.1f} GB/s copy (ms) | "
+    head += f"floor at {read_bandwidth / 1e9:.1f} GB/s read (ms) | " if read and read_bandwidth else ""
+    lines = [head + "measured T = 1 (ms) | measured / floor |" + (" measured / read floor |" if read else ""),
+             "|---|---:|---:|" + ("---:|" if read else "") + "---:|---:|" + ("---:|" if read else "")]
     for lim in limits:
         ms = t1_ms.get(lim.fmt)
-        measured = f"{ms:.1f} | {ms / lim.limit_ms:.2f}" if ms is not None else "– | –"
-        lines.append(f"| {lim.fmt} | {lim.bytes / 1e6:.1f} MB | {lim.limit_ms:.2f} | {measured} |")
+        floors = f"{lim.limit_ms:.2f}" + (f" | {lim.read_limit_ms:.2f}" if read else "")
+        if ms is None:
+            measured = "– | –" + (" | –" if read else "")
+        else:
+            measured = f"{ms:.1f} | {ms / lim.limit_ms:.2f}"
+            if read and lim.read_limit_ms:
+                measured += f" | {ms / lim.read_limit_ms:.2f}"
+        lines.append(f"| {lim.fmt} | {lim.bytes / 1e6:.1f} MB | {floors} | {measured} |")
     return "\n".join(lines)

@@ -27,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from specstack.attention import LAYOUTS, Layout
-from specstack.bench.bandwidth import measure_bandwidth, step_limits
+from specstack.bench import llama_bench
+from specstack.bench.bandwidth import measure_bandwidth, measure_read_bandwidth, step_limits
 from specstack.bench.datasets import humaneval_prompts
 from specstack.bench.forward_report import (
     ForwardRow,
@@ -39,6 +40,7 @@ from specstack.bench.forward_report import (
     report_paths,
     write_figure,
 )
+from specstack.bench.llama_bench import LlamaForward
 from specstack.bench.peers import (
     hf_generate,
     llama_cpp_generate,
@@ -241,6 +243,25 @@ def _generation_row(name: str, seconds: dict[str, list[float]], outputs: dict[st
     return GenerationRow(name, total_tokens, total_s, total_tokens / total_s, speedup, identical, secs)
 
 
+def run_llama_bench(s: ForwardSettings, src: Any) -> tuple[list[LlamaForward], list[str]]:
+    """llama-bench's forwards at our T and context, and a note of what ran (or why nothing did): a peer
+    that is missing or fails is a line in the report, never the end of the run."""
+    if s.skip_llama:
+        return [], []
+    if src.kind != "gguf":
+        return [], [f"llama-bench: not run ({s.model} is not a GGUF file)"]
+    binary, why = llama_bench.find(s.llama_bin_dir)
+    if binary is None:
+        return [], [f"llama-bench: not run ({why})"]
+    run = llama_bench.LlamaBench(binary, src.path, tuple(s.tokens), s.context, s.threads, max(3, min(s.repeats, 10)))
+    print(f"llama-bench: {' '.join(run.command())}", file=sys.stderr, flush=True)
+    try:
+        got = run.run()
+    except SpecstackError as e:
+        return [], [f"llama-bench: failed ({e})"]
+    return got, [f"llama-bench: `{' '.join(run.command())}`"]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------
@@ -264,9 +285,9 @@ def run_forward_bench(settings: ForwardSettings, command: str) -> None:
 
     ours = {fmt: load_model(s.model, dtype=fmt) for fmt in s.formats}
     first = ours[s.formats[0]]
-    bandwidth = measure_bandwidth()
-    limits = step_limits(ours, bandwidth)
-    info["bandwidth_gbs"] = bandwidth / 1e9
+    bandwidth, read_bandwidth = measure_bandwidth(), measure_read_bandwidth()
+    limits = step_limits(ours, bandwidth, read_bandwidth)
+    info["bandwidth_gbs"], info["read_bandwidth_gbs"] = bandwidth / 1e9, read_bandwidth / 1e9
     widest, flag = max(s.tokens), "--tokens"
     if s.ragged and max(s.chunks) > widest:
         widest, flag = max(s.chunks), "--chunk"
@@ -295,6 +316,9 @@ def run_forward_bench(settings: ForwardSettings, command: str) -> None:
         fwd += chain
         del fwds
 
+    # 1b. llama.cpp's forwards of the same T on the same GGUF (a separate process, after ours)
+    llama, notes = run_llama_bench(s, src) if one_row else ([], [])
+
     # 2. generation
     gen: list[GenerationRow] | None = None
     if s.prompts > 0:
@@ -314,14 +338,15 @@ def run_forward_bench(settings: ForwardSettings, command: str) -> None:
     results = {"machine": info, "settings": asdict(s) | {"out": str(s.out)},
                "tree_parents": {t: tree_parents(t) for t in s.tokens},
                "limits": [asdict(lim) for lim in limits], "forward": [asdict(r) for r in fwd], "ragged": [asdict(r) for r in ragged] if s.ragged else None,
-               "generation": None if gen is None else [asdict(r) for r in gen]}
+               "generation": None if gen is None else [asdict(r) for r in gen],
+               "llama_bench": [asdict(f) for f in llama], "notes": notes}
     atomic_write_text(s.out, json.dumps(results, indent=1) + "\n", parents=True)
     if not batched(s.rows):  # one row: the JSON file alone, as before rows existed
-        print(render(info, s, fwd, gen, limits=limits))
+        print(render(info, s, fwd, gen, notes=notes, limits=limits, llama=llama))
         print(f"\nresults written to {s.out}", file=sys.stderr)
         return
     note = write_figure(fwd, s.rows, png)
-    report = render(info, s, fwd, gen, ragged, [note] if note else [], limits)
+    report = render(info, s, fwd, gen, ragged, [*notes, *([note] if note else [])], limits, llama)
     atomic_write_text(md, report + "\n")
     print(report)
     print(f"\nresults written to {s.out} and {md}" + (f" ({png.name} beside them)" if png.is_file() else ""),

@@ -11,6 +11,7 @@ from typing import Any
 from specstack.attention import LAYOUTS
 from specstack.bench.bandwidth import StepLimit, limit_table
 from specstack.bench.figures import pyplot, save_png
+from specstack.bench.llama_bench import LlamaForward, comparison_table
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class ForwardSettings:
     hf_dtypes: list[str]  # transformers dtypes for the forward timings
     skip_hf: bool  # no transformers at all
     out: Path  # the JSON results file
+    llama_bin_dir: Path | None = None  # where llama-bench is (None: found as llama-batched-bench is)
+    skip_llama: bool = False  # no llama-bench
 
 
 @dataclass
@@ -143,7 +146,7 @@ def generation_table(rows: Sequence[GenerationRow], n_prompts: int) -> str:
 
 def render(info: dict[str, Any], args: ForwardSettings, fwd: Sequence[ForwardRow],
            gen: Sequence[GenerationRow] | None, ragged: Sequence[RaggedRow] = (), notes: Sequence[str] = (),
-           limits: Sequence[StepLimit] = ()) -> str:
+           limits: Sequence[StepLimit] = (), llama: Sequence[LlamaForward] = ()) -> str:
     parts = [
         f"# Forward and generation benchmark: {args.model}", "",
         f"- CPU: {info['cpu']}, {info['threads']} threads",
@@ -155,16 +158,28 @@ def render(info: dict[str, Any], args: ForwardSettings, fwd: Sequence[ForwardRow
     if limits:
         t1 = {r.method.split()[1]: r.median_ms for r in fwd
               if r.rows == 1 and r.tokens == 1 and r.method.startswith("specstack ") and r.method.endswith(" chain")}
+        read_gbs = info.get("read_bandwidth_gbs")
         parts += ["", "## The physical limit of a one-token step", "",
-                  "Memory bandwidth: the best of 5 copies of 1 GiB (read + write). A step's bytes: the linear "
+                  "Memory bandwidth: the best of 5 copies of 1 GiB (read + write), and of 5 sums over 1 GiB "
+                  "(reads alone, as a step's weights are read). A step's bytes: the linear "
                   "layers' stored weights with their scales, and one embedding row.", "",
-                  limit_table(list(limits), t1, info["bandwidth_gbs"] * 1e9)]
+                  limit_table(list(limits), t1, info["bandwidth_gbs"] * 1e9,
+                              None if read_gbs is None else read_gbs * 1e9)]
     if 1 in args.rows:
         parts += [
             "", f"## Forward of T query tokens at context {args.context} (median of {args.repeats}, ms)", "",
             "specstack times include building the attention metadata; the tree is a fixed binary tree of T nodes.",
             "", forward_table(fwd, args.tokens),
         ]
+    if llama:
+        ours = {r.method.split()[1]: {} for r in fwd if r.rows == 1 and r.method.endswith(" chain")}
+        for r in fwd:
+            if r.rows == 1 and r.method.endswith(" chain"):
+                ours[r.method.split()[1]][r.tokens] = r.median_ms
+        parts += ["", "## Beside llama.cpp (`llama-bench` on the same GGUF, same threads and context)", "",
+                  "llama.cpp's T = 1 is its tg step (pp1 beside it), T > 1 its ppT; ours the chain forwards above "
+                  "(llama.cpp's times exclude building a mask, ours include it).", "",
+                  comparison_table(ours, llama, args.tokens)]
     if any(b > 1 for b in args.rows):
         parts += ["", f"## Batched forward: B rows x T tokens at context {args.context} (median of {args.repeats}, ms)",
                   "", "Every row holds the same committed context and continues it by a chain of T tokens (logits "

@@ -9,6 +9,9 @@ forward writes scratch slots only). The time includes building the attention met
 step pays it (transformers builds its mask inside its forward too). Beside it, transformers' forward
 of the same GGUF (bf16 and fp32) with a DynamicCache cropped back to the context after each forward.
 All methods are measured interleaved (method order rotated per repeat) so machine drift cancels.
+With a GGUF model, llama.cpp's `llama-bench` (benchmarks/build_llama_cpp.sh, LLAMA_CPP_EXTRA=llama-bench)
+then times the same T at the same context and threads on the same file (its tg step for T = 1), and the
+report puts ours / llama.cpp beside each T; a missing or failing llama-bench is one line in the report.
 The physical limit is printed beside them: the machine's bandwidth (the best of 5 copies of 1 GiB) and,
 per format, the bytes a one-token step reads, the step time at that bandwidth and the measured T = 1
 forward against it.
@@ -93,6 +96,10 @@ def add_parser(subparsers: Any) -> None:
                    default=["bf16", "fp32"], metavar="LIST",
                    help="transformers dtypes for the forward timings (default bf16,fp32)")
     p.add_argument("--skip-hf", action="store_true", help="do not run transformers")
+    p.add_argument("--llama-bin-dir", type=Path, default=None, metavar="DIR",
+                   help="where llama.cpp's llama-bench is (default: $SPECSTACK_LLAMA_BIN_DIR, PATH, then "
+                        "benchmarks/build_llama_cpp.sh's folder); with a GGUF model it times the same T beside ours")
+    p.add_argument("--skip-llama", action="store_true", help="do not run llama-bench")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT})")
     p.set_defaults(func=cmd_bench_forward)
 
@@ -121,6 +128,7 @@ def cmd_bench_forward(args: argparse.Namespace) -> int:
         model=args.model, formats=args.formats, tokens=args.tokens, rows=args.rows, ragged=args.ragged,
         chunks=args.chunk or DEFAULT_CHUNKS, context=args.context, repeats=args.repeats,
         warmup=args.warmup, prompts=args.prompts, new_tokens=args.new_tokens, threads=args.threads,
-        hf_dtypes=args.hf_dtypes, skip_hf=args.skip_hf, out=args.out)
+        hf_dtypes=args.hf_dtypes, skip_hf=args.skip_hf, out=args.out, llama_bin_dir=args.llama_bin_dir,
+        skip_llama=args.skip_llama)
     run_forward_bench(settings, command_line("bench-forward"))
     return 0

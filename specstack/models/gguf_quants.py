@@ -7,7 +7,8 @@ floats; the only change is the kernel's bf16 rounding of each group's scale and 
 - Q4_1: w = d * q + m per 32: scale d, zero m + 8 d.
 - Q4_K: super-blocks of 256 under (d, dmin), each 32-weight sub-block with a 6-bit scale sc and min mn:
   w = d sc q - dmin mn, so a sub-block is a Q4_1 group with d' = d sc, m' = -dmin mn.
-The w4a8 format takes the same codes (models/w4a8.py keeps d and m in fp32, so they are exact).
+The w4a8 format takes the same codes (models/w4a8.py keeps d and m in fp32, so they are exact), and
+Q4_K's with their super-block form (the layer format k4a8: D, M per 256, sc and mn per 32).
 Every other type (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, the rest gguf can dequantise) holds more than 4 bits
 of precision, so the int4 format gives its layers int8 (per output channel), and w4a8 gives them its
 8-bit groups (q8a8): more bytes than int4, far
@@ -26,7 +27,7 @@ import torch
 
 from specstack.models.quant import Q4Weight
 
-FORMAT_ORDER = ("int4", "w4a8", "int8", "q8a8", "w8a8", "bf16", "fp32")  # narrowest first: a fused layer takes the widest part's
+FORMAT_ORDER = ("int4", "k4a8", "w4a8", "int8", "q8a8", "w8a8", "bf16", "fp32")  # narrowest first: a fused layer takes the widest part's
 
 
 def _fp16(b: np.ndarray) -> np.ndarray:
@@ -59,7 +60,12 @@ def _q4_k(blocks: np.ndarray, rows: int, cols: int) -> Q4Weight:
     q = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(rows, cols)  # sub-block 2c = low, 2c + 1 = high
     scale = (d[..., None] * sc.astype(np.float32)).reshape(rows, cols // 32)
     zero_m = -(dmin[..., None] * mn.astype(np.float32)).reshape(rows, cols // 32)
-    return _q4(q, scale, zero_m)
+    w = _q4(q, scale, zero_m)
+    # the form d and m come from, which k4a8 keeps (3 bytes of scales a group instead of 8)
+    w.sup = torch.from_numpy(np.ascontiguousarray(np.stack([d, -dmin], axis=-1), dtype=np.float32))
+    w.sub = torch.from_numpy(np.ascontiguousarray(np.stack([sc.reshape(rows, -1), mn.reshape(rows, -1)], axis=1),
+                                                  dtype=np.uint8))
+    return w
 
 
 def _q4(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> Q4Weight:
@@ -80,12 +86,14 @@ class QuantType:
 
 
 _SAME = {"int4": "int4", "w4a8": "w4a8", "int8": "int8", "bf16": "bf16", "fp32": "fp32"}
+# Q4_K under w4a8: its codes with its own super-block scales (k4a8, models/w4a8.py)
+_SUPER = {**_SAME, "w4a8": "k4a8"}
 # w4a8's wider layers take its 8-bit groups (q8a8, models/w4a8.py): batch-invariant too
 _WIDE = {"int4": "int8", "w4a8": "q8a8", "int8": "int8", "bf16": "bf16", "fp32": "fp32"}
 QUANT_TYPES: Mapping[str, QuantType] = {
     q.name: q for q in (
         QuantType("F32", _SAME), QuantType("F16", _SAME), QuantType("BF16", _SAME),
-        QuantType("Q4_0", _SAME, _q4_0), QuantType("Q4_1", _SAME, _q4_1), QuantType("Q4_K", _SAME, _q4_k),
+        QuantType("Q4_0", _SAME, _q4_0), QuantType("Q4_1", _SAME, _q4_1), QuantType("Q4_K", _SUPER, _q4_k),
         QuantType("Q5_0", _WIDE), QuantType("Q5_1", _WIDE), QuantType("Q5_K", _WIDE), QuantType("Q6_K", _WIDE),
         QuantType("Q8_0", _WIDE),
     )

@@ -202,7 +202,8 @@ def _unpermute_rope(w: Weight, n_heads: int) -> Weight:
         return x.reshape(n_heads, r // n_heads // 2, 2, *x.shape[1:]).transpose(1, 2).reshape(x.shape)
 
     if isinstance(w, Q4Weight):
-        return Q4Weight(rows(w.q), rows(w.d), rows(w.m))
+        return Q4Weight(rows(w.q), rows(w.d), rows(w.m), None if w.sup is None else rows(w.sup),
+                        None if w.sub is None else rows(w.sub))
     return rows(w)
 
 

@@ -11,7 +11,8 @@ w8a8: int8 codes with fp32 activations quantised per row at run time (models/w8a
       batch-invariant format, whose rows compute the same numbers whatever else shares the forward.
 w4a8: the GGUF's 4-bit codes with fp32 activations quantised per row and per group of 32 at run time
       (models/w4a8.py): batch-invariant too, and as close to the file as int4. Its wider layers (and its
-      unembedding) take q8a8: 8-bit weight groups (GGUF Q8_0's layout) times the same activations.
+      unembedding) take q8a8: 8-bit weight groups (GGUF Q8_0's layout) times the same activations; its
+      Q4_K layers take k4a8: the same codes with Q4_K's super-block scales (fewer bytes, same numbers).
 Activations are fp32 for fp32, w8a8 and w4a8 and bf16 for the others (`activation_dtype`).
 
 Wide inputs: the int4/int8 kernels unpack every weight once per row block, so their cost grows with
@@ -39,11 +40,14 @@ from specstack.models.bound import BoundModule, Forward
 @dataclass
 class Q4Weight:
     """4-bit codes with per-32 scale d and min m (w = d * q + m): GGUF Q4_0, Q4_1 and Q4_K blocks
-    (models/gguf_quants.py), which the int4 format packs as they are."""
+    (models/gguf_quants.py), which the int4 format packs as they are. Q4_K's also keep the form d and m
+    come from (`sup`, `sub`: d = D sc, m = M mn per super-block of 8 groups), which k4a8 stores."""
 
     q: torch.Tensor  # [out, in] uint8 in 0..15
     d: torch.Tensor  # [out, in // 32]
     m: torch.Tensor  # [out, in // 32]
+    sup: torch.Tensor | None = None  # [out, in // 256, 2] fp32: (D, M)
+    sub: torch.Tensor | None = None  # [out, 2, in // 32] uint8: (sc, mn)
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.q.shape
@@ -71,15 +75,16 @@ def native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8", "q8a8")
+FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8", "q8a8", "k4a8")
 # formats whose rows compute the same numbers whatever else shares the forward (their attention runs
 # over a float64 cache: models/transformer.py, Transformer.kv_dtype)
-BATCH_INVARIANT = ("w8a8", "w4a8", "q8a8")
+BATCH_INVARIANT = ("w8a8", "w4a8", "q8a8", "k4a8")
 # formats that take GGUF's 4-bit codes as they are (`set_int4`)
-CODE_FORMATS = ("int4", "w4a8")
+CODE_FORMATS = ("int4", "w4a8", "k4a8")
 # a format's layout revision, raised whenever what its built models hold changes (the model cache
-# names its files by it: models/loading.py). w4a8 r2: its wider layers and head in 8-bit groups.
-FORMAT_REVISION: dict[str, int] = {"w4a8": 2}
+# names its files by it: models/loading.py). w4a8 r2: its wider layers and head in 8-bit groups;
+# r3: its Q4_K layers in super-blocks (k4a8).
+FORMAT_REVISION: dict[str, int] = {"w4a8": 3}
 
 
 def activation_dtype(fmt: str) -> torch.dtype:
@@ -103,7 +108,8 @@ class QLinear(BoundModule):
     weight: torch.Tensor  # floats, int8 codes, int4's packed layout, or w4a8's nibbles
     scales: torch.Tensor  # per row (int8, w8a8) or per group of 32 (w4a8, q8a8)
     scales_zeros: torch.Tensor  # int4: [in / 32, out padded to 16, (scale, zero)]
-    mins: torch.Tensor | None  # w4a8's group minimums (None in q8a8)
+    mins: torch.Tensor | None  # w4a8's group minimums (None in q8a8 and k4a8)
+    subscales: torch.Tensor | None  # k4a8's 6-bit (sc, mn) [out, 2, in / 32] (None elsewhere)
     dense: torch.Tensor | None  # int8/int4: the dequantised copy wide inputs multiply by
     bias: torch.Tensor | None
 
@@ -142,8 +148,18 @@ class QLinear(BoundModule):
             self.register_buffer("scales", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device))
             self.register_buffer("mins", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device)
                                  if fmt == "w4a8" else None)
+        elif fmt == "k4a8":
+            blk = w4a8.GROUP * w4a8.SUPER
+            if k % blk:
+                raise SpecstackError(f"k4a8 needs in_features divisible by {blk}, got {k}")
+            self.register_buffer("weight", torch.empty(n, k // 2, dtype=torch.uint8, device=device))
+            self.register_buffer("scales", torch.empty(n, k // blk, 2, dtype=torch.float32, device=device))
+            self.register_buffer("subscales", torch.empty(n, 2, k // w4a8.GROUP, dtype=torch.uint8, device=device))
+            self.register_buffer("mins", None)
         else:
             raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4, w8a8, w4a8")
+        if fmt != "k4a8":
+            self.register_buffer("subscales", None)
         quantized = fmt in ("int8", "int4")
         # the dequantised weight for wide inputs (see the module docstring). A persistent buffer, so the
         # built-model cache stores it: the packed int4 layout is opaque, and re-deriving the copy through
@@ -157,7 +173,7 @@ class QLinear(BoundModule):
         """Bytes this layer's one-token kernel reads: the stored weight in its format, its scales and bias
         (not the dense copy, which only wide inputs read)."""
         parts = (self.weight, getattr(self, "scales", None), getattr(self, "scales_zeros", None),
-                 getattr(self, "mins", None), self.bias)
+                 getattr(self, "mins", None), getattr(self, "subscales", None), self.bias)
         return sum(t.nbytes for t in parts if t is not None)
 
     # -- construction -------------------------------------------------------------------------------
@@ -182,6 +198,9 @@ class QLinear(BoundModule):
             self.scales.copy_(scale)
         elif self.fmt == "w4a8":
             self._set_w4a8(*w4a8.quantize_weight(w))
+        elif self.fmt == "k4a8":
+            codes, sup, sub = w4a8.quantize_weight_k(w)
+            self._set_k4a8(codes, sup, sub)
         elif self.fmt == "q8a8":
             codes, d = w4a8.quantize_weight8(w)
             self.weight.copy_(codes)
@@ -203,12 +222,18 @@ class QLinear(BoundModule):
         return self
 
     @torch.no_grad()
-    def set_int4(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> QLinear:
-        """Set from 4-bit codes q [out, in] (0..15) with w = d * q + m per group of 32 (GGUF Q4_1).
-        Exact for the int4 format; other formats receive the dequantised weight."""
+    def set_int4(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, sup: torch.Tensor | None = None,
+                 sub: torch.Tensor | None = None) -> QLinear:
+        """Set from 4-bit codes q [out, in] (0..15) with w = d * q + m per group of 32 (GGUF Q4_1), and for
+        GGUF Q4_K also the super-blocks d and m come from (sup, sub: see Q4Weight). Exact for the int4,
+        w4a8 and (given sup and sub) k4a8 formats; other formats receive the dequantised weight."""
         n, k = q.shape
         if self.fmt == "w4a8":  # the codes as they are, d and m in fp32 (exact for GGUF's fp16 and 6-bit scales)
             return self._set_w4a8(q, d.float(), m.float())
+        if self.fmt == "k4a8":
+            if sup is None or sub is None:
+                raise ValueError("k4a8 takes 4-bit codes with their super-blocks (GGUF Q4_K)")
+            return self._set_k4a8(q, sup.float(), sub)
         if self.fmt != "int4":
             w = (q.float().view(n, k // INT4_GROUP, INT4_GROUP) * d.float()[..., None]
                  + m.float()[..., None]).view(n, k)
@@ -237,6 +262,15 @@ class QLinear(BoundModule):
         self.unbind()
         return self
 
+    def _set_k4a8(self, q: torch.Tensor, sup: torch.Tensor, sub: torch.Tensor) -> QLinear:
+        dev = self.weight.device
+        self.weight.copy_(w4a8.pack_codes(q.to(dev)))
+        self.scales.copy_(sup)
+        assert self.subscales is not None, "k4a8 registers its sub-block scales"
+        self.subscales.copy_(sub)
+        self.unbind()
+        return self
+
     # -- use ----------------------------------------------------------------------------------------
     @property
     def wide_rows(self) -> int | None:
@@ -261,6 +295,8 @@ class QLinear(BoundModule):
         if self.fmt in BATCH_INVARIANT:  # the same kernel at every width: that is what keeps rows invariant
             if self.fmt == "w8a8":
                 mm = w8a8.kernel_for(self.weight.device).build(self.weight, self.scales)
+            elif self.fmt == "k4a8":  # 4-bit groups whose d and m come from super-blocks
+                mm = w4a8.kernel_for(self.weight.device).build(self.weight, self.scales, None, self.subscales)
             else:  # w4a8's 4-bit groups with their mins, or its 8-bit groups (q8a8) without
                 mm = w4a8.kernel_for(self.weight.device).build(self.weight, self.scales, self.mins)
             return mm if b is None else (lambda x: mm(x).add_(b))
@@ -308,6 +344,9 @@ class QLinear(BoundModule):
             return self.weight.float() * self.scales[:, None]
         if self.fmt in ("w4a8", "q8a8"):
             return w4a8.dequantize(self.weight, self.scales, self.mins)
+        if self.fmt == "k4a8":
+            assert self.subscales is not None, "k4a8 registers its sub-block scales"
+            return w4a8.dequantize(self.weight, *w4a8.expand_scales(self.scales, self.subscales))
         return self._dense_copy()
 
     def _dense_copy(self) -> torch.Tensor:

@@ -197,7 +197,9 @@ class Transformer(Extends, nn.Module):
             if (rows, cols) != (dst.out_features, {dst.in_features}):
                 raise ValueError(f"{names}: shapes do not fit a {dst.in_features}->{dst.out_features} layer")
             if all(isinstance(p, Q4Weight) for p in parts):
-                dst.set_int4(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d", "m")))
+                q4 = [p for p in parts if isinstance(p, Q4Weight)]
+                fields = ("q", "d", "m") + (("sup", "sub") if all(p.sup is not None for p in q4) else ())
+                dst.set_int4(*(torch.cat([getattr(p, f) for p in q4]) for f in fields))
             else:
                 dst.set_float(torch.cat([p.dequantize() if isinstance(p, Q4Weight) else p for p in parts]))
             if bias_names:

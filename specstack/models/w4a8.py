@@ -16,18 +16,27 @@ Q8_0's layout, re-derived from the file's weights), times the same activation gr
 (those layers in `w8a8`'s per-row arithmetic) the model sits far further from the file's fp32
 numbers (docs/BENCHMARKS.md, the w4a8 section's "Distance from the GGUF").
 
+GGUF Q4_K layers take *super-blocks* (the layer format `k4a8`): the same 4-bit codes, with each
+group's d and m kept as Q4_K keeps them, 6-bit multiples sc, mn of one (D, M) per 8 groups:
+d = D sc, m = M mn. 3 bytes of scales a group instead of 8 (4.75 bits a weight instead of 6), and
+the same numbers: D sc and M mn are exact in fp32, so the kernels expand them and go on as above.
+
 Why it is batch-invariant: a row's codes, scales and sums are its own, and the kernel visits a row's
 groups in one fixed order whatever other rows share the call, so a token's numbers never depend on
 the tokens beside it: a verified tree computes what one-token steps compute, and greedy speculation
 equals `ar` token for token in this format (as in `w8a8`, and as `int4`/`bf16` cannot).
 
 Kernels (`KERNELS`, the first that applies, chosen once per process):
+- vnni512: C++ for AVX-512-VNNI (same library, its own target): vpdpbusd on 64 codes at a time, a
+  lane's sum in one group, so the float epilogue is one multiply-add a vector and one lane reduction
+  an output (the kernel file says how the codes and activations are laid out for it).
 - avx2: C++ (models/kernels/w4a8.cpp), built once per machine (models/native.py): each 4-bit group is
   read and unpacked once for all the rows of a call, the activations are rounded in the same call (one
   op a linear, where `w8a8` runs five small kernels before fbgemm's and one after).
 - reference: torch, one row at a time (so no row can depend on another), the group sums exact in
   float64; on CPUs without AVX2 and on CUDA. It agrees with avx2 up to the fp32 rounding of avx2's sums
-  (avx2 accumulates in fp32 lanes), so a model's numbers are those of the kernel its process chose.
+  (the native paths accumulate in fp32 lanes, each in its own order), so a model's numbers are those of
+  the kernel its process chose.
 """
 from __future__ import annotations
 
@@ -37,6 +46,8 @@ from specstack.models import native
 from specstack.models.kernel_table import Kernel, KernelChoice, choose
 
 GROUP = 32
+SUPER = 8  # groups in a super-block of the k4a8 layer format (GGUF Q4_K's 256 weights)
+SUB_LEVELS = 63  # k4a8's 6-bit sub-block scales and mins
 X_LEVELS = 127
 C_LEVELS = 15  # 4-bit codes 0..15
 C8_LEVELS = 127  # 8-bit codes -127..127 (never -128: the kernel takes |c|)
@@ -78,6 +89,36 @@ def quantize_weight8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return c.view(n, k).to(torch.int8), d
 
 
+def expand_scales(sup: torch.Tensor, sub: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k4a8's super-blocks -> the per-group (d, m) [N, K / 32] they stand for: d = D sc, m = M mn, exact
+    in fp32 (an fp16 times a 6-bit integer), as the kernels expand them."""
+    n, supers, _ = sup.shape
+    per = sub.shape[2] // supers
+    big = sup.float().repeat_interleave(per, dim=1)  # [N, G, 2]
+    return big[..., 0] * sub[:, 0].float(), big[..., 1] * sub[:, 1].float()
+
+
+def quantize_weight_k(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A float weight [N, K] (K a multiple of 256) -> k4a8's (codes uint8 [N, K], sup fp32 [N, K / 256, 2],
+    sub uint8 [N, 2, K / 32]): each group's step and minimum as 6-bit multiples of its super-block's
+    largest (GGUF Q4_K's form, w = D sc c + M mn with M <= 0), then the codes against them."""
+    n, k = w.shape
+    g = w.float().view(n, k // GROUP, GROUP)
+    lo, hi = g.amin(dim=2).clamp(max=0), g.amax(dim=2)
+    # rounded up, the minimum first and then the step from it: every group's range stays covered
+    depth = (-lo).view(n, -1, SUPER)
+    big_m = (depth.amax(dim=2) / SUB_LEVELS).clamp(min=1e-30)
+    mn = (depth / big_m[..., None]).ceil().clamp(0, SUB_LEVELS)
+    step = ((hi.view(n, -1, SUPER) + big_m[..., None] * mn) / C_LEVELS)
+    big_d = (step.amax(dim=2) / SUB_LEVELS).clamp(min=1e-30)
+    sc = (step / big_d[..., None]).ceil().clamp(1, SUB_LEVELS)
+    sup = torch.stack([big_d, -big_m], dim=-1)
+    sub = torch.stack([sc.view(n, -1), mn.view(n, -1)], dim=1).to(torch.uint8)
+    d, m = expand_scales(sup, sub)
+    c = ((g - m[..., None]) / d[..., None]).round().clamp(0, C_LEVELS)
+    return c.view(n, k).to(torch.uint8), sup, sub
+
+
 def codes_of(stored: torch.Tensor) -> torch.Tensor:
     """A layer's stored codes as codes [N, K]: 8-bit ones as they are, 4-bit ones unpacked."""
     return stored if stored.dtype == torch.int8 else unpack_codes(stored)
@@ -104,7 +145,12 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return q.view(m, k), dx, dx * q.sum(dim=2)
 
 
-def reference(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> Kernel:
+def reference(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+              sub: torch.Tensor | None = None) -> Kernel:
+    """The format's definition, one row at a time. With `sub` (k4a8), d is the super-block scales
+    [N, S, 2] and m is None: they are expanded to the per-group (d, m) first."""
+    if sub is not None:
+        d, m = expand_scales(d, sub)
     n = stored.shape[0]
     c64 = codes_of(stored).to(torch.float64).view(n, -1, GROUP)
     d32 = d.float()
@@ -125,7 +171,11 @@ def reference(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> 
     return run
 
 
-def vnni512(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> Kernel:
+def vnni512(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+            sub: torch.Tensor | None = None) -> Kernel:
+    if sub is not None:  # k4a8: d holds the super-blocks' (D, M)
+        op4k = torch.ops.specstack_w4a8.mm4k_vnni.default
+        return lambda x: op4k(x.contiguous(), stored, d, sub)
     if m is None:
         op8 = torch.ops.specstack_w4a8.mm8_vnni.default
         return lambda x: op8(x.contiguous(), stored, d)
@@ -133,7 +183,11 @@ def vnni512(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> Ke
     return lambda x: op4(x.contiguous(), stored, d, m)
 
 
-def avx2(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> Kernel:
+def avx2(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+         sub: torch.Tensor | None = None) -> Kernel:
+    if sub is not None:  # k4a8: d holds the super-blocks' (D, M)
+        op4k = torch.ops.specstack_w4a8.mm4k.default
+        return lambda x: op4k(x.contiguous(), stored, d, sub)
     if m is None:
         op8 = torch.ops.specstack_w4a8.mm8.default
         return lambda x: op8(x.contiguous(), stored, d)

@@ -49,8 +49,10 @@ def test_rows_curve_end_to_end(tiny, bench_forward, tmp_path):
     assert all(r["median_ms"] > 0 and len(r["times_ms"]) == 1 for r in doc["forward"])
     (limit,) = doc["limits"]  # the step's floor: its bytes at the measured bandwidth
     assert limit["fmt"] == "fp32" and limit["limit_ms"] == pytest.approx(limit["bytes"] / doc["machine"]["bandwidth_gbs"] / 1e6)
+    assert limit["read_limit_ms"] == pytest.approx(limit["bytes"] / doc["machine"]["read_bandwidth_gbs"] / 1e6)
     md = (out.parent / "forward.md").read_text()
-    assert "## The physical limit of a one-token step" in md and "| fp32 | " in md
+    assert "## The physical limit of a one-token step" in md and "| fp32 | " in md and "GB/s read (ms)" in md
+    assert "llama-bench: not run (" in md and "is not a GGUF file" in md  # a checkpoint folder: no peer
     assert md.strip() in stdout  # the printed report is the file
     assert "## Batched forward" in md and "| rows B | T = 1 | T = 2 |" in md
     # B x T in ms, each against one row of one token (itself 1.00x)

@@ -89,7 +89,27 @@ def test_wider_types_are_dequantised(tmp_path, qtype):
     assert torch.equal(t, dequantized(data, qtype, rows, cols))
 
 
+def test_q4_k_keeps_its_super_blocks_and_k4a8_holds_the_very_weights(tmp_path):
+    """k4a8 stores Q4_K's (d, dmin) per 256 and its 6-bit (sc, mn) per 32: the weights gguf reads, bit
+    for bit, in 3 bytes of scales a group instead of w4a8's 8."""
+    rows, cols = 16, 512
+    data = blocks_of(QT.Q4_K, rows, cols, seed=4)
+    qw = read_tensor(write_one(tmp_path / "t.gguf", data, QT.Q4_K), want_codes=True)
+    assert isinstance(qw, Q4Weight) and qw.sup is not None and qw.sub is not None
+    assert qw.sup.shape == (rows, cols // 256, 2) and qw.sub.shape == (rows, 2, cols // 32)
+    assert int(qw.sub.max()) <= 63 and bool((qw.sup[..., 1] <= 0).all())
+    lin = QLinear(cols, rows, "k4a8").set_int4(qw.q, qw.d, qw.m, qw.sup, qw.sub)
+    assert torch.equal(lin.float_weight(), qw.dequantize())
+    torch.testing.assert_close(lin.float_weight(), dequantized(data, QT.Q4_K, rows, cols), atol=1e-6, rtol=0)
+    assert lin.step_bytes() == rows * cols // 2 + rows * (cols // 256) * 8 + rows * (cols // 32) * 2
+    with pytest.raises(ValueError, match="super-blocks"):
+        QLinear(cols, rows, "k4a8").set_int4(qw.q, qw.d, qw.m)
+
+
 def test_layer_formats():
+    assert layer_format("w4a8", ["Q4_K", "Q4_K", "Q4_K"]) == "k4a8"  # Q4_K's super-blocks
+    assert layer_format("w4a8", ["Q4_K", "Q4_1"]) == "w4a8"  # a part without them: per-group scales
+    assert layer_format("w4a8", ["Q4_K", "Q4_K", "Q6_K"]) == "q8a8"
     assert layer_format("int4", ["Q4_K", "Q4_K", "Q4_K"]) == "int4"
     assert layer_format("int4", ["Q4_K", "Q4_K", "Q6_K"]) == "int8"  # a fused qkv takes its widest part's
     assert layer_format("int4", ["Q5_0"]) == "int8" and layer_format("int4", ["Q8_0"]) == "int8"
@@ -202,6 +222,30 @@ def test_tiny_qwen2_gguf_int4_plan(tiny_qwen2_gguf):
     got = lm.model.extend(ids, lm.model.new_cache(1, capacity=16)).logits[0]
     err = (got - expected).norm() / expected.norm()
     assert err < 0.05, f"relative logit error {err:.3f}"
+
+
+def test_tiny_qwen2_gguf_w4a8_plan(tiny_qwen2_gguf, tmp_path, monkeypatch):
+    """Under w4a8: the all-Q4_K o in super-blocks (k4a8) from its codes, the layers with wider parts and
+    the head in 8-bit groups (q8a8). Logits close to the fp32 model's; the built-model cache gives the
+    same model back."""
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
+    path, hf = tiny_qwen2_gguf
+    _, weights, formats = read_gguf(path, "w4a8")
+    assert formats == {**{f"layers.{i}.{n}": "q8a8" for i in range(LAYERS) for n in ("qkv", "up", "down")},
+                       **{f"layers.{i}.o": "k4a8" for i in range(LAYERS)}, "head": "q8a8"}
+    o = weights["layers.0.o"]
+    assert isinstance(o, Q4Weight) and o.sup is not None
+    lm = load_model(str(path), dtype="w4a8", tokenizer=False)
+    assert lm.model.layers[0].o.fmt == "k4a8" and torch.equal(lm.model.layers[0].o.float_weight(), o.dequantize())
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = hf(ids).logits[0]
+    got = lm.model.extend(ids, lm.model.new_cache(1, capacity=16)).logits[0]
+    err = (got - expected).norm() / expected.norm()
+    assert err < 0.05, f"relative logit error {err:.3f}"
+    again = load_model(str(path), dtype="w4a8", tokenizer=False)  # from the built-model cache
+    assert again.model.layers[1].o.fmt == "k4a8"
+    assert torch.equal(again.model.extend(ids, again.model.new_cache(1, capacity=16)).logits[0], got)
 
 
 def test_tiny_qwen2_int4_cached_load_keeps_the_plan(tiny_qwen2_gguf, tmp_path, monkeypatch):

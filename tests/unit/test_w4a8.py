@@ -57,8 +57,9 @@ def tolerance(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return 8e-6 * (x.shape[1] / 32) ** 0.5 * scale + 1e-30
 
 
-def kernel(name: str, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None):
-    return {c.name: c for c in w4a8.KERNELS}[name].build(packed, d, m)
+def kernel(name: str, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+           sub: torch.Tensor | None = None):
+    return {c.name: c for c in w4a8.KERNELS}[name].build(packed, d, m, sub)
 
 
 def test_codes_pack_and_unpack_and_float_weights_round_trip():
@@ -120,6 +121,37 @@ def test_a_row_computes_the_same_numbers_whatever_shares_its_forward(name, k, n,
     alone = torch.cat([run(x[i : i + 1]) for i in range(40)])
     for lo, hi in [(0, 40), (0, 8), (3, 20), (17, 40), (5, 6), (1, 4), (30, 37)]:
         assert torch.equal(run(x[lo:hi]), alone[lo:hi]), f"rows {lo}:{hi} differ from the same rows alone"
+
+
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("k,n", [(256, 48), (1536, 2048), (8960, 1536)])
+def test_super_blocks_compute_what_their_groups_do_bit_for_bit(name, k, n):
+    """k4a8 (GGUF Q4_K's super-blocks) on every path: the same outputs as the per-group layout holding
+    d = D sc and m = M mn, bit for bit, at every row count (so its rows are as invariant as w4a8's)."""
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    sup = torch.stack([torch.rand(n, k // 256, generator=g) * 1e-3, -torch.rand(n, k // 256, generator=g) * 1e-3], -1)
+    sub = torch.randint(0, 64, (n, 2, k // 32), generator=g, dtype=torch.uint8)
+    packed = w4a8.pack_codes(codes)
+    d, m = w4a8.expand_scales(sup, sub)
+    assert torch.equal(d, sup[..., 0].repeat_interleave(8, 1) * sub[:, 0].float())
+    run, groups = kernel(name, packed, sup, None, sub), kernel(name, packed, d, m)
+    x = inputs(33, k)
+    alone = torch.cat([run(x[i : i + 1]) for i in range(33)])
+    for t in ROWS:
+        assert torch.equal(run(x[:t]), groups(x[:t])), f"{name} {k}->{n}, {t} rows"
+        assert torch.equal(run(x[:t]), alone[:t]), f"{name} {k}->{n}: {t} rows differ from the rows alone"
+    tol = tolerance(x, w4a8.dequantize(packed, d, m))
+    assert ((run(x) - dequantised_matmul(x, packed, d, m)).abs() <= tol).all()
+
+
+def test_a_float_weight_into_super_blocks_stays_within_a_step():
+    w = torch.randn(24, 512) * 0.05
+    lin = QLinear(512, 24, "k4a8").set_float(w)
+    d, _ = w4a8.expand_scales(lin.scales, lin.subscales)
+    assert ((lin.float_weight() - w).abs() <= d.repeat_interleave(32, 1) / 2 + 1e-7).all()
+    with pytest.raises(SpecstackError, match="divisible by 256"):
+        QLinear(96, 8, "k4a8")
 
 
 @pytest.mark.parametrize("bits", BITS)

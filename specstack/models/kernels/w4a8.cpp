@@ -24,7 +24,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -53,6 +55,58 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* q, float* dx
       sx[r * groups + g] = d * static_cast<float>(sum);
     }
   }
+}
+
+// A layer's group scales d and mins m (w = d c + m per group), in one of two layouts:
+// - per group (GGUF Q4_0 / Q4_1, and layers quantised here): d, m float32 [out, groups] (m null for
+//   8-bit groups);
+// - super-blocks of 8 groups (GGUF Q4_K, the `k4a8` layer format): d = D * sc, m = M * mn with D, M
+//   float32 [out, supers, 2] and the 6-bit sc, mn uint8 [out, 2, groups], 3 bytes a group instead of 8.
+//   D * sc and M * mn are exact in float32 (an fp16 times a 6-bit integer), so a row's expansion is the
+//   per-group layout's numbers bit for bit, and every path computes the same outputs from either.
+struct RowScales;
+
+struct Scales {
+  const float* d = nullptr;
+  const float* m = nullptr;
+  const float* sup = nullptr;
+  const uint8_t* sub = nullptr;
+  int64_t supers = 0;
+
+  RowScales row(int64_t n, int64_t groups) const;
+};
+
+// One output's scales, read where they are used: the per-group layout's floats, or D sc and M mn
+// computed from the super-blocks (exact, so the same floats) a group, 8 or 16 groups at a time.
+struct RowScales {
+  const float* d = nullptr;
+  const float* m = nullptr;
+  const float* sup = nullptr;  // (D, M) per super-block of 8 groups
+  const uint8_t* sc = nullptr;
+  const uint8_t* mn = nullptr;
+
+  bool has_mins() const { return m != nullptr || sup != nullptr; }
+  float d1(int64_t g) const { return sup ? sup[2 * (g / 8)] * static_cast<float>(sc[g]) : d[g]; }
+  float m1(int64_t g) const { return sup ? sup[2 * (g / 8) + 1] * static_cast<float>(mn[g]) : m[g]; }
+  // 8 groups' mins from g (a multiple of 8)
+  __m256 m8(int64_t g) const {
+    if (!sup) return _mm256_loadu_ps(m + g);
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + g)));
+    return _mm256_mul_ps(_mm256_set1_ps(sup[2 * (g / 8) + 1]), _mm256_cvtepi32_ps(b));
+  }
+};
+
+RowScales Scales::row(int64_t n, int64_t groups) const {
+  RowScales r;
+  if (sup == nullptr) {
+    r.d = d + n * groups;
+    r.m = m == nullptr ? nullptr : m + n * groups;
+  } else {
+    r.sup = sup + n * supers * 2;
+    r.sc = sub + n * 2 * groups;
+    r.mn = r.sc + groups;
+  }
+  return r;
 }
 
 // 4-bit groups: 16 bytes -> 32 codes; byte j holds code j (low nibble) and code j + 16 (high nibble)
@@ -90,41 +144,39 @@ inline float hsum(__m256 v) {
 }
 
 // sum_g m[g] * sx[g]: eight groups a step, then the rest one by one (0 without mins)
-inline float min_term(const float* m, const float* sx, int64_t groups) {
-  if (m == nullptr) return 0.f;
+inline float min_term(const RowScales& s, const float* sx, int64_t groups) {
+  if (!s.has_mins()) return 0.f;
   __m256 acc = _mm256_setzero_ps();
   int64_t g = 0;
-  for (; g + 8 <= groups; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + g), _mm256_loadu_ps(sx + g), acc);
+  for (; g + 8 <= groups; g += 8) acc = _mm256_fmadd_ps(s.m8(g), _mm256_loadu_ps(sx + g), acc);
   float tail = 0.f;
-  for (; g < groups; ++g) tail += m[g] * sx[g];
+  for (; g < groups; ++g) tail += s.m1(g) * sx[g];
   return hsum(acc) + tail;
 }
 
 // R rows (R <= kRowTile) against one output channel
 template <class W, int R>
-inline void tile(const uint8_t* wn, const float* dn, const float* mn, const int8_t* q, const float* dx,
+inline void tile(const uint8_t* wn, const RowScales& sn, const int8_t* q, const float* dx,
                  const float* sx, int64_t k, int64_t groups, float* y, int64_t ldy) {
   __m256 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const __m256i w = W::load(wn + g * W::kBytes);
-    const float d = dn[g];
+    const float d = sn.d1(g);
     for (int i = 0; i < R; ++i) {
       const __m256 scale = _mm256_set1_ps(d * dx[i * groups + g]);
       acc[i] = _mm256_fmadd_ps(scale, group_dot<W>(w, q + i * k + g * kGroup), acc[i]);
     }
   }
-  for (int i = 0; i < R; ++i) y[i * ldy] = hsum(acc[i]) + min_term(mn, sx + i * groups, groups);
+  for (int i = 0; i < R; ++i) y[i * ldy] = hsum(acc[i]) + min_term(sn, sx + i * groups, groups);
 }
 
 template <class W>
-at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const float* mins) {
+at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const Scales& scales) {
   const int64_t rows = x.size(0), k = x.size(1), n_out = codes.size(0);
   TORCH_CHECK(k % kGroup == 0 && codes.size(1) == k / kGroup * W::kBytes, "w4a8: codes do not fit x's width");
   const int64_t groups = k / kGroup;
-  TORCH_CHECK(d.scalar_type() == at::kFloat && d.dim() == 2 && d.size(0) == n_out && d.size(1) == groups,
-              "w4a8: scales must be float32 [out, in / 32]");
-  const at::Tensor xc = x.contiguous(), cc = codes.contiguous(), dc = d.contiguous();
+  const at::Tensor xc = x.contiguous(), cc = codes.contiguous();
   at::Tensor y = at::empty({rows, n_out}, x.options());
   if (rows == 0 || n_out == 0) return y;
   at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
@@ -132,7 +184,6 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
   at::Tensor sx = at::empty({rows, groups}, x.options());
   quantize_rows(xc.data_ptr<float>(), rows, k, q.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<float>());
   const uint8_t* w = static_cast<const uint8_t*>(cc.data_ptr());
-  const float* dp = dc.data_ptr<float>();
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* dxp = dx.data_ptr<float>();
   const float* sxp = sx.data_ptr<float>();
@@ -143,8 +194,7 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
       const int64_t r1 = std::min(rows, r0 + kRowBlock);
       for (int64_t n = n0; n < n1; ++n) {
         const uint8_t* wn = w + n * row_bytes;
-        const float* dn = dp + n * groups;
-        const float* mn = mins == nullptr ? nullptr : mins + n * groups;
+        const RowScales sn = scales.row(n, groups);
         for (int64_t r = r0; r < r1; r += kRowTile) {
           const int64_t left = std::min<int64_t>(kRowTile, r1 - r);
           const int8_t* qr = qp + r * k;
@@ -152,14 +202,14 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
           const float* sxr = sxp + r * groups;
           float* yr = yp + r * n_out + n;
           switch (left) {
-            case 8: tile<W, 8>(wn, dn, mn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 7: tile<W, 7>(wn, dn, mn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 6: tile<W, 6>(wn, dn, mn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 5: tile<W, 5>(wn, dn, mn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 4: tile<W, 4>(wn, dn, mn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 3: tile<W, 3>(wn, dn, mn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 2: tile<W, 2>(wn, dn, mn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            default: tile<W, 1>(wn, dn, mn, qr, dxr, sxr, k, groups, yr, n_out); break;
+            case 8: tile<W, 8>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+            case 7: tile<W, 7>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+            case 6: tile<W, 6>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+            case 5: tile<W, 5>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+            case 4: tile<W, 4>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+            case 3: tile<W, 3>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+            case 2: tile<W, 2>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+            default: tile<W, 1>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
           }
         }
       }
@@ -168,22 +218,67 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
   return y;
 }
 
-void check_x(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w4a8: x must be a 2-D float32 tensor");
+// the per-group layout's scales, checked; the tensors stay alive in `keep`
+Scales group_scales(const at::Tensor& codes, const at::Tensor& d, const at::Tensor* m, int64_t groups,
+                    std::vector<at::Tensor>& keep) {
+  TORCH_CHECK(d.scalar_type() == at::kFloat && d.dim() == 2 && d.size(0) == codes.size(0) && d.size(1) == groups,
+              "w4a8: scales must be float32 [out, in / 32]");
+  keep.push_back(d.contiguous());
+  Scales s;
+  s.d = keep.back().data_ptr<float>();
+  if (m != nullptr) {
+    TORCH_CHECK(m->scalar_type() == at::kFloat && m->sizes() == d.sizes(), "w4a8 mm4: mins must be float32 like d");
+    keep.push_back(m->contiguous());
+    s.m = keep.back().data_ptr<float>();
+  }
+  return s;
+}
+
+// the super-block layout's scales (k4a8), checked
+Scales super_scales(const at::Tensor& codes, const at::Tensor& sup, const at::Tensor& sub, int64_t groups,
+                    std::vector<at::Tensor>& keep) {
+  const int64_t n = codes.size(0);
+  TORCH_CHECK(sub.scalar_type() == at::kByte && sub.dim() == 3 && sub.size(0) == n && sub.size(1) == 2 &&
+                  sub.size(2) == groups, "k4a8: sub-scales must be uint8 [out, 2, in / 32]");
+  TORCH_CHECK(sup.scalar_type() == at::kFloat && sup.dim() == 3 && sup.size(0) == n && sup.size(2) == 2 &&
+                  sup.size(1) * 8 == groups,
+              "k4a8: super-block scales must be float32 [out, in / 256, 2]");
+  keep.push_back(sup.contiguous());
+  keep.push_back(sub.contiguous());
+  Scales s;
+  s.sup = keep[keep.size() - 2].data_ptr<float>();
+  s.sub = keep.back().data_ptr<uint8_t>();
+  s.supers = sup.size(1);
+  return s;
+}
+
+int64_t groups_of(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % kGroup == 0,
+              "w4a8: x must be a 2-D float32 tensor [M, K] with K divisible by 32");
+  return x.size(1) / kGroup;
+}
+
+void check_codes(const at::Tensor& codes, bool four) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == (four ? at::kByte : at::kChar),
+              four ? "w4a8 mm4: codes must be 2-D uint8" : "w4a8 mm8: codes must be 2-D int8");
 }
 
 at::Tensor mm4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
-  check_x(x);
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte, "w4a8 mm4: codes must be 2-D uint8");
-  TORCH_CHECK(m.scalar_type() == at::kFloat && m.sizes() == d.sizes(), "w4a8 mm4: mins must be float32 like d");
-  const at::Tensor mc = m.contiguous();
-  return matmul<Q4>(x, codes, d, mc.data_ptr<float>());
+  std::vector<at::Tensor> keep;
+  check_codes(codes, true);
+  return matmul<Q4>(x, codes, group_scales(codes, d, &m, groups_of(x), keep));
+}
+
+at::Tensor mm4k(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sup, const at::Tensor& sub) {
+  std::vector<at::Tensor> keep;
+  check_codes(codes, true);
+  return matmul<Q4>(x, codes, super_scales(codes, sup, sub, groups_of(x), keep));
 }
 
 at::Tensor mm8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
-  check_x(x);
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar, "w4a8 mm8: codes must be 2-D int8");
-  return matmul<Q8>(x, codes, d, nullptr);
+  std::vector<at::Tensor> keep;
+  check_codes(codes, false);
+  return matmul<Q8>(x, codes, group_scales(codes, d, nullptr, groups_of(x), keep));
 }
 
 // the activations' rounding alone (the tests hold it to the reference's, bit for bit)
@@ -257,19 +352,36 @@ VNNI_FN void quantize_row_vnni(const float* x, int64_t k, int8_t* q, float* dx, 
 }
 
 // sum_g m[g] * sx[g] in 16 lanes (masked tail), added to `acc` lane-wise
-VNNI_FN inline __m512 min_lanes(const float* m, const float* sx, int64_t groups, __m512 acc) {
+VNNI_FN inline __m512 min_lanes(const RowScales& s, const float* sx, int64_t groups, __m512 acc) {
   int64_t g = 0;
-  for (; g + 16 <= groups; g += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(m + g), _mm512_loadu_ps(sx + g), acc);
+  if (s.sup != nullptr) {  // whole super-blocks of 8: M mn, 16 groups (two super-blocks) or 8 at a time
+    for (; g + 16 <= groups; g += 16) {
+      const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.mn + g))));
+      const __m512 big = _mm512_insertf32x8(_mm512_set1_ps(s.sup[2 * (g / 8) + 1]), _mm256_set1_ps(s.sup[2 * (g / 8) + 3]), 1);
+      acc = _mm512_fmadd_ps(_mm512_mul_ps(big, mn), _mm512_loadu_ps(sx + g), acc);
+    }
+    if (g < groups) acc = _mm512_fmadd_ps(_mm512_zextps256_ps512(s.m8(g)), _mm512_zextps256_ps512(_mm256_loadu_ps(sx + g)), acc);
+    return acc;
+  }
+  for (; g + 16 <= groups; g += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(s.m + g), _mm512_loadu_ps(sx + g), acc);
   if (g < groups) {
     const __mmask16 mask = static_cast<__mmask16>((1u << (groups - g)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, m + g), _mm512_maskz_loadu_ps(mask, sx + g), acc);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, s.m + g), _mm512_maskz_loadu_ps(mask, sx + g), acc);
   }
   return acc;
 }
 
+// 4 groups' scales from g (a multiple of 4; with super-blocks, all 4 in one)
+VNNI_FN inline __m128 group_d4(const RowScales& s, int64_t g) {
+  if (s.sup == nullptr) return _mm_loadu_ps(s.d + g);
+  int32_t four;
+  std::memcpy(&four, s.sc + g, 4);
+  return _mm_mul_ps(_mm_set1_ps(s.sup[2 * (g / 8)]), _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(four))));
+}
+
 // 4-bit groups, R rows against one output channel. q: the rows' interleaved codes (stride k).
 template <int R>
-VNNI_FN inline void tile4_vnni(const uint8_t* wn, const float* dn, const float* mn, const int8_t* q,
+VNNI_FN inline void tile4_vnni(const uint8_t* wn, const RowScales& sn, const int8_t* q,
                                const float* dx, const float* lanes, const float* sx, int64_t k, int64_t groups,
                                float* y, int64_t ldy) {
   const int64_t chunks = groups / 4;
@@ -282,7 +394,7 @@ VNNI_FN inline void tile4_vnni(const uint8_t* wn, const float* dn, const float* 
     const __m512i raw = _mm512_loadu_si512(wn + c * 64);
     const __m512i low = _mm512_and_si512(raw, nib), high = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
     // the 4 groups' weight scales, one per 4 lanes (a lane's sum belongs to group lane / 4)
-    const __m512 d16 = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(dn + 4 * c)));
+    const __m512 d16 = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(group_d4(sn, 4 * c)));
     for (int i = 0; i < R; ++i) {
       const int8_t* qc = q + i * k + c * 128;
       __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low, _mm512_loadu_si512(qc));
@@ -299,11 +411,11 @@ VNNI_FN inline void tile4_vnni(const uint8_t* wn, const float* dn, const float* 
       const int8_t* qg = q + i * k + g * kGroup;
       __m128i s = _mm_dpbusd_epi32(_mm_setzero_si128(), low, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qg)));
       s = _mm_dpbusd_epi32(s, high, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qg + 16)));
-      tail[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(dn[g] * dx[i * groups + g]), tail[i]);
+      tail[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(sn.d1(g) * dx[i * groups + g]), tail[i]);
     }
   }
   for (int i = 0; i < R; ++i) {
-    const __m512 all = min_lanes(mn, sx + i * groups, groups, acc[i]);
+    const __m512 all = min_lanes(sn, sx + i * groups, groups, acc[i]);
     y[i * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(all, _mm512_castps128_ps512(tail[i])));
   }
 }
@@ -361,14 +473,12 @@ VNNI_FN void lane_offsets(const int8_t* q, int64_t n, int32_t* neg) {
 }
 
 template <bool Four>
-at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const float* mins) {
+at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scales& scales) {
   const int64_t rows = x.size(0), k = x.size(1), n_out = codes.size(0);
   const int64_t bytes = Four ? kGroup / 2 : kGroup;
   TORCH_CHECK(k % kGroup == 0 && codes.size(1) == k / kGroup * bytes, "w4a8: codes do not fit x's width");
   const int64_t groups = k / kGroup;
-  TORCH_CHECK(d.scalar_type() == at::kFloat && d.dim() == 2 && d.size(0) == n_out && d.size(1) == groups,
-              "w4a8: scales must be float32 [out, in / 32]");
-  const at::Tensor xc = x.contiguous(), cc = codes.contiguous(), dc = d.contiguous();
+  const at::Tensor xc = x.contiguous(), cc = codes.contiguous();
   at::Tensor y = at::empty({rows, n_out}, x.options());
   if (rows == 0 || n_out == 0) return y;
   at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
@@ -394,7 +504,6 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const at::T
     }
   });
   const uint8_t* w = static_cast<const uint8_t*>(cc.data_ptr());
-  const float* dp = dc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t row_bytes = groups * bytes;
   at::parallel_for(0, n_out, 16, [&](int64_t n0, int64_t n1) {
@@ -402,7 +511,7 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const at::T
       const int64_t r1 = std::min(rows, r0 + kRowBlock);
       for (int64_t n = n0; n < n1; ++n) {
         const uint8_t* wn = w + n * row_bytes;
-        const float* dn = dp + n * groups;
+        const RowScales sn = scales.row(n, groups);
         for (int64_t r = r0; r < r1; r += kVnniTile) {
           const int64_t left = std::min<int64_t>(kVnniTile, r1 - r);
           const int8_t* qr = qw + r * k;
@@ -410,21 +519,20 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const at::T
           const float* lr = lw + r * lstride;
           float* yr = yp + r * n_out + n;
           if constexpr (Four) {
-            const float* mn = mins + n * groups;
             const float* sxr = sxw + r * groups;
             switch (left) {
-              case 4: tile4_vnni<4>(wn, dn, mn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-              case 3: tile4_vnni<3>(wn, dn, mn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-              case 2: tile4_vnni<2>(wn, dn, mn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-              default: tile4_vnni<1>(wn, dn, mn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+              case 4: tile4_vnni<4>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+              case 3: tile4_vnni<3>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+              case 2: tile4_vnni<2>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+              default: tile4_vnni<1>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
             }
           } else {
             const int32_t* nr = negw + r * (k / 4);
             switch (left) {
-              case 4: tile8_vnni<4>(wn, dn, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-              case 3: tile8_vnni<3>(wn, dn, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-              case 2: tile8_vnni<2>(wn, dn, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-              default: tile8_vnni<1>(wn, dn, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+              case 4: tile8_vnni<4>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+              case 3: tile8_vnni<3>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+              case 2: tile8_vnni<2>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+              default: tile8_vnni<1>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
             }
           }
         }
@@ -435,17 +543,21 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const at::T
 }
 
 at::Tensor mm4_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
-  check_x(x);
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte, "w4a8 mm4: codes must be 2-D uint8");
-  TORCH_CHECK(m.scalar_type() == at::kFloat && m.sizes() == d.sizes(), "w4a8 mm4: mins must be float32 like d");
-  const at::Tensor mc = m.contiguous();
-  return matmul_vnni<true>(x, codes, d, mc.data_ptr<float>());
+  std::vector<at::Tensor> keep;
+  check_codes(codes, true);
+  return matmul_vnni<true>(x, codes, group_scales(codes, d, &m, groups_of(x), keep));
+}
+
+at::Tensor mm4k_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sup, const at::Tensor& sub) {
+  std::vector<at::Tensor> keep;
+  check_codes(codes, true);
+  return matmul_vnni<true>(x, codes, super_scales(codes, sup, sub, groups_of(x), keep));
 }
 
 at::Tensor mm8_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
-  check_x(x);
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar, "w4a8 mm8: codes must be 2-D int8");
-  return matmul_vnni<false>(x, codes, d, nullptr);
+  std::vector<at::Tensor> keep;
+  check_codes(codes, false);
+  return matmul_vnni<false>(x, codes, group_scales(codes, d, nullptr, groups_of(x), keep));
 }
 
 // the VNNI path's rounding alone, in natural order (the tests hold it to the reference's, bit for bit)
@@ -469,7 +581,9 @@ TORCH_LIBRARY(specstack_w4a8, lib) {
   lib.def("mm4(Tensor x, Tensor codes, Tensor d, Tensor m) -> Tensor");
   lib.def("mm8(Tensor x, Tensor codes, Tensor d) -> Tensor");
   lib.def("quantize(Tensor x) -> (Tensor, Tensor, Tensor)");
+  lib.def("mm4k(Tensor x, Tensor codes, Tensor sup, Tensor sub) -> Tensor");
   lib.def("mm4_vnni(Tensor x, Tensor codes, Tensor d, Tensor m) -> Tensor");
+  lib.def("mm4k_vnni(Tensor x, Tensor codes, Tensor sup, Tensor sub) -> Tensor");
   lib.def("mm8_vnni(Tensor x, Tensor codes, Tensor d) -> Tensor");
   lib.def("quantize_vnni(Tensor x) -> (Tensor, Tensor, Tensor)");
 }
@@ -478,7 +592,9 @@ TORCH_LIBRARY_IMPL(specstack_w4a8, CPU, lib) {
   lib.impl("mm4", &mm4);
   lib.impl("mm8", &mm8);
   lib.impl("quantize", &w4a8_quantize);
+  lib.impl("mm4k", &mm4k);
   lib.impl("mm4_vnni", &mm4_vnni);
+  lib.impl("mm4k_vnni", &mm4k_vnni);
   lib.impl("mm8_vnni", &mm8_vnni);
   lib.impl("quantize_vnni", &w4a8_quantize_vnni);
 }
