@@ -40,6 +40,8 @@ Kernels (`KERNELS`, the first that applies, chosen once per process):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specstack.models import native
@@ -171,28 +173,25 @@ def reference(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
     return run
 
 
-def vnni512(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
-            sub: torch.Tensor | None = None) -> Kernel:
-    if sub is not None:  # k4a8: d holds the super-blocks' (D, M)
-        op4k = torch.ops.specstack_w4a8.mm4k_vnni.default
-        return lambda x: op4k(x.contiguous(), stored, d, sub)
-    if m is None:
-        op8 = torch.ops.specstack_w4a8.mm8_vnni.default
-        return lambda x: op8(x.contiguous(), stored, d)
-    op4 = torch.ops.specstack_w4a8.mm4_vnni.default
-    return lambda x: op4(x.contiguous(), stored, d, m)
+def native_path(suffix: str) -> Callable[..., Kernel]:
+    """A C++ path's kernel builder: its ops are named `mm4`, `mm4k`, `mm8` + suffix."""
+
+    def build(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+              sub: torch.Tensor | None = None) -> Kernel:
+        ops = torch.ops.specstack_w4a8
+        if sub is not None:  # k4a8: d holds the super-blocks' (D, M)
+            op4k = getattr(ops, f"mm4k{suffix}").default
+            return lambda x: op4k(x.contiguous(), stored, d, sub)
+        if m is None:
+            op8 = getattr(ops, f"mm8{suffix}").default
+            return lambda x: op8(x.contiguous(), stored, d)
+        op4 = getattr(ops, f"mm4{suffix}").default
+        return lambda x: op4(x.contiguous(), stored, d, m)
+
+    return build
 
 
-def avx2(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
-         sub: torch.Tensor | None = None) -> Kernel:
-    if sub is not None:  # k4a8: d holds the super-blocks' (D, M)
-        op4k = torch.ops.specstack_w4a8.mm4k.default
-        return lambda x: op4k(x.contiguous(), stored, d, sub)
-    if m is None:
-        op8 = torch.ops.specstack_w4a8.mm8.default
-        return lambda x: op8(x.contiguous(), stored, d)
-    op4 = torch.ops.specstack_w4a8.mm4.default
-    return lambda x: op4(x.contiguous(), stored, d, m)
+vnni512, avx2 = native_path("_vnni"), native_path("")
 
 
 KERNELS: tuple[KernelChoice, ...] = (

@@ -206,6 +206,18 @@ def test_tiny_qwen2_gguf_matches_transformers_in_fp32(tiny_qwen2_gguf):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+def close_to_transformers(lm, hf) -> torch.Tensor:
+    """The loaded model's logits on 12 random tokens, checked within 5 % (relative norm) of the fp32
+    transformers model's; returned."""
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = hf(ids).logits[0]
+    got = lm.model.extend(ids, lm.model.new_cache(1, capacity=16)).logits[0]
+    err = (got - expected).norm() / expected.norm()
+    assert err < 0.05, f"relative logit error {err:.3f}"
+    return got
+
+
 def test_tiny_qwen2_gguf_int4_plan(tiny_qwen2_gguf):
     """Under int4: a qkv fused with a Q6_K v, a Q5_0 up and a Q6_K down get int8; the all-Q4_K o stays
     int4 from its codes; the Q8_0 head int8. Logits stay close to the fp32 model's."""
@@ -216,12 +228,7 @@ def test_tiny_qwen2_gguf_int4_plan(tiny_qwen2_gguf):
     assert isinstance(weights["layers.0.o"], Q4Weight) and isinstance(weights["layers.0.v"], torch.Tensor)
     lm = load_model(str(path), dtype="int4", use_cache=False, tokenizer=False)
     assert lm.model.layers[0].o.fmt == "int4" and lm.model.layers[0].qkv.fmt == "int8"
-    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        expected = hf(ids).logits[0]
-    got = lm.model.extend(ids, lm.model.new_cache(1, capacity=16)).logits[0]
-    err = (got - expected).norm() / expected.norm()
-    assert err < 0.05, f"relative logit error {err:.3f}"
+    close_to_transformers(lm, hf)
 
 
 def test_tiny_qwen2_gguf_w4a8_plan(tiny_qwen2_gguf, tmp_path, monkeypatch):
@@ -237,12 +244,8 @@ def test_tiny_qwen2_gguf_w4a8_plan(tiny_qwen2_gguf, tmp_path, monkeypatch):
     assert isinstance(o, Q4Weight) and o.sup is not None
     lm = load_model(str(path), dtype="w4a8", tokenizer=False)
     assert lm.model.layers[0].o.fmt == "k4a8" and torch.equal(lm.model.layers[0].o.float_weight(), o.dequantize())
+    got = close_to_transformers(lm, hf)
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        expected = hf(ids).logits[0]
-    got = lm.model.extend(ids, lm.model.new_cache(1, capacity=16)).logits[0]
-    err = (got - expected).norm() / expected.norm()
-    assert err < 0.05, f"relative logit error {err:.3f}"
     again = load_model(str(path), dtype="w4a8", tokenizer=False)  # from the built-model cache
     assert again.model.layers[1].o.fmt == "k4a8"
     assert torch.equal(again.model.extend(ids, again.model.new_cache(1, capacity=16)).logits[0], got)

@@ -171,6 +171,21 @@ inline void tile(const uint8_t* wn, const RowScales& sn, const int8_t* q, const 
   for (int i = 0; i < R; ++i) y[i * ldy] = hsum(acc[i]) + min_term(sn, sx + i * groups, groups);
 }
 
+// The outputs split between threads; within a thread's share, blocks of kRowBlock rows (their codes
+// stay in cache while its outputs are swept), each output's weight row against tiles of at most `tile`
+// rows: f(output, first row, rows in the tile). A tile runs each of its rows through the same sequence of
+// operations whatever the tile's size, so how rows are grouped never changes a row's numbers.
+template <class F>
+void sweep(int64_t n_out, int64_t rows, int64_t grain, int64_t tile, const F& f) {
+  at::parallel_for(0, n_out, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+      const int64_t r1 = std::min(rows, r0 + kRowBlock);
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t r = r0; r < r1; r += tile) f(n, r, std::min(tile, r1 - r));
+    }
+  });
+}
+
 template <class W>
 at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const Scales& scales) {
   const int64_t rows = x.size(0), k = x.size(1), n_out = codes.size(0);
@@ -189,30 +204,22 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const Scales& sc
   const float* sxp = sx.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t row_bytes = groups * W::kBytes;
-  at::parallel_for(0, n_out, 32, [&](int64_t n0, int64_t n1) {
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-      const int64_t r1 = std::min(rows, r0 + kRowBlock);
-      for (int64_t n = n0; n < n1; ++n) {
-        const uint8_t* wn = w + n * row_bytes;
-        const RowScales sn = scales.row(n, groups);
-        for (int64_t r = r0; r < r1; r += kRowTile) {
-          const int64_t left = std::min<int64_t>(kRowTile, r1 - r);
-          const int8_t* qr = qp + r * k;
-          const float* dxr = dxp + r * groups;
-          const float* sxr = sxp + r * groups;
-          float* yr = yp + r * n_out + n;
-          switch (left) {
-            case 8: tile<W, 8>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 7: tile<W, 7>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 6: tile<W, 6>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 5: tile<W, 5>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 4: tile<W, 4>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 3: tile<W, 3>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            case 2: tile<W, 2>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-            default: tile<W, 1>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-          }
-        }
-      }
+  sweep(n_out, rows, 32, kRowTile, [&](int64_t n, int64_t r, int64_t left) {
+    const uint8_t* wn = w + n * row_bytes;
+    const RowScales sn = scales.row(n, groups);
+    const int8_t* qr = qp + r * k;
+    const float* dxr = dxp + r * groups;
+    const float* sxr = sxp + r * groups;
+    float* yr = yp + r * n_out + n;
+    switch (left) {
+      case 8: tile<W, 8>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+      case 7: tile<W, 7>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+      case 6: tile<W, 6>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+      case 5: tile<W, 5>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+      case 4: tile<W, 4>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+      case 3: tile<W, 3>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+      case 2: tile<W, 2>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
+      default: tile<W, 1>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
     }
   });
   return y;
@@ -262,38 +269,6 @@ void check_codes(const at::Tensor& codes, bool four) {
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == (four ? at::kByte : at::kChar),
               four ? "w4a8 mm4: codes must be 2-D uint8" : "w4a8 mm8: codes must be 2-D int8");
 }
-
-at::Tensor mm4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
-  std::vector<at::Tensor> keep;
-  check_codes(codes, true);
-  return matmul<Q4>(x, codes, group_scales(codes, d, &m, groups_of(x), keep));
-}
-
-at::Tensor mm4k(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sup, const at::Tensor& sub) {
-  std::vector<at::Tensor> keep;
-  check_codes(codes, true);
-  return matmul<Q4>(x, codes, super_scales(codes, sup, sub, groups_of(x), keep));
-}
-
-at::Tensor mm8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
-  std::vector<at::Tensor> keep;
-  check_codes(codes, false);
-  return matmul<Q8>(x, codes, group_scales(codes, d, nullptr, groups_of(x), keep));
-}
-
-// the activations' rounding alone (the tests hold it to the reference's, bit for bit)
-std::tuple<at::Tensor, at::Tensor, at::Tensor> w4a8_quantize(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % kGroup == 0,
-              "w4a8_quantize: x must be float32 [M, K] with K divisible by 32");
-  const at::Tensor xc = x.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1);
-  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
-  at::Tensor dx = at::empty({rows, k / kGroup}, x.options());
-  at::Tensor sx = at::empty({rows, k / kGroup}, x.options());
-  quantize_rows(xc.data_ptr<float>(), rows, k, q.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<float>());
-  return {q, dx, sx};
-}
-
 
 // ---------------------------------------------------------------------------------------------------
 // The AVX-512-VNNI path (Intel Ice Lake and later, AMD Zen 4 and later): the same format and the same
@@ -506,74 +481,76 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
   const uint8_t* w = static_cast<const uint8_t*>(cc.data_ptr());
   float* yp = y.data_ptr<float>();
   const int64_t row_bytes = groups * bytes;
-  at::parallel_for(0, n_out, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-      const int64_t r1 = std::min(rows, r0 + kRowBlock);
-      for (int64_t n = n0; n < n1; ++n) {
-        const uint8_t* wn = w + n * row_bytes;
-        const RowScales sn = scales.row(n, groups);
-        for (int64_t r = r0; r < r1; r += kVnniTile) {
-          const int64_t left = std::min<int64_t>(kVnniTile, r1 - r);
-          const int8_t* qr = qw + r * k;
-          const float* dxr = dxw + r * groups;
-          const float* lr = lw + r * lstride;
-          float* yr = yp + r * n_out + n;
-          if constexpr (Four) {
-            const float* sxr = sxw + r * groups;
-            switch (left) {
-              case 4: tile4_vnni<4>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-              case 3: tile4_vnni<3>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-              case 2: tile4_vnni<2>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-              default: tile4_vnni<1>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-            }
-          } else {
-            const int32_t* nr = negw + r * (k / 4);
-            switch (left) {
-              case 4: tile8_vnni<4>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-              case 3: tile8_vnni<3>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-              case 2: tile8_vnni<2>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-              default: tile8_vnni<1>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-            }
-          }
-        }
+  sweep(n_out, rows, 16, kVnniTile, [&](int64_t n, int64_t r, int64_t left) {
+    const uint8_t* wn = w + n * row_bytes;
+    const RowScales sn = scales.row(n, groups);
+    const int8_t* qr = qw + r * k;
+    const float* dxr = dxw + r * groups;
+    const float* lr = lw + r * lstride;
+    float* yr = yp + r * n_out + n;
+    if constexpr (Four) {
+      const float* sxr = sxw + r * groups;
+      switch (left) {
+        case 4: tile4_vnni<4>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+        case 3: tile4_vnni<3>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+        case 2: tile4_vnni<2>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+        default: tile4_vnni<1>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
+      }
+    } else {
+      const int32_t* nr = negw + r * (k / 4);
+      switch (left) {
+        case 4: tile8_vnni<4>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+        case 3: tile8_vnni<3>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+        case 2: tile8_vnni<2>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
+        default: tile8_vnni<1>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
       }
     }
   });
   return y;
 }
 
-at::Tensor mm4_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
-  std::vector<at::Tensor> keep;
-  check_codes(codes, true);
-  return matmul_vnni<true>(x, codes, group_scales(codes, d, &m, groups_of(x), keep));
-}
+// A path's rounding of the activations alone, in natural order (the tests hold each to the reference's,
+// bit for bit)
+void round_avx2(const float* x, int64_t k, int8_t* q, float* dx, float* sx) { quantize_rows(x, 1, k, q, dx, sx); }
+void round_vnni(const float* x, int64_t k, int8_t* q, float* dx, float* sx) { quantize_row_vnni(x, k, q, dx, sx, false); }
 
-at::Tensor mm4k_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sup, const at::Tensor& sub) {
-  std::vector<at::Tensor> keep;
-  check_codes(codes, true);
-  return matmul_vnni<true>(x, codes, super_scales(codes, sup, sub, groups_of(x), keep));
-}
-
-at::Tensor mm8_vnni(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
-  std::vector<at::Tensor> keep;
-  check_codes(codes, false);
-  return matmul_vnni<false>(x, codes, group_scales(codes, d, nullptr, groups_of(x), keep));
-}
-
-// the VNNI path's rounding alone, in natural order (the tests hold it to the reference's, bit for bit)
-std::tuple<at::Tensor, at::Tensor, at::Tensor> w4a8_quantize_vnni(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % kGroup == 0,
-              "w4a8_quantize: x must be float32 [M, K] with K divisible by 32");
+template <void (*Round)(const float*, int64_t, int8_t*, float*, float*)>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_op(const at::Tensor& x) {
+  const int64_t groups = groups_of(x);
   const at::Tensor xc = x.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1), groups = k / kGroup;
+  const int64_t rows = x.size(0), k = x.size(1);
   at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
   at::Tensor dx = at::empty({rows, groups}, x.options());
   at::Tensor sx = at::empty({rows, groups}, x.options());
   for (int64_t r = 0; r < rows; ++r)
-    quantize_row_vnni(xc.data_ptr<float>() + r * k, k, q.data_ptr<int8_t>() + r * k, dx.data_ptr<float>() + r * groups,
-                      sx.data_ptr<float>() + r * groups, false);
+    Round(xc.data_ptr<float>() + r * k, k, q.data_ptr<int8_t>() + r * k, dx.data_ptr<float>() + r * groups,
+          sx.data_ptr<float>() + r * groups);
   return {q, dx, sx};
 }
+
+// The ops of one path (its 4-bit and 8-bit matmuls), checked alike: per-group scales (mm4, mm8) or
+// Q4_K's super-blocks (mm4k).
+template <at::Tensor (*MM4)(const at::Tensor&, const at::Tensor&, const Scales&),
+          at::Tensor (*MM8)(const at::Tensor&, const at::Tensor&, const Scales&)>
+struct PathOps {
+  static at::Tensor mm4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
+    std::vector<at::Tensor> keep;
+    check_codes(codes, true);
+    return MM4(x, codes, group_scales(codes, d, &m, groups_of(x), keep));
+  }
+  static at::Tensor mm4k(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& sup, const at::Tensor& sub) {
+    std::vector<at::Tensor> keep;
+    check_codes(codes, true);
+    return MM4(x, codes, super_scales(codes, sup, sub, groups_of(x), keep));
+  }
+  static at::Tensor mm8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
+    std::vector<at::Tensor> keep;
+    check_codes(codes, false);
+    return MM8(x, codes, group_scales(codes, d, nullptr, groups_of(x), keep));
+  }
+};
+using Avx2Ops = PathOps<matmul<Q4>, matmul<Q8>>;
+using VnniOps = PathOps<matmul_vnni<true>, matmul_vnni<false>>;
 
 }  // namespace
 
@@ -589,12 +566,12 @@ TORCH_LIBRARY(specstack_w4a8, lib) {
 }
 
 TORCH_LIBRARY_IMPL(specstack_w4a8, CPU, lib) {
-  lib.impl("mm4", &mm4);
-  lib.impl("mm8", &mm8);
-  lib.impl("quantize", &w4a8_quantize);
-  lib.impl("mm4k", &mm4k);
-  lib.impl("mm4_vnni", &mm4_vnni);
-  lib.impl("mm4k_vnni", &mm4k_vnni);
-  lib.impl("mm8_vnni", &mm8_vnni);
-  lib.impl("quantize_vnni", &w4a8_quantize_vnni);
+  lib.impl("mm4", &Avx2Ops::mm4);
+  lib.impl("mm8", &Avx2Ops::mm8);
+  lib.impl("quantize", &quantize_op<round_avx2>);
+  lib.impl("mm4k", &Avx2Ops::mm4k);
+  lib.impl("mm4_vnni", &VnniOps::mm4);
+  lib.impl("mm4k_vnni", &VnniOps::mm4k);
+  lib.impl("mm8_vnni", &VnniOps::mm8);
+  lib.impl("quantize_vnni", &quantize_op<round_vnni>);
 }
