@@ -32,9 +32,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 PROG = "specstack"
-# The default weight format per device: int4 has the fastest one-token step on CPU (DESIGN §3 table);
-# on CUDA bf16 is the plain fast format.
+# The default weight format per device where nothing better is found (default_dtype): int4 on CPU, bf16
+# (the plain fast format) on CUDA.
 DEFAULT_DTYPE = {"cpu": "int4", "cuda": "bf16"}
+DTYPE_HELP = ("weight format (default on cpu: w4a8 where this CPU has its native kernels, AVX-512-VNNI or AVX2: "
+              "exact, every method equals ar, and the fastest one-token step there; int4 elsewhere. bf16 on cuda)")
 MODEL_HELP = f"registry name, .gguf file or Hugging Face checkpoint directory (default: {DEFAULT_MODEL})"
 
 
@@ -105,8 +107,7 @@ def add_model_args(p: argparse.ArgumentParser,
     """--model, --dtype, --device, --threads: the target and where it runs (checked by check_model_args)."""
     g = p.add_argument_group("model")
     g.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    g.add_argument("--dtype", choices=WEIGHT_FORMATS, default=None,
-                   help="weight format (default: int4 on cpu, the fastest one-token step there; bf16 on cuda)")
+    g.add_argument("--dtype", choices=WEIGHT_FORMATS, default=None, help=DTYPE_HELP)
     g.add_argument("--device", choices=DEVICES, default="cpu", help="default: cpu")
     add_threads_arg(g, threads_help)
 
@@ -167,7 +168,19 @@ def check_model_args(args: argparse.Namespace) -> str:
 
         if not torch.cuda.is_available():
             raise SpecstackError("--device cuda: no CUDA device is available (this torch build or machine has none)")
-    return args.dtype or DEFAULT_DTYPE[args.device]
+    return args.dtype or default_dtype(args.device)
+
+
+def default_dtype(device: str) -> str:
+    """The weight format when --dtype is not given: on CPU the fastest exact format this CPU has a native
+    path for, w4a8 (batch-invariant, so every method's greedy output equals ar's; its AVX-512-VNNI or
+    AVX2 kernel, built once per machine on first use), and int4 where there is none (no AVX2, no
+    compiler, a build that failed); bf16 on CUDA (docs/BENCHMARKS.md, "The target step")."""
+    if device != "cpu":
+        return DEFAULT_DTYPE[device]
+    from specstack.models import native  # torch: after the cheap checks, as the model's load is next
+
+    return "w4a8" if native.load("w4a8") else DEFAULT_DTYPE["cpu"]
 
 
 def warn_ignored_draft_args(args: argparse.Namespace, method: MethodSpec) -> None:

@@ -59,8 +59,9 @@ def test_prompt_file_chat_threads(run_cli, tiny_model, tmp_path, stats_line):
     stderr_stats(r.err, stats_line)
 
 
-def test_default_model_greedy_int4(run_cli, stats_line):
-    """The README's main command on the embedded default model (greedy, default format int4)."""
+def test_default_model_greedy_default_format(run_cli, stats_line):
+    """The README's main command on the embedded default model (greedy, the CPU's default format: w4a8
+    where its kernels build, int4 elsewhere)."""
     r = run_cli("generate", "--model", DEFAULT_MODEL, "--prompt", "def add(a, b):", "--max-new-tokens", "8")
     assert r.code == 0, r.err
     assert r.out.strip()
