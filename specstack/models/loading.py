@@ -39,7 +39,7 @@ from specstack.models.configs import (
     read_json_object,
 )
 from specstack.models.gguf_quants import layer_format, read_tensor
-from specstack.models.quant import CODE_FORMATS, FORMAT_REVISION, Q4Weight
+from specstack.models.quant import CODE_FORMATS, CPU_ONLY_FORMATS, FORMAT_REVISION, Q4Weight
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
 
@@ -417,6 +417,9 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
         raise SpecstackError(f"unsupported device {device!r}; choose from {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecstackError("device 'cuda' requested but no CUDA device is available")
+    if device == "cuda" and dtype in CPU_ONLY_FORMATS:
+        raise SpecstackError(f"{dtype} has no CUDA kernel (its kernels are CPU code: on cuda it would run its "
+                             "float64 reference, row by row); use --dtype bf16 or fp32 on cuda")
     src = resolve(name)
     cdir = model_cache_dir(src) if use_cache else None
     cached = _load_built(cdir, dtype, device) if cdir is not None else None

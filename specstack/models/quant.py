@@ -79,6 +79,9 @@ FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8", "q8a8", "k4a8")
 # formats whose rows compute the same numbers whatever else shares the forward (their attention runs
 # over a float64 cache: models/transformer.py, Transformer.kv_dtype)
 BATCH_INVARIANT = ("w8a8", "w4a8", "q8a8", "k4a8")
+# the requested formats whose kernels are CPU code only (on CUDA only their float64 references would run:
+# refused there, models/loading.py)
+CPU_ONLY_FORMATS = ("w8a8", "w4a8")
 # formats that take GGUF's 4-bit codes as they are (`set_int4`)
 CODE_FORMATS = ("int4", "w4a8", "k4a8")
 # a format's layout revision, raised whenever what its built models hold changes (the model cache
@@ -106,7 +109,7 @@ class QLinear(BoundModule):
     # the buffers the formats register (register_buffer), declared for the type checker: a format
     # registers only its own (`scales` is absent in int4, `scales_zeros` outside it)
     weight: torch.Tensor  # floats, int8 codes, int4's packed layout, or w4a8's nibbles
-    scales: torch.Tensor  # per row (int8, w8a8) or per group of 32 (w4a8, q8a8)
+    scales: torch.Tensor  # per row (int8, w8a8), per group of 32 (w4a8, q8a8), or (D, M) per 256 (k4a8)
     scales_zeros: torch.Tensor  # int4: [in / 32, out padded to 16, (scale, zero)]
     mins: torch.Tensor | None  # w4a8's group minimums (None in q8a8 and k4a8)
     subscales: torch.Tensor | None  # k4a8's 6-bit (sc, mn) [out, 2, in / 32] (None elsewhere)

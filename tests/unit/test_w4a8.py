@@ -300,3 +300,14 @@ def test_a_draft_shares_the_unembedding_of_a_quantized_untied_target(tiny_llama,
     x = torch.randn(3, target.config.d_model).to(target.head.act_dtype)
     # the shared matrix is what the head multiplies by (up to the head's own activation rounding)
     assert torch.allclose(target.head(x).float(), x.float() @ head.float().t(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("fmt", ["w4a8", "w8a8"])
+def test_a_cpu_only_format_is_refused_on_cuda(monkeypatch, tiny_llama, fmt):
+    """Its kernels are CPU code: on CUDA only the float64 reference would run, row by row. Refused
+    before anything is read or placed on the device."""
+    from specstack.models.loading import load_model
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SpecstackError, match=f"{fmt} has no CUDA kernel.*bf16 or fp32 on cuda"):
+        load_model(str(tiny_llama.path), dtype=fmt, device="cuda", use_cache=False, tokenizer=False)
