@@ -36,7 +36,8 @@ PROG = "specstack"
 # (the plain fast format) on CUDA.
 DEFAULT_DTYPE = {"cpu": "int4", "cuda": "bf16"}
 DTYPE_HELP = ("weight format (default on cpu: w4a8 where this CPU has its native kernels, AVX-512-VNNI or AVX2: "
-              "exact, every method equals ar, and the fastest one-token step there; int4 elsewhere. bf16 on cuda)")
+              "exact, every method equals ar, and a faster one-token step than int4 where measured; int4 "
+              "elsewhere. bf16 on cuda)")
 MODEL_HELP = f"registry name, .gguf file or Hugging Face checkpoint directory (default: {DEFAULT_MODEL})"
 
 
@@ -172,10 +173,11 @@ def check_model_args(args: argparse.Namespace) -> str:
 
 
 def default_dtype(device: str) -> str:
-    """The weight format when --dtype is not given: on CPU the fastest exact format this CPU has a native
-    path for, w4a8 (batch-invariant, so every method's greedy output equals ar's; its AVX-512-VNNI or
-    AVX2 kernel, built once per machine on first use), and int4 where there is none (no AVX2, no
-    compiler, a build that failed); bf16 on CUDA (docs/BENCHMARKS.md, "The target step")."""
+    """The weight format when --dtype is not given: on CPU the exact format this CPU has a native path
+    for, w4a8 (batch-invariant, so every method's greedy output equals ar's; its AVX-512-VNNI or AVX2
+    kernel, built once per machine on first use; its one-token step beat int4's where measured:
+    docs/BENCHMARKS.md, "The target step"), and int4 where there is none (no AVX2, no compiler, a build
+    that failed); bf16 on CUDA."""
     if device != "cpu":
         return DEFAULT_DTYPE[device]
     from specstack.models import native  # torch: after the cheap checks, as the model's load is next
