@@ -3,7 +3,7 @@ count T, the time of every linear of every block (fused q|k|v, o, gate|up, down;
 together) in each kernel: torch's int4 (`_weight_int4pack_mm_for_cpu`, bf16 activations), w8a8
 (fbgemm, activations rounded per row) and w4a8 (ours, models/kernels/w4a8.cpp, activations rounded
 per row and group), w4a8 once per path of its kernel table this CPU runs (`w4a8:avx2`, `w4a8:vnni512`),
-and the unembedding in w4a8's 8-bit groups (`q8a8`, per path). Random weights of the model's shapes:
+and the unembedding in w4a8's 8-bit groups (`q8a8`, per path) and in Q6_K's 6-bit ones (`k6a8`). Random weights of the model's shapes:
 the kernels' cost does not depend on the values. Kernels interleaved per repeat, best of the repeats; the bytes each reads beside the
 machine's copy bandwidth (bench/bandwidth.py).
 
@@ -28,7 +28,8 @@ from specstack.models.registry import resolve
 CPU = torch.device("cpu")
 PATHS = [k.name for k in w4a8.KERNELS if k.name != "reference" and k.applies(CPU)]
 # a format, or a w4a8 format on one path of its kernel table (format:path)
-FORMATS = ("int4", "w8a8", *(f"{f}:{p}" for f in ("w4a8", "q8a8") for p in PATHS))
+FORMATS = ("int4", "w8a8", *(f"{f}:{p}" for f in ("w4a8", "q8a8", "k6a8") for p in PATHS))
+HEAD_ONLY = ("q8a8", "k6a8")  # formats timed on the unembedding alone
 
 
 def shapes(model: str) -> tuple[list[tuple[int, int]], int, tuple[int, int]]:
@@ -40,12 +41,12 @@ def shapes(model: str) -> tuple[list[tuple[int, int]], int, tuple[int, int]]:
 
 
 def build(fmt: str, block: list[tuple[int, int]], n_layers: int, head: tuple[int, int]) -> list[QLinear]:
-    """The layers of `fmt` (q8a8: the head alone), bound to the named path."""
+    """The layers of `fmt` (HEAD_ONLY: the head alone), bound to the named path."""
     name, _, path = fmt.partition(":")
     if path:
         os.environ[w4a8.FORCE_ENV] = path
     try:
-        shape_list = [head] if name == "q8a8" else block * n_layers
+        shape_list = [head] if name in HEAD_ONLY else block * n_layers
         built = []
         for k, n in shape_list:
             lin = QLinear(k, n, name).set_float(torch.randn(n, k) * 0.02)

@@ -1,7 +1,8 @@
 """One model's whole one-token forward (and T-token forwards) on each w4a8 kernel path this CPU runs,
 in one process, interleaved: the model is loaded once per path and each copy's layers are bound under
 that path (SPECSTACK_W4A8_KERNEL at its first forward), so machine drift, which between separate runs
-here reaches 1.5 x in memory bandwidth, cancels. Median of the repeats, ms.
+here reaches 1.5 x in memory bandwidth, cancels. Median of the repeats, ms. A path that plans GGUF Q6_K
+layers as k6a8 (w4a8.SIX_BIT_PATHS) also runs with them as q8a8 (`path/q8a8`): the two plans, one process.
 
     python benchmarks/w4a8_paths_ab.py --model qwen2.5-coder-1.5b --tokens 1,4,16 --repeats 15
 """
@@ -29,16 +30,23 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     cpu = torch.device("cpu")
-    paths = [k.name for k in w4a8.KERNELS if k.name != "reference" and k.applies(cpu)]
+    names = [k.name for k in w4a8.KERNELS if k.name != "reference" and k.applies(cpu)]
+    # (label, path, whether Q6_K layers are k6a8)
+    variants = [(n, n, n in w4a8.SIX_BIT_PATHS) for n in names]
+    variants += [(f"{n}/q8a8", n, False) for n in names if n in w4a8.SIX_BIT_PATHS]
+    paths = [label for label, _, _ in variants]
     runs = {}
+    six_paths = w4a8.SIX_BIT_PATHS
     with torch.inference_mode():
-        for path in paths:
+        for label, path, six in variants:
             os.environ[w4a8.FORCE_ENV] = path
+            w4a8.SIX_BIT_PATHS = six_paths if six else frozenset()
             model = load_model(a.model, dtype="w4a8", tokenizer=False).model
             cache = model.new_cache(1)
             model.extend(torch.randint(0, 1000, (1, a.context), generator=torch.Generator().manual_seed(0)), cache)
-            runs[path] = (model, cache)  # bound under `path` by that first forward
+            runs[label] = (model, cache)  # bound under `path` by that first forward
         os.environ.pop(w4a8.FORCE_ENV, None)
+        w4a8.SIX_BIT_PATHS = six_paths
         for t in (int(v) for v in a.tokens.split(",")):
             tokens = torch.randint(0, 1000, (1, t), generator=torch.Generator().manual_seed(t))
             times: dict[str, list[float]] = {p: [] for p in paths}

@@ -9,12 +9,14 @@ floats; the only change is the kernel's bf16 rounding of each group's scale and 
   w = d sc q - dmin mn, so a sub-block is a Q4_1 group with d' = d sc, m' = -dmin mn.
 The w4a8 format takes the same codes (models/w4a8.py keeps d and m in fp32, so they are exact), and
 Q4_K's with their super-block form (the layer format k4a8: D, M per 256, sc and mn per 32).
-Every other type (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, the rest gguf can dequantise) holds more than 4 bits
-of precision, so the int4 format gives its layers int8 (per output channel), and w4a8 gives them its
-8-bit groups (q8a8): more bytes than int4, far
-less error than requantising 5-8 bits into 4 (docs/BENCHMARKS.md, "Quant types", measures each choice).
-bf16 and fp32 take every type dequantised. A fused layer (q|k|v, gate|up) takes the widest format any
-of its parts needs.
+- Q6_K: w = d * s * (q - 32), q in 0..63, an int8 s per 16 weights, d per 256: w4a8 keeps it as it is
+  (the layer format k6a8), its 6-bit codes and scales (`Q6Weight`).
+Every other type (Q5_0, Q5_1, Q5_K, Q8_0, the rest gguf can dequantise, and Q6_K under int4) holds
+more than 4 bits of precision, so the int4 format gives its layers int8 (per output channel), and
+w4a8 gives them its 8-bit groups (q8a8): more bytes than int4, far less error than requantising 5-8
+bits into 4 (docs/BENCHMARKS.md, "Quant types", measures each choice). bf16 and fp32 take every type
+dequantised. A fused layer (q|k|v, gate|up) takes the widest format any of its parts needs; a format
+only its own type fills (k6a8) gives way to q8a8 when the other parts are of another type.
 """
 from __future__ import annotations
 
@@ -25,9 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from specstack.models.quant import Q4Weight
+from specstack.models.quant import CodedWeight, Q4Weight, Q6Weight
 
-FORMAT_ORDER = ("int4", "k4a8", "w4a8", "int8", "q8a8", "w8a8", "bf16", "fp32")  # narrowest first: a fused layer takes the widest part's
+# narrowest first: a fused layer takes the widest part's
+FORMAT_ORDER = ("int4", "k4a8", "w4a8", "k6a8", "int8", "q8a8", "w8a8", "bf16", "fp32")
+# formats that hold only their own type's codes: in a layer fused with parts of other types, the other
+# format instead (Q4_K's codes and scales are not Q6_K's); also where the kernel path lacks k6a8
+WHOLE_ONLY: Mapping[str, str] = {"k6a8": "q8a8"}
 
 
 def _fp16(b: np.ndarray) -> np.ndarray:
@@ -68,18 +74,33 @@ def _q4_k(blocks: np.ndarray, rows: int, cols: int) -> Q4Weight:
     return w
 
 
+def _q6_k(blocks: np.ndarray, rows: int, cols: int) -> Q6Weight:
+    """Q6_K's blocks of 256 (210 bytes: ql[128] low nibbles, qh[64] top 2 bits, int8 scales[16], fp16 d),
+    two halves of 128: weight l + 32 j of a half (l < 32, j < 4) takes nibble j // 2 of ql[l + 32 (j % 2)]
+    and bits 2 j, 2 j + 1 of qh[l]; weight p of the block the scale p // 16."""
+    b = blocks.reshape(rows, cols // 256, 210)
+    ql = b[..., 0:128].reshape(rows, -1, 2, 2, 32)  # [.., half, j % 2, l]
+    qh = b[..., 128:192].reshape(rows, -1, 2, 1, 32)
+    low = np.stack([ql[..., 0, :] & 0x0F, ql[..., 1, :] & 0x0F, ql[..., 0, :] >> 4, ql[..., 1, :] >> 4], axis=3)
+    top = np.concatenate([(qh >> (2 * j)) & 3 for j in range(4)], axis=3)  # [.., half, j, l]
+    q = (low | (top << 4)).reshape(rows, cols)
+    s = np.ascontiguousarray(b[..., 192:208]).view(np.int8).reshape(rows, cols // 16)
+    return Q6Weight(torch.from_numpy(np.ascontiguousarray(q, dtype=np.uint8)), torch.from_numpy(s.copy()),
+                    torch.from_numpy(np.ascontiguousarray(_fp16(b[..., 208:210]))))
+
+
 def _q4(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> Q4Weight:
     return Q4Weight(torch.from_numpy(np.ascontiguousarray(q, dtype=np.uint8)), torch.from_numpy(d), torch.from_numpy(m))
 
 
 @dataclass(frozen=True)
 class QuantType:
-    """One GGUF tensor type: the layer format it gives in each requested format, and its 4-bit codes
-    when the int4 kernels take them exactly."""
+    """One GGUF tensor type: the layer format it gives in each requested format, and its codes for the
+    formats that store them as they are (quant.CODE_FORMATS)."""
 
     name: str
     formats: Mapping[str, str]  # requested weight format -> the format its layers get
-    int4_codes: Any = None  # (blocks, rows, cols) -> Q4Weight, for the types int4 packs exactly
+    codes: Any = None  # (blocks, rows, cols) -> its CodedWeight
 
     def format_for(self, requested: str) -> str:
         return self.formats.get(requested, requested)
@@ -90,11 +111,13 @@ _SAME = {"int4": "int4", "w4a8": "w4a8", "int8": "int8", "bf16": "bf16", "fp32":
 _SUPER = {**_SAME, "w4a8": "k4a8"}
 # w4a8's wider layers take its 8-bit groups (q8a8, models/w4a8.py): batch-invariant too
 _WIDE = {"int4": "int8", "w4a8": "q8a8", "int8": "int8", "bf16": "bf16", "fp32": "fp32"}
+# Q6_K under w4a8 (its head too, which w4a8 asks in q8a8): its own codes and scales (k6a8, models/w4a8.py)
+_SIX = {**_WIDE, "w4a8": "k6a8", "q8a8": "k6a8"}
 QUANT_TYPES: Mapping[str, QuantType] = {
     q.name: q for q in (
         QuantType("F32", _SAME), QuantType("F16", _SAME), QuantType("BF16", _SAME),
         QuantType("Q4_0", _SAME, _q4_0), QuantType("Q4_1", _SAME, _q4_1), QuantType("Q4_K", _SUPER, _q4_k),
-        QuantType("Q5_0", _WIDE), QuantType("Q5_1", _WIDE), QuantType("Q5_K", _WIDE), QuantType("Q6_K", _WIDE),
+        QuantType("Q5_0", _WIDE), QuantType("Q5_1", _WIDE), QuantType("Q5_K", _WIDE), QuantType("Q6_K", _SIX, _q6_k),
         QuantType("Q8_0", _WIDE),
     )
 }
@@ -105,20 +128,24 @@ def quant_type(name: str) -> QuantType:
     return QUANT_TYPES.get(name, OTHER)
 
 
-def layer_format(requested: str, part_types: list[str]) -> str:
+def layer_format(requested: str, part_types: list[str], six_bits: bool = True) -> str:
     """The format of a layer built from parts of these GGUF types (or "F32" for a float source), when
-    the model is asked for `requested`: the widest any part needs."""
-    return max((quant_type(t).format_for(requested) for t in part_types), key=FORMAT_ORDER.index)
+    the model is asked for `requested`: the widest any part needs. six_bits False: no k6a8 (q8a8 instead:
+    w4a8.six_bit_groups says where)."""
+    wants = {quant_type(t).format_for(requested) for t in part_types}
+    if len(wants) > 1 or not six_bits:
+        wants = {WHOLE_ONLY.get(f, f) for f in wants}
+    return max(wants, key=FORMAT_ORDER.index)
 
 
-def read_tensor(t: Any, want_codes: bool) -> Q4Weight | torch.Tensor:
-    """One GGUF tensor as [rows, cols] (or [cols]): its 4-bit codes when `want_codes` and the type packs
-    exactly, else dequantised to fp32."""
+def read_tensor(t: Any, want_codes: bool) -> CodedWeight | torch.Tensor:
+    """One GGUF tensor as [rows, cols] (or [cols]): its codes when `want_codes` and the type has a
+    reader of them (`QuantType.codes`), else dequantised to fp32."""
     import gguf
 
     rows = int(t.shape[-1]) if len(t.shape) > 1 else 1
     cols = int(t.shape[0])
-    codes = QUANT_TYPES.get(t.tensor_type.name, OTHER).int4_codes
+    codes = QUANT_TYPES.get(t.tensor_type.name, OTHER).codes
     if want_codes and codes is not None:
         return codes(np.asarray(t.data, dtype=np.uint8), rows, cols)
     floats = gguf.quants.dequantize(t.data, t.tensor_type)

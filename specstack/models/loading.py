@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from specstack.config import DEVICES, HEAD_FORMAT, WEIGHT_FORMATS, ModelConfig
 from specstack.errors import SpecstackError
 from specstack.files import cache_root  # noqa: F401  (re-exported: the engine's stores use it)
+from specstack.models import w4a8
 from specstack.models.architectures import GGUF_BLOCK_TENSORS, GGUF_TOP_TENSORS, block_shapes, family
 from specstack.models.base import LoadedModel
 from specstack.models.configs import (
@@ -39,7 +40,14 @@ from specstack.models.configs import (
     read_json_object,
 )
 from specstack.models.gguf_quants import layer_format, read_tensor
-from specstack.models.quant import CODE_FORMATS, CPU_ONLY_FORMATS, FORMAT_REVISION, Q4Weight
+from specstack.models.quant import (
+    CODE_FORMATS,
+    CPU_ONLY_FORMATS,
+    FORMAT_REVISION,
+    Q4Weight,
+    Q6Weight,
+    layout_variant,
+)
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
 
@@ -67,7 +75,7 @@ def canonical_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _shape(w: Weight) -> tuple[int, ...]:
-    return tuple((w.q if isinstance(w, Q4Weight) else w).shape)
+    return tuple(w.shape)
 
 
 def check_layer_count(cfg: ModelConfig, names: Iterable[str], where: str) -> None:
@@ -201,9 +209,8 @@ def _unpermute_rope(w: Weight, n_heads: int) -> Weight:
         r = x.shape[0]
         return x.reshape(n_heads, r // n_heads // 2, 2, *x.shape[1:]).transpose(1, 2).reshape(x.shape)
 
-    if isinstance(w, Q4Weight):
-        return Q4Weight(rows(w.q), rows(w.d), rows(w.m), None if w.sup is None else rows(w.sup),
-                        None if w.sub is None else rows(w.sub))
+    if isinstance(w, (Q4Weight, Q6Weight)):
+        return w.map_rows(rows)
     return rows(w)
 
 
@@ -240,9 +247,10 @@ def plan_formats(cfg: ModelConfig, fmt: str, types: Mapping[str, str]) -> dict[s
     layer takes the widest format its parts need (models/gguf_quants.py); the head is int8 at least
     under int4, w8a8 under w4a8 (quant.HEAD_FORMAT)."""
     out: dict[str, str] = {}
+    six = w4a8.six_bit_groups() if fmt == "w4a8" else True
     for layer, parts in layer_parts(cfg).items():
         base = HEAD_FORMAT.get(fmt, fmt) if layer == "head" else fmt
-        f = layer_format(base, [types.get(p, "F32") for p in parts])
+        f = layer_format(base, [types.get(p, "F32") for p in parts], six)
         if f != fmt:
             out[layer] = f
     return out
@@ -364,7 +372,7 @@ def _built_file(cdir: Path, dtype: str, device: str) -> Path:
     """A format whose layout changed carries its revision in the name, so a model built under the old
     layout is rebuilt, never loaded with it (quant.FORMAT_REVISION)."""
     rev = FORMAT_REVISION.get(dtype)
-    return cdir / f"{dtype}{'' if rev is None else f'.r{rev}'}-{device}.safetensors"
+    return cdir / f"{dtype}{'' if rev is None else f'.r{rev}'}{layout_variant(dtype)}-{device}.safetensors"
 
 
 def _load_built(cdir: Path, dtype: str, device: str) -> tuple[ModelConfig, Transformer] | None:

@@ -12,7 +12,8 @@ w8a8: int8 codes with fp32 activations quantised per row at run time (models/w8a
 w4a8: the GGUF's 4-bit codes with fp32 activations quantised per row and per group of 32 at run time
       (models/w4a8.py): batch-invariant too, and as close to the file as int4. Its wider layers (and its
       unembedding) take q8a8: 8-bit weight groups (GGUF Q8_0's layout) times the same activations; its
-      Q4_K layers take k4a8: the same codes with Q4_K's super-block scales (fewer bytes, same numbers).
+      Q4_K layers take k4a8: the same codes with Q4_K's super-block scales (fewer bytes, same numbers),
+      its Q6_K layers k6a8: Q6_K's 6-bit codes and scales (6.625 bits a weight where q8a8 holds 9).
 Activations are fp32 for fp32, w8a8 and w4a8 and bf16 for the others (`activation_dtype`).
 
 Wide inputs: the int4/int8 kernels unpack every weight once per row block, so their cost grows with
@@ -27,6 +28,7 @@ fp32 matmul (docs/BENCHMARKS.md, "Batched decoding").
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +56,40 @@ class Q4Weight:
         g = self.q.float().view(n, k // 32, 32) * self.d.float()[..., None] + self.m.float()[..., None]
         return g.view(n, k)
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.q.shape[0]), int(self.q.shape[1]))
+
+    def map_rows(self, f: Callable[[torch.Tensor], torch.Tensor]) -> Q4Weight:
+        """The same weight with its output rows moved by `f` (each tensor's first axis)."""
+        return Q4Weight(f(self.q), f(self.d), f(self.m), None if self.sup is None else f(self.sup),
+                        None if self.sub is None else f(self.sub))
+
+
+@dataclass
+class Q6Weight:
+    """GGUF Q6_K's codes and scales (models/gguf_quants.py): w = D * s * (q - 32) with an int8 s per 16
+    weights and D per 256, which the k6a8 format stores as they are."""
+
+    q: torch.Tensor  # [out, in] uint8 in 0..63
+    s: torch.Tensor  # [out, in // 16] int8
+    d: torch.Tensor  # [out, in // 256] fp32 (D)
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.q.shape
+        unit = self.d.float().repeat_interleave(16, 1) * self.s.float()  # exact: an fp16 times an int8
+        return (unit[..., None] * (self.q.float() - 32).view(n, k // 16, 16)).view(n, k)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.q.shape[0]), int(self.q.shape[1]))
+
+    def map_rows(self, f: Callable[[torch.Tensor], torch.Tensor]) -> Q6Weight:
+        return Q6Weight(f(self.q), f(self.s), f(self.d))
+
+
+CodedWeight = Q4Weight | Q6Weight  # a GGUF tensor's own codes, kept for the formats that store them
+
 
 INT4_GROUP = 32
 # Rows from which int8/int4 layers multiply by their dense copy on CPU, measured on the 2-core CPU for
@@ -75,19 +111,25 @@ def native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8", "q8a8", "k4a8")
+FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8", "q8a8", "k4a8", "k6a8")
 # formats whose rows compute the same numbers whatever else shares the forward (their attention runs
 # over a float64 cache: models/transformer.py, Transformer.kv_dtype)
-BATCH_INVARIANT = ("w8a8", "w4a8", "q8a8", "k4a8")
+BATCH_INVARIANT = ("w8a8", "w4a8", "q8a8", "k4a8", "k6a8")
 # the requested formats whose kernels are CPU code only (on CUDA only their float64 references would run:
 # refused there, models/loading.py)
 CPU_ONLY_FORMATS = ("w8a8", "w4a8")
-# formats that take GGUF's 4-bit codes as they are (`set_int4`)
-CODE_FORMATS = ("int4", "w4a8", "k4a8")
+# formats that take a GGUF tensor's codes as they are (`set_int4`, `set_int6`)
+CODE_FORMATS = ("int4", "w4a8", "k4a8", "k6a8")
 # a format's layout revision, raised whenever what its built models hold changes (the model cache
 # names its files by it: models/loading.py). w4a8 r2: its wider layers and head in 8-bit groups;
-# r3: its Q4_K layers in super-blocks (k4a8).
-FORMAT_REVISION: dict[str, int] = {"w4a8": 3}
+# r3: its Q4_K layers in super-blocks (k4a8); r4: its Q6_K layers in 6-bit groups (k6a8).
+FORMAT_REVISION: dict[str, int] = {"w4a8": 4}
+
+
+def layout_variant(fmt: str) -> str:
+    """What a built model's layout depends on besides its format's revision: under w4a8, GGUF Q6_K layers
+    are k6a8 where this process's kernel path runs them fast and q8a8 elsewhere (w4a8.six_bit_groups)."""
+    return "" if fmt != "w4a8" or w4a8.six_bit_groups() else "q8"
 
 
 def activation_dtype(fmt: str) -> torch.dtype:
@@ -111,8 +153,9 @@ class QLinear(BoundModule):
     weight: torch.Tensor  # floats, int8 codes, int4's packed layout, or w4a8's nibbles
     scales: torch.Tensor  # per row (int8, w8a8), per group of 32 (w4a8, q8a8), or (D, M) per 256 (k4a8)
     scales_zeros: torch.Tensor  # int4: [in / 32, out padded to 16, (scale, zero)]
-    mins: torch.Tensor | None  # w4a8's group minimums (None in q8a8 and k4a8)
-    subscales: torch.Tensor | None  # k4a8's 6-bit (sc, mn) [out, 2, in / 32] (None elsewhere)
+    mins: torch.Tensor | None  # w4a8's group minimums (None in q8a8, k4a8 and k6a8)
+    # k4a8's 6-bit (sc, mn) [out, 2, in / 32], k6a8's int8 scales [out, in / 16] (None elsewhere)
+    subscales: torch.Tensor | None
     dense: torch.Tensor | None  # int8/int4: the dequantised copy wide inputs multiply by
     bias: torch.Tensor | None
 
@@ -159,9 +202,17 @@ class QLinear(BoundModule):
             self.register_buffer("scales", torch.empty(n, k // blk, 2, dtype=torch.float32, device=device))
             self.register_buffer("subscales", torch.empty(n, 2, k // w4a8.GROUP, dtype=torch.uint8, device=device))
             self.register_buffer("mins", None)
+        elif fmt == "k6a8":
+            blk = w4a8.GROUP * w4a8.SUPER
+            if k % blk:
+                raise SpecstackError(f"k6a8 needs in_features divisible by {blk}, got {k}")
+            self.register_buffer("weight", torch.empty(n, k * 3 // 4, dtype=torch.uint8, device=device))
+            self.register_buffer("scales", torch.empty(n, k // blk, dtype=torch.float32, device=device))
+            self.register_buffer("subscales", torch.empty(n, k // w4a8.SIX_SUB, dtype=torch.int8, device=device))
+            self.register_buffer("mins", None)
         else:
             raise SpecstackError(f"unsupported weight format {fmt!r}; choose from fp32, bf16, int8, int4, w8a8, w4a8")
-        if fmt != "k4a8":
+        if fmt not in ("k4a8", "k6a8"):
             self.register_buffer("subscales", None)
         quantized = fmt in ("int8", "int4")
         # the dequantised weight for wide inputs (see the module docstring). A persistent buffer, so the
@@ -204,6 +255,9 @@ class QLinear(BoundModule):
         elif self.fmt == "k4a8":
             codes, sup, sub = w4a8.quantize_weight_k(w)
             self._set_k4a8(codes, sup, sub)
+        elif self.fmt == "k6a8":
+            codes, big, s16 = w4a8.quantize_weight6(w)
+            self.set_int6(codes, s16, big)
         elif self.fmt == "q8a8":
             codes, d = w4a8.quantize_weight8(w)
             self.weight.copy_(codes)
@@ -256,6 +310,18 @@ class QLinear(BoundModule):
         self.unbind()  # a wide binding holds a copy of the weights (see bind)
         return self
 
+    def set_int6(self, q: torch.Tensor, s: torch.Tensor, d: torch.Tensor) -> QLinear:
+        """Set from GGUF Q6_K's codes q [out, in] (0..63), int8 scales s [out, in / 16] and D [out, in / 256]
+        (see Q6Weight): kept as they are by k6a8, dequantised for every other format."""
+        if self.fmt != "k6a8":
+            return self.set_float(Q6Weight(q, s, d).dequantize())
+        assert self.subscales is not None, "k6a8 registers its sub-block scales"
+        self.weight.copy_(w4a8.pack_codes6(q.to(self.weight.device)))
+        self.scales.copy_(d)
+        self.subscales.copy_(s)
+        self.unbind()
+        return self
+
     def _set_w4a8(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> QLinear:
         dev = self.weight.device
         self.weight.copy_(w4a8.pack_codes(q.to(dev)))
@@ -298,10 +364,8 @@ class QLinear(BoundModule):
         if self.fmt in BATCH_INVARIANT:  # the same kernel at every width: that is what keeps rows invariant
             if self.fmt == "w8a8":
                 mm = w8a8.kernel_for(self.weight.device).build(self.weight, self.scales)
-            elif self.fmt == "k4a8":  # 4-bit groups whose d and m come from super-blocks
-                mm = w4a8.kernel_for(self.weight.device).build(self.weight, self.scales, None, self.subscales)
-            else:  # w4a8's 4-bit groups with their mins, or its 8-bit groups (q8a8) without
-                mm = w4a8.kernel_for(self.weight.device).build(self.weight, self.scales, self.mins)
+            else:  # one of w4a8's layer formats: its op takes the codes, scales and mins or sub-block scales
+                mm = w4a8.kernel_for(self.weight.device).build(self.fmt, *self._w4a8_tensors())
             return mm if b is None else (lambda x: mm(x).add_(b))
         w, out = self.weight, self.out_features
         if self.fmt == "int8":
@@ -345,12 +409,13 @@ class QLinear(BoundModule):
             return self.weight
         if self.fmt == "w8a8":
             return self.weight.float() * self.scales[:, None]
-        if self.fmt in ("w4a8", "q8a8"):
-            return w4a8.dequantize(self.weight, self.scales, self.mins)
-        if self.fmt == "k4a8":
-            assert self.subscales is not None, "k4a8 registers its sub-block scales"
-            return w4a8.dequantize(self.weight, *w4a8.expand_scales(self.scales, self.subscales))
+        if self.fmt in w4a8.GROUP_FORMS:
+            return w4a8.dequantize(self.fmt, *self._w4a8_tensors())
         return self._dense_copy()
+
+    def _w4a8_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A w4a8 layer format's (codes, scales, mins or sub-block scales): a format registers one of the two."""
+        return self.weight, self.scales, self.mins if self.mins is not None else self.subscales
 
     def _dense_copy(self) -> torch.Tensor:
         """int8/int4's dequantised copy (the formats that keep one)."""

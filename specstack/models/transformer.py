@@ -19,9 +19,17 @@ from specstack.config import HEAD_FORMAT, ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
 from specstack.models.bound import BoundModule, Forward
-from specstack.models.quant import BATCH_INVARIANT, Q4Weight, QLinear, activation_dtype, native_bf16
+from specstack.models.quant import (
+    BATCH_INVARIANT,
+    CodedWeight,
+    Q4Weight,
+    Q6Weight,
+    QLinear,
+    activation_dtype,
+    native_bf16,
+)
 
-Weight = torch.Tensor | Q4Weight
+Weight = torch.Tensor | CodedWeight
 # the linear layers of a block, by name (a model's per-layer formats are keyed "layers.{i}.{name}")
 LINEARS = ("qkv", "o", "up", "down")
 
@@ -185,23 +193,26 @@ class Transformer(Extends, nn.Module):
 
         def dense(name: str, shape: tuple[int, ...]) -> torch.Tensor:
             w = get(name)
-            w = w.dequantize() if isinstance(w, Q4Weight) else w
+            w = w.dequantize() if isinstance(w, (Q4Weight, Q6Weight)) else w
             if len(w.shape) != len(shape) or any(a != b for a, b in zip(w.shape, shape, strict=True) if b != -1):
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(w.shape)}")
             return w
 
         def linear(dst: QLinear, names: Sequence[str], bias_names: Sequence[str] | None) -> None:
             parts = [get(n) for n in names]
-            rows = sum((p.q if isinstance(p, Q4Weight) else p).shape[0] for p in parts)
-            cols = {(p.q if isinstance(p, Q4Weight) else p).shape[1] for p in parts}
+            rows = sum(p.shape[0] for p in parts)
+            cols = {p.shape[1] for p in parts}
             if (rows, cols) != (dst.out_features, {dst.in_features}):
                 raise ValueError(f"{names}: shapes do not fit a {dst.in_features}->{dst.out_features} layer")
             if all(isinstance(p, Q4Weight) for p in parts):
                 q4 = [p for p in parts if isinstance(p, Q4Weight)]
                 fields = ("q", "d", "m") + (("sup", "sub") if all(p.sup is not None for p in q4) else ())
                 dst.set_int4(*(torch.cat([getattr(p, f) for p in q4]) for f in fields))
+            elif all(isinstance(p, Q6Weight) for p in parts):
+                q6 = [p for p in parts if isinstance(p, Q6Weight)]
+                dst.set_int6(*(torch.cat([getattr(p, f) for p in q6]) for f in ("q", "s", "d")))
             else:
-                dst.set_float(torch.cat([p.dequantize() if isinstance(p, Q4Weight) else p for p in parts]))
+                dst.set_float(torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts]))
             if bias_names:
                 if dst.bias is None:
                     raise ValueError(f"{names}: the weights carry biases the layer was built without")

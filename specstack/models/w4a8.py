@@ -21,6 +21,11 @@ group's d and m kept as Q4_K keeps them, 6-bit multiples sc, mn of one (D, M) pe
 d = D sc, m = M mn. 3 bytes of scales a group instead of 8 (4.75 bits a weight instead of 6), and
 the same numbers: D sc and M mn are exact in fp32, so the kernels expand them and go on as above.
 
+GGUF Q6_K layers take *6-bit groups* (the layer format `k6a8`): Q6_K's codes c in 0..63 with
+w = D s (c - 32), an int8 s per 16 weights and D per 256 (6.625 bits a weight where q8a8 holds 9). The
+integer sums take the 16-weight scales in (sum_g = sum_16 s sum (c - 32) q, exact), so D dx is the
+group's one float factor, as d dx is above.
+
 Why it is batch-invariant: a row's codes, scales and sums are its own, and the kernel visits a row's
 groups in one fixed order whatever other rows share the call, so a token's numbers never depend on
 the tokens beside it: a verified tree computes what one-token steps compute, and greedy speculation
@@ -40,7 +45,7 @@ Kernels (`KERNELS`, the first that applies, chosen once per process):
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -53,6 +58,9 @@ SUB_LEVELS = 63  # k4a8's 6-bit sub-block scales and mins
 X_LEVELS = 127
 C_LEVELS = 15  # 4-bit codes 0..15
 C8_LEVELS = 127  # 8-bit codes -127..127 (never -128: the kernel takes |c|)
+SIX_SUB = 16  # weights under one int8 scale in k6a8 (GGUF Q6_K's sub-blocks)
+SIX_OFFSET = 32  # k6a8's codes 0..63 stand for c - 32
+SIX_CHUNK = 4 * GROUP  # codes a k6a8 chunk packs (4 groups: 64 bytes of nibbles, 32 of high bits)
 
 
 def pack_codes(c: torch.Tensor) -> torch.Tensor:
@@ -68,6 +76,32 @@ def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
     n, half = packed.shape
     v = packed.view(n, half // (GROUP // 2), GROUP // 2)
     return torch.cat([v & 0x0F, v >> 4], dim=2).reshape(n, 2 * half)
+
+
+def pack_codes6(c: torch.Tensor) -> torch.Tensor:
+    """6-bit codes [N, K] (0..63, K a multiple of 128) -> [N, 3 K / 4] uint8, a chunk of 4 groups as 96
+    bytes: their low nibbles as `pack_codes` packs them, then 32 bytes of the top 2 bits, byte j holding
+    those of the nibble vector's positions j, j + 32 (bits 0-1, 2-3) and of the high nibbles at the same
+    positions (bits 4-5, 6-7), a position p being code p % 16 (or 16 + p % 16) of the chunk's group p / 16
+    (the kernel file says why)."""
+    n, k = c.shape
+    c = c.to(torch.uint8)
+    nibbles = pack_codes(c & 0x0F).view(n, k // SIX_CHUNK, 64)
+    top = (c >> 4).view(n, k // SIX_CHUNK, 2, 2, 2, GROUP // 2)  # [.., gi >> 1, gi & 1, half, j]
+    plane = top[:, :, 0, :, 0] | top[:, :, 1, :, 0] << 2 | top[:, :, 0, :, 1] << 4 | top[:, :, 1, :, 1] << 6
+    return torch.cat([nibbles, plane.reshape(n, k // SIX_CHUNK, 32)], dim=2).view(n, k * 3 // 4)
+
+
+def unpack_codes6(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of `pack_codes6`: [N, 3 K / 4] uint8 -> codes [N, K] uint8."""
+    n, width = packed.shape
+    chunks = width // 96
+    v = packed.view(n, chunks, 96)
+    low = unpack_codes(v[:, :, :64].reshape(n, chunks * 64)).view(n, chunks, 2, 2, 2, GROUP // 2)
+    plane = v[:, :, 64:].reshape(n, chunks, 2, GROUP // 2)  # [.., gi & 1, j]
+    top = torch.stack([torch.stack([plane & 3, (plane >> 4) & 3], dim=3),
+                       torch.stack([(plane >> 2) & 3, (plane >> 6) & 3], dim=3)], dim=2)
+    return (low | top << 4).view(n, chunks * SIX_CHUNK)
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -121,16 +155,52 @@ def quantize_weight_k(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     return c.view(n, k).to(torch.uint8), sup, sub
 
 
-def codes_of(stored: torch.Tensor) -> torch.Tensor:
-    """A layer's stored codes as codes [N, K]: 8-bit ones as they are, 4-bit ones unpacked."""
-    return stored if stored.dtype == torch.int8 else unpack_codes(stored)
+def quantize_weight6(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A float weight [N, K] (K a multiple of 256) -> k6a8's (codes uint8 [N, K] in 0..63, D fp32 [N, K / 256],
+    s int8 [N, K / 16]) with w ~ D s (c - 32): each 16 weights' step (its largest magnitude over 31) as a
+    multiple of its super-block's largest step / 127, rounded up so the codes stay in range."""
+    n, k = w.shape
+    sub = w.float().view(n, k // SIX_SUB, SIX_SUB)
+    step = sub.abs().amax(dim=2) / (SIX_OFFSET - 1)
+    big = (step.view(n, -1, GROUP * SUPER // SIX_SUB).amax(dim=2) / C8_LEVELS).clamp(min=1e-30)
+    s = (step / big.repeat_interleave(GROUP * SUPER // SIX_SUB, 1)).ceil().clamp(1, C8_LEVELS)
+    unit = (big.repeat_interleave(GROUP * SUPER // SIX_SUB, 1) * s)[..., None]
+    c = (sub / unit).round().clamp(-SIX_OFFSET, SIX_OFFSET - 1) + SIX_OFFSET
+    return c.view(n, k).to(torch.uint8), big, s.to(torch.int8)
 
 
-def dequantize(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-    """The float weight [N, K] the codes stand for (m None: 8-bit groups)."""
-    c = codes_of(stored).float()
+GroupForm = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def _six(stored: torch.Tensor, big: torch.Tensor, s16: torch.Tensor | None) -> GroupForm:
+    assert s16 is not None, "k6a8 has sub-block scales"
+    c = (unpack_codes6(stored).to(torch.int32) - SIX_OFFSET) * s16.to(torch.int32).repeat_interleave(SIX_SUB, 1)
+    return c, big.repeat_interleave(SUPER, 1), None
+
+
+def _k4(stored: torch.Tensor, sup: torch.Tensor, sub: torch.Tensor | None) -> GroupForm:
+    assert sub is not None, "k4a8 has sub-block scales"
+    return (unpack_codes(stored), *expand_scales(sup, sub))
+
+
+# Each layer format's tensors (stored codes, scales, mins or sub-block scales) -> the per-group form of
+# the module docstring: integer codes [N, K] (k6a8's times their 16-weight scales: s (c - 32)), d and m
+# [N, K / 32] (m None: no mins), with w = d c + m. The reference computes from it; so do float weights.
+GROUP_FORMS: Mapping[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], GroupForm]] = {
+    "w4a8": lambda stored, d, m: (unpack_codes(stored), d, m),
+    "q8a8": lambda stored, d, _: (stored, d, None),
+    "k4a8": _k4,
+    "k6a8": _six,
+}
+# each layer format's C++ op (a path appends its suffix)
+OPS: Mapping[str, str] = {"w4a8": "mm4", "q8a8": "mm8", "k4a8": "mm4k", "k6a8": "mm6k"}
+
+
+def dequantize(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None) -> torch.Tensor:
+    """The float weight [N, K] a layer's tensors stand for (exact in fp32 for the formats' scales)."""
+    c, d, m = GROUP_FORMS[layout](stored, d, extra)
     n, k = c.shape
-    w = c.view(n, k // GROUP, GROUP) * d[..., None]
+    w = c.float().view(n, k // GROUP, GROUP) * d[..., None]
     return (w if m is None else w + m[..., None]).view(n, k)
 
 
@@ -147,14 +217,11 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return q.view(m, k), dx, dx * q.sum(dim=2)
 
 
-def reference(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
-              sub: torch.Tensor | None = None) -> Kernel:
-    """The format's definition, one row at a time. With `sub` (k4a8), d is the super-block scales
-    [N, S, 2] and m is None: they are expanded to the per-group (d, m) first."""
-    if sub is not None:
-        d, m = expand_scales(d, sub)
+def reference(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None) -> Kernel:
+    """The format's definition, one row at a time, from the layer's per-group form (`GROUP_FORMS`)."""
+    codes, d, m = GROUP_FORMS[layout](stored, d, extra)
     n = stored.shape[0]
-    c64 = codes_of(stored).to(torch.float64).view(n, -1, GROUP)
+    c64 = codes.to(torch.float64).view(n, -1, GROUP)
     d32 = d.float()
     m64 = None if m is None else m.double()
 
@@ -174,19 +241,13 @@ def reference(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
 
 
 def native_path(suffix: str) -> Callable[..., Kernel]:
-    """A C++ path's kernel builder: its ops are named `mm4`, `mm4k`, `mm8` + suffix."""
+    """A C++ path's kernel builder: each layout's op (`OPS`) with the path's suffix."""
 
-    def build(stored: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
-              sub: torch.Tensor | None = None) -> Kernel:
-        ops = torch.ops.specstack_w4a8
-        if sub is not None:  # k4a8: d holds the super-blocks' (D, M)
-            op4k = getattr(ops, f"mm4k{suffix}").default
-            return lambda x: op4k(x.contiguous(), stored, d, sub)
-        if m is None:
-            op8 = getattr(ops, f"mm8{suffix}").default
-            return lambda x: op8(x.contiguous(), stored, d)
-        op4 = getattr(ops, f"mm4{suffix}").default
-        return lambda x: op4(x.contiguous(), stored, d, m)
+    def build(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None) -> Kernel:
+        op = getattr(torch.ops.specstack_w4a8, OPS[layout] + suffix).default
+        if extra is None:
+            return lambda x: op(x.contiguous(), stored, d)
+        return lambda x: op(x.contiguous(), stored, d, extra)
 
     return build
 
@@ -200,6 +261,15 @@ KERNELS: tuple[KernelChoice, ...] = (
     KernelChoice("reference", lambda dev: True, reference),
 )
 FORCE_ENV = "SPECSTACK_W4A8_KERNEL"  # a kernel's name: use it (tests run each path this CPU has)
+# The paths that run k6a8 at least as fast as q8a8 runs the same weights. The avx2 path unpacks a
+# 6-bit group with about twice the instructions per byte of an 8-bit one, more than the 27 % fewer
+# bytes give back (docs/BENCHMARKS.md, "Q6_K's 6-bit groups"), so there GGUF Q6_K layers stay q8a8.
+SIX_BIT_PATHS = frozenset({"vnni512", "reference"})
+
+
+def six_bit_groups() -> bool:
+    """Whether GGUF Q6_K layers are planned as k6a8 (their own codes) or q8a8 in this process."""
+    return kernel_for(torch.device("cpu")).name in SIX_BIT_PATHS
 
 
 def kernel_for(device: torch.device) -> KernelChoice:

@@ -9,11 +9,13 @@ import random
 
 import pytest
 import torch
+from tiny_gguf import write_tiny_qwen2_gguf
 
 from specstack.attention import build_batch, tree_batch
 from specstack.config import GenerationConfig
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine.batched import BatchEngine, BatchRequest, generate
+from specstack.models import w4a8
 from specstack.models.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -24,17 +26,29 @@ GEN = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
 
 
 FORMATS = ("w8a8", "w4a8")
+# a GGUF in a Q4_K_M file's types (tests/tiny_gguf.py): under w4a8 its layers are k4a8, k6a8 and q8a8
+GGUF = ("w4a8", "qwen2-gguf")
 
 
 @pytest.fixture(scope="module")
-def invariant_models(tiny_models):
-    return {(fmt, arch): load_model(str(t.path), dtype=fmt, use_cache=False, tokenizer=False)
-            for arch, t in tiny_models.items() for fmt in FORMATS}
+def invariant_models(tiny_models, tmp_path_factory):
+    models = {(fmt, arch): load_model(str(t.path), dtype=fmt, use_cache=False, tokenizer=False)
+              for arch, t in tiny_models.items() for fmt in FORMATS}
+    path = tmp_path_factory.mktemp("qwen2-gguf") / "tiny-qwen2.gguf"
+    write_tiny_qwen2_gguf(path)
+    models[GGUF] = load_model(str(path), dtype="w4a8", use_cache=False, tokenizer=False)
+    return models
 
 
-@pytest.fixture(params=[(f, a) for f in FORMATS for a in ("llama", "gpt2", "qwen2", "qwen3")], ids="-".join)
+@pytest.fixture(params=[(f, a) for f in FORMATS for a in ("llama", "gpt2", "qwen2", "qwen3")] + [GGUF], ids="-".join)
 def lm(request, invariant_models):
     return invariant_models[request.param]
+
+
+def test_the_gguf_model_holds_every_w4a8_layer_format(invariant_models):
+    """What the GGUF parametrisation covers: where the kernel path has 6-bit groups, Q6_K's (k6a8)."""
+    formats = {lin.fmt for b in invariant_models[GGUF].model.blocks() for lin in (b.qkv, b.o, b.up, b.down)}
+    assert {"k4a8", "q8a8"} <= formats and ("k6a8" in formats) == w4a8.six_bit_groups()
 
 
 def one_by_one(model, prompt: list[int], cont: list[int]) -> torch.Tensor:

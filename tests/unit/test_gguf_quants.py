@@ -1,68 +1,18 @@
 """The GGUF quant-type table (models/gguf_quants.py) and a tiny Qwen2 GGUF in the types of a real
-Q4_K_M file: Q4_0, Q4_1 and Q4_K blocks pack exactly into the int4 layout, every other type gets int8
-layers under int4, and the whole file loads with transformers' logits."""
+Q4_K_M file: Q4_0, Q4_1 and Q4_K blocks pack exactly into the int4 layout, Q4_K and Q6_K keep their
+codes and scales under w4a8 (k4a8, k6a8), every other type gets int8 layers under int4, and the whole
+file loads with transformers' logits."""
 from __future__ import annotations
 
-from pathlib import Path
-
-import gguf
-import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
+from tiny_gguf import HEADS, KV, LAYERS, VOCAB, D, blocks_of, dequantized, write_one, write_tiny_qwen2_gguf
 
+from specstack.models import w4a8
 from specstack.models.gguf_quants import layer_format, read_tensor
 from specstack.models.loading import load_model, read_gguf
-from specstack.models.quant import Q4Weight, QLinear
-
-
-def _rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
-
-
-def _with_fp16(blocks: np.ndarray, offset: int, values: np.ndarray) -> None:
-    """Write float16 `values` (one per block) at byte `offset` of each block."""
-    blocks[..., offset : offset + 2] = values.astype(np.float16).view(np.uint8).reshape(*values.shape, 2)
-
-
-def q4_k_blocks(rows: int, cols: int, seed: int, scale: float = 0.25) -> np.ndarray:
-    """Random Q4_K super-blocks whose weights lie within about +-scale (codes, 6-bit scales and mins
-    random; d and dmin chosen for that range)."""
-    b = _rng(seed).integers(0, 256, size=(rows, cols // 256, 144), dtype=np.uint8)
-    n = b.shape[:2]
-    _with_fp16(b, 0, _rng(seed + 1).uniform(0.5, 1.0, n) * scale / (63 * 15))
-    _with_fp16(b, 2, _rng(seed + 2).uniform(0.5, 1.0, n) * scale / 63)
-    return b.reshape(rows, -1)
-
-
-def q6_k_blocks(rows: int, cols: int, seed: int, scale: float = 0.25) -> np.ndarray:
-    """Random Q6_K super-blocks (ql, qh, 16 int8 scales, d) within about +-scale."""
-    b = _rng(seed).integers(0, 256, size=(rows, cols // 256, 210), dtype=np.uint8)
-    b[..., 192:208] = _rng(seed + 1).integers(-64, 64, size=(rows, cols // 256, 16), dtype=np.int8).view(np.uint8)
-    _with_fp16(b, 208, _rng(seed + 2).uniform(0.5, 1.0, b.shape[:2]) * scale / (64 * 32))
-    return b.reshape(rows, -1)
-
-
-def write_one(path: Path, data: np.ndarray, qtype: QT) -> object:
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("t", np.ascontiguousarray(data), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return gguf.GGUFReader(str(path)).tensors[0]
-
-
-def dequantized(data: np.ndarray, qtype: QT, rows: int, cols: int) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(gguf.quants.dequantize(data, qtype), dtype=np.float32)).reshape(rows, cols)
-
-
-def blocks_of(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
-    if qtype == QT.Q4_K:
-        return q4_k_blocks(rows, cols, seed)
-    if qtype == QT.Q6_K:
-        return q6_k_blocks(rows, cols, seed)
-    return gguf.quants.quantize(_rng(seed).normal(0, 0.1, (rows, cols)).astype(np.float32), qtype)
+from specstack.models.quant import Q4Weight, Q6Weight, QLinear
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q4_K])
@@ -80,7 +30,7 @@ def test_4_bit_types_keep_their_codes_exactly(tmp_path, qtype):
     assert err < 6e-3, f"relative error {err:.2g}"
 
 
-@pytest.mark.parametrize("qtype", [QT.Q5_0, QT.Q6_K, QT.Q8_0])
+@pytest.mark.parametrize("qtype", [QT.Q5_0, QT.Q8_0])
 def test_wider_types_are_dequantised(tmp_path, qtype):
     rows, cols = 8, 256
     data = blocks_of(qtype, rows, cols, seed=5)
@@ -106,10 +56,32 @@ def test_q4_k_keeps_its_super_blocks_and_k4a8_holds_the_very_weights(tmp_path):
         QLinear(cols, rows, "k4a8").set_int4(qw.q, qw.d, qw.m)
 
 
+def test_q6_k_keeps_its_codes_and_k6a8_holds_the_very_weights(tmp_path):
+    """k6a8 stores Q6_K's 6-bit codes, int8 scales per 16 and d per 256: the weights gguf reads, bit for
+    bit, in 6.625 bits a weight (q8a8's 8-bit groups: 9)."""
+    rows, cols = 16, 512
+    data = blocks_of(QT.Q6_K, rows, cols, seed=6)
+    qw = read_tensor(write_one(tmp_path / "t.gguf", data, QT.Q6_K), want_codes=True)
+    assert isinstance(qw, Q6Weight) and qw.q.shape == (rows, cols) and int(qw.q.max()) <= 63
+    assert qw.s.shape == (rows, cols // 16) and qw.d.shape == (rows, cols // 256)
+    ref = dequantized(data, QT.Q6_K, rows, cols)
+    assert torch.equal(qw.dequantize(), ref)
+    lin = QLinear(cols, rows, "k6a8").set_int6(qw.q, qw.s, qw.d)
+    assert torch.equal(lin.float_weight(), ref)
+    assert lin.step_bytes() * 8 / (rows * cols) == 6.625
+    # every other format takes the dequantised weight
+    assert torch.equal(QLinear(cols, rows, "fp32").set_int6(qw.q, qw.s, qw.d).weight, ref)
+    assert isinstance(read_tensor(write_one(tmp_path / "u.gguf", data, QT.Q6_K), want_codes=False), torch.Tensor)
+
+
 def test_layer_formats():
     assert layer_format("w4a8", ["Q4_K", "Q4_K", "Q4_K"]) == "k4a8"  # Q4_K's super-blocks
     assert layer_format("w4a8", ["Q4_K", "Q4_1"]) == "w4a8"  # a part without them: per-group scales
-    assert layer_format("w4a8", ["Q4_K", "Q4_K", "Q6_K"]) == "q8a8"
+    assert layer_format("w4a8", ["Q4_K", "Q4_K", "Q6_K"]) == "q8a8"  # Q4_K's parts are no Q6_K: q8a8
+    assert layer_format("w4a8", ["Q6_K"]) == "k6a8" and layer_format("w4a8", ["Q6_K", "Q6_K"]) == "k6a8"
+    assert layer_format("q8a8", ["Q6_K"]) == "k6a8" and layer_format("q8a8", ["Q8_0"]) == "q8a8"  # w4a8's heads
+    assert layer_format("w4a8", ["Q6_K", "Q5_0"]) == "q8a8" and layer_format("int4", ["Q6_K"]) == "int8"
+    assert layer_format("w4a8", ["Q6_K"], six_bits=False) == "q8a8"  # a kernel path without k6a8
     assert layer_format("int4", ["Q4_K", "Q4_K", "Q4_K"]) == "int4"
     assert layer_format("int4", ["Q4_K", "Q4_K", "Q6_K"]) == "int8"  # a fused qkv takes its widest part's
     assert layer_format("int4", ["Q5_0"]) == "int8" and layer_format("int4", ["Q8_0"]) == "int8"
@@ -117,70 +89,6 @@ def test_layer_formats():
     assert layer_format("int4", ["IQ2_XS"]) == "int8"  # any other type: never requantised into 4 bits
     for fmt in ("int8", "bf16", "fp32"):
         assert layer_format(fmt, ["Q4_K", "Q6_K"]) == fmt
-
-
-# -- a tiny Qwen2 GGUF in a Q4_K_M file's types ------------------------------------------------------
-D, FF, HEADS, KV, LAYERS, VOCAB = 256, 512, 4, 2, 2, 300
-TYPES = {"attn_q": QT.Q4_K, "attn_k": QT.Q4_K, "attn_v": QT.Q6_K, "attn_output": QT.Q4_K, "ffn_gate": QT.Q4_K,
-         "ffn_up": QT.Q5_0, "ffn_down": QT.Q6_K}
-HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-            "ffn_down": "mlp.down_proj"}
-
-
-def write_tiny_qwen2_gguf(path: Path) -> torch.nn.Module:
-    """A Qwen2 GGUF (rows not permuted, q/k/v biases in F32) and transformers' model with exactly the
-    weights it stores."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=D, intermediate_size=FF, num_hidden_layers=LAYERS,
-                      num_attention_heads=HEADS, num_key_value_heads=KV, max_position_embeddings=128,
-                      rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False)
-    torch.manual_seed(7)
-    hf = Qwen2ForCausalLM(cfg).float().eval()
-    sd = hf.state_dict()
-    rng = _rng(11)
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_context_length(128)
-    w.add_embedding_length(D)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FF)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6)
-    w.add_eos_token_id(2)
-
-    def put(name: str, key: str, data: np.ndarray, qtype: QT | None, shape: tuple[int, ...]) -> None:
-        if qtype is None:
-            sd[key].copy_(torch.from_numpy(data).reshape(shape))
-            w.add_tensor(name, np.ascontiguousarray(data))
-        else:
-            sd[key].copy_(dequantized(data, qtype, *shape))
-            w.add_tensor(name, np.ascontiguousarray(data), raw_dtype=qtype)
-
-    put("token_embd.weight", "model.embed_tokens.weight", blocks_of(QT.Q4_K, VOCAB, D, 1), QT.Q4_K, (VOCAB, D))
-    seed = 100
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        for gname, hname in HF_NAMES.items():
-            rows, cols = sd[p + hname + ".weight"].shape
-            seed += 10
-            put(f"blk.{i}.{gname}.weight", p + hname + ".weight", blocks_of(TYPES[gname], rows, cols, seed),
-                TYPES[gname], (rows, cols))
-        for g in ("q", "k", "v"):
-            b = rng.normal(0, 0.2, sd[f"{p}self_attn.{g}_proj.bias"].shape).astype(np.float32)
-            put(f"blk.{i}.attn_{g}.bias", f"{p}self_attn.{g}_proj.bias", b, None, b.shape)
-        for gname, hname in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")):
-            n = rng.uniform(0.5, 1.5, D).astype(np.float32)
-            put(f"blk.{i}.{gname}.weight", p + hname + ".weight", n, None, (D,))
-    put("output_norm.weight", "model.norm.weight", rng.uniform(0.5, 1.5, D).astype(np.float32), None, (D,))
-    put("output.weight", "lm_head.weight", blocks_of(QT.Q8_0, VOCAB, D, 3), QT.Q8_0, (VOCAB, D))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return hf
 
 
 @pytest.fixture(scope="module")
@@ -232,23 +140,44 @@ def test_tiny_qwen2_gguf_int4_plan(tiny_qwen2_gguf):
 
 
 def test_tiny_qwen2_gguf_w4a8_plan(tiny_qwen2_gguf, tmp_path, monkeypatch):
-    """Under w4a8: the all-Q4_K o in super-blocks (k4a8) from its codes, the layers with wider parts and
-    the head in 8-bit groups (q8a8). Logits close to the fp32 model's; the built-model cache gives the
-    same model back."""
+    """Under w4a8: the all-Q4_K o in super-blocks (k4a8) from its codes, the Q6_K down in 6-bit groups
+    (k6a8) from its codes, the layers with parts of other types and the Q8_0 head in 8-bit groups (q8a8).
+    Logits close to the fp32 model's; the built-model cache gives the same model back."""
     monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
     path, hf = tiny_qwen2_gguf
     _, weights, formats = read_gguf(path, "w4a8")
-    assert formats == {**{f"layers.{i}.{n}": "q8a8" for i in range(LAYERS) for n in ("qkv", "up", "down")},
-                       **{f"layers.{i}.o": "k4a8" for i in range(LAYERS)}, "head": "q8a8"}
-    o = weights["layers.0.o"]
-    assert isinstance(o, Q4Weight) and o.sup is not None
+    assert formats == {**{f"layers.{i}.{n}": "q8a8" for i in range(LAYERS) for n in ("qkv", "up")},
+                       **{f"layers.{i}.o": "k4a8" for i in range(LAYERS)},
+                       **{f"layers.{i}.down": "k6a8" for i in range(LAYERS)}, "head": "q8a8"}
+    o, down = weights["layers.0.o"], weights["layers.0.down"]
+    assert isinstance(o, Q4Weight) and o.sup is not None and isinstance(down, Q6Weight)
+    assert isinstance(weights["layers.0.v"], torch.Tensor)  # a Q6_K part of a q8a8 layer: floats
     lm = load_model(str(path), dtype="w4a8", tokenizer=False)
     assert lm.model.layers[0].o.fmt == "k4a8" and torch.equal(lm.model.layers[0].o.float_weight(), o.dequantize())
+    assert lm.model.layers[0].down.fmt == "k6a8"
+    assert torch.equal(lm.model.layers[0].down.float_weight(), down.dequantize())
     got = close_to_transformers(lm, hf)
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
     again = load_model(str(path), dtype="w4a8", tokenizer=False)  # from the built-model cache
-    assert again.model.layers[1].o.fmt == "k4a8"
+    assert again.model.layers[1].o.fmt == "k4a8" and again.model.layers[1].down.fmt == "k6a8"
     assert torch.equal(again.model.extend(ids, again.model.new_cache(1, capacity=16)).logits[0], got)
+
+
+@pytest.mark.skipif(not w4a8.KERNELS[1].applies(torch.device("cpu")), reason="no avx2 path on this CPU")
+def test_tiny_qwen2_gguf_w4a8_on_the_avx2_path_keeps_q6_k_in_8_bit_groups(tiny_qwen2_gguf, tmp_path, monkeypatch):
+    """The avx2 path runs 6-bit groups slower than 8-bit ones: there the Q6_K down is planned q8a8, and the
+    built model is cached under its own name (a cache built on a VNNI path is not what this one loads)."""
+    monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
+    path, _ = tiny_qwen2_gguf
+    monkeypatch.setenv(w4a8.FORCE_ENV, "avx2")
+    _, _, formats = read_gguf(path, "w4a8")
+    assert formats["layers.0.down"] == "q8a8" and formats["layers.0.o"] == "k4a8"
+    lm = load_model(str(path), dtype="w4a8", tokenizer=False)
+    assert lm.model.layers[0].down.fmt == "q8a8"
+    monkeypatch.setenv(w4a8.FORCE_ENV, "reference")
+    assert load_model(str(path), dtype="w4a8", tokenizer=False).model.layers[0].down.fmt == "k6a8"
+    built = sorted(p.name for p in tmp_path.rglob("w4a8*.safetensors"))
+    assert len(built) == 2 and any("q8" in name for name in built), built
 
 
 def test_tiny_qwen2_int4_cached_load_keeps_the_plan(tiny_qwen2_gguf, tmp_path, monkeypatch):

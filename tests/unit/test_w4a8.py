@@ -1,5 +1,5 @@
-"""The w4a8 format (models/w4a8.py, models/kernels/w4a8.cpp), its 4-bit groups and its 8-bit ones
-(q8a8): the C++ kernel's rounding of the activations bit for bit the reference's, its products against
+"""The w4a8 format (models/w4a8.py, models/kernels/w4a8.cpp), its 4-bit groups, its 8-bit ones
+(q8a8), Q4_K's super-blocks (k4a8) and Q6_K's 6-bit groups (k6a8): the C++ kernel's rounding of the activations bit for bit the reference's, its products against
 the reference and the dequantised matmul for every shape class and row count, rows that do not depend
 on the rows beside them (both kernels), the largest products without saturation, GGUF codes kept
 exactly, and the fallback a CPU without AVX2 gets (or one where the kernel does not build)."""
@@ -42,12 +42,25 @@ def layer(k: int, n: int, seed: int = 0, bits: int = 4) -> tuple[torch.Tensor, t
 inputs = kernel_inputs
 
 
-def dequantised_matmul(x: torch.Tensor, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+def layout_of(m: torch.Tensor | None, sub: torch.Tensor | None = None) -> str:
+    """The layer format of per-group tensors: 4-bit groups with mins, 8-bit ones without, or with
+    super-blocks (sub: k4a8's uint8 (sc, mn), k6a8's int8 scales)."""
+    if sub is not None:
+        return "k6a8" if sub.dtype == torch.int8 else "k4a8"
+    return "w4a8" if m is not None else "q8a8"
+
+
+def dequantize(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, sub: torch.Tensor | None = None):
+    return w4a8.dequantize(layout_of(m, sub), packed, d, m if sub is None else sub)
+
+
+def dequantised_matmul(x: torch.Tensor, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+                       sub: torch.Tensor | None = None) -> torch.Tensor:
     """The format written out: x rounded per group (its definition), then the dequantised x and w
     multiplied in float64."""
     q, dx, _ = w4a8.quantize_groups(x)
     xq = (q.view(x.shape[0], -1, 32).double() * dx.double()[..., None]).view(x.shape)
-    return (xq @ w4a8.dequantize(packed, d, m).double().t()).float()
+    return (xq @ dequantize(packed, d, m, sub).double().t()).float()
 
 
 def tolerance(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -59,7 +72,12 @@ def tolerance(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def kernel(name: str, packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
            sub: torch.Tensor | None = None):
-    return {c.name: c for c in w4a8.KERNELS}[name].build(packed, d, m, sub)
+    extra = m if sub is None else sub
+    return {c.name: c for c in w4a8.KERNELS}[name].build(layout_of(m, sub), packed, d, extra)
+
+
+def reference(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, sub: torch.Tensor | None = None):
+    return w4a8.reference(layout_of(m, sub), packed, d, m if sub is None else sub)
 
 
 def test_codes_pack_and_unpack_and_float_weights_round_trip():
@@ -71,10 +89,10 @@ def test_codes_pack_and_unpack_and_float_weights_round_trip():
     codes, d, m = w4a8.quantize_weight(w)
     assert int(codes.max()) <= 15
     step = d.repeat_interleave(32, dim=1)
-    assert (w4a8.dequantize(w4a8.pack_codes(codes), d, m) - w).abs().le(step / 2 + 1e-6).all()
+    assert (dequantize(w4a8.pack_codes(codes), d, m) - w).abs().le(step / 2 + 1e-6).all()
     c8, d8 = w4a8.quantize_weight8(w)
     assert c8.dtype == torch.int8 and int(c8.abs().max()) == 127
-    assert (w4a8.dequantize(c8, d8, None) - w).abs().le(d8.repeat_interleave(32, dim=1) / 2 + 1e-6).all()
+    assert (dequantize(c8, d8, None) - w).abs().le(d8.repeat_interleave(32, dim=1) / 2 + 1e-6).all()
 
 
 @native_only
@@ -102,11 +120,11 @@ def test_the_vnni_path_rounds_activations_as_the_reference_does_bit_for_bit():
 @pytest.mark.parametrize("k,n", SHAPES)
 def test_kernel_agrees_with_the_reference_and_the_dequantised_matmul(name, k, n, bits):
     packed, d, m = layer(k, n, bits=bits)
-    run, ref = kernel(name, packed, d, m), w4a8.reference(packed, d, m)
+    run, ref = kernel(name, packed, d, m), reference(packed, d, m)
     for t in ROWS if k * n < 5_000_000 else ROWS[::3]:
         x = inputs(t, k)
         y, want = run(x), dequantised_matmul(x, packed, d, m)
-        tol = tolerance(x, w4a8.dequantize(packed, d, m))
+        tol = tolerance(x, dequantize(packed, d, m))
         assert ((y - want).abs() <= tol).all(), f"{name} {k}->{n}, {t} rows: off the dequantised matmul"
         assert ((y - ref(x)).abs() <= tol).all(), f"{name} {k}->{n}, {t} rows: off the reference"
 
@@ -141,7 +159,7 @@ def test_super_blocks_compute_what_their_groups_do_bit_for_bit(name, k, n):
     for t in ROWS:
         assert torch.equal(run(x[:t]), groups(x[:t])), f"{name} {k}->{n}, {t} rows"
         assert torch.equal(run(x[:t]), alone[:t]), f"{name} {k}->{n}: {t} rows differ from the rows alone"
-    tol = tolerance(x, w4a8.dequantize(packed, d, m))
+    tol = tolerance(x, dequantize(packed, d, m))
     assert ((run(x) - dequantised_matmul(x, packed, d, m)).abs() <= tol).all()
 
 
@@ -152,6 +170,78 @@ def test_a_float_weight_into_super_blocks_stays_within_a_step():
     assert ((lin.float_weight() - w).abs() <= d.repeat_interleave(32, 1) / 2 + 1e-7).all()
     with pytest.raises(SpecstackError, match="divisible by 256"):
         QLinear(96, 8, "k4a8")
+
+
+def six_layer(k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k6a8's stored codes, D [N, K / 256] and int8 scales [N, K / 16] as GGUF Q6_K holds them (scales of
+    either sign, the extremes among them)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 64, (n, k), generator=g, dtype=torch.uint8)
+    big = torch.rand(n, k // 256, generator=g) * 1e-4
+    s16 = torch.randint(-128, 128, (n, k // 16), generator=g, dtype=torch.int8)
+    s16[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+    return w4a8.pack_codes6(codes), big, s16
+
+
+def test_six_bit_codes_pack_and_unpack_in_the_kernels_order():
+    c = torch.randint(0, 64, (6, 512), dtype=torch.uint8)
+    packed = w4a8.pack_codes6(c)
+    assert packed.shape == (6, 384) and torch.equal(w4a8.unpack_codes6(packed), c)
+    # a chunk: the 4 groups' nibbles as pack_codes packs them, then byte j of the plane holding the top
+    # bits of group 0's code j, group 2's code j, group 0's code 16 + j and group 2's code 16 + j
+    assert torch.equal(packed[:, :64], w4a8.pack_codes(c[:, :128] & 15))
+    top = c[:, :128] >> 4
+    want = top[:, 3] | top[:, 64 + 3] << 2 | top[:, 16 + 3] << 4 | top[:, 64 + 16 + 3] << 6
+    assert torch.equal(packed[:, 64 + 3], want)
+    assert torch.equal(packed[:, 64 + 16 + 3], top[:, 32 + 3] | top[:, 96 + 3] << 2 | top[:, 48 + 3] << 4
+                       | top[:, 112 + 3] << 6)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("k,n", [(256, 48), (1536, 2048), (8960, 1536), (512, 40)])
+def test_six_bit_groups_agree_with_the_reference_and_keep_rows_invariant(name, k, n):
+    """k6a8 (GGUF Q6_K) on every path: against the reference and the dequantised matmul at every row
+    count, and each row's numbers those it has alone."""
+    packed, big, s16 = six_layer(k, n)
+    run, ref = kernel(name, packed, big, None, s16), reference(packed, big, None, s16)
+    x = inputs(33, k)
+    alone = torch.cat([run(x[i : i + 1]) for i in range(33)])
+    tol = tolerance(x, dequantize(packed, big, None, s16))
+    for t in ROWS if k * n < 5_000_000 else ROWS[::3]:
+        y = run(x[:t])
+        assert torch.equal(y, alone[:t]), f"{name} {k}->{n}: {t} rows differ from the rows alone"
+        assert ((y - ref(x[:t])).abs() <= tol[:t]).all(), f"{name} {k}->{n}, {t} rows: off the reference"
+        want = dequantised_matmul(x[:t], packed, big, None, s16)
+        assert ((y - want).abs() <= tol[:t]).all(), f"{name} {k}->{n}, {t} rows: off the dequantised matmul"
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_six_bit_extreme_products_stay_exact(name):
+    """Codes 0 and 63 (c - 32 = -32, 31) under scales -128 and 127 against activations at +-127: the
+    integer sums at the format's largest (vpdpbusd lanes of 4 * 32 * 127 packed to int16, vpmaddwd
+    pairs times 128) with no saturation, compared in float64 with the dequantised matmul."""
+    k, n = 1024, 8
+    codes = torch.zeros(n, k, dtype=torch.uint8)
+    codes[n // 2 :] = 63
+    s16 = torch.full((n, k // 16), -128, dtype=torch.int8)
+    s16[::2] = 127
+    packed, big = w4a8.pack_codes6(codes), torch.ones(n, k // 256)
+    x = torch.ones(3, k)
+    x[1] *= -1
+    x[2, ::2] *= -1
+    y = kernel(name, packed, big, None, s16)(x)
+    want = dequantised_matmul(x, packed, big, None, s16)
+    assert ((y - want).abs() <= 1e-6 * want.abs().max()).all(), (y, want)
+
+
+def test_a_float_weight_into_six_bit_groups_stays_within_a_step():
+    w = torch.randn(24, 512) * 0.05
+    lin = QLinear(512, 24, "k6a8").set_float(w)
+    unit = lin.scales.repeat_interleave(16, 1) * lin.subscales.float()
+    assert ((lin.float_weight() - w).abs() <= unit.repeat_interleave(16, 1) / 2 + 1e-7).all()
+    assert lin.step_bytes() == 24 * 512 * 3 // 4 + 24 * 2 * 4 + 24 * 32  # codes, fp32 D, int8 scales
+    with pytest.raises(SpecstackError, match="divisible by 256"):
+        QLinear(96, 8, "k6a8")
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -187,7 +277,7 @@ def test_gguf_codes_are_kept_exactly_and_the_layer_adds_its_bias():
     lin.unbind()
     x = inputs(5, k)
     assert ((lin(x) - dequantised_matmul(x, packed, d, m) - lin.bias).abs() <= tolerance(x, lin.float_weight())).all()
-    assert torch.equal(lin.float_weight(), w4a8.dequantize(packed, d, m))
+    assert torch.equal(lin.float_weight(), dequantize(packed, d, m))
     with pytest.raises(ValueError, match="w4a8 weights compute in torch.float32"):
         QLinear(64, 96, "w4a8", activation=torch.bfloat16)
     with pytest.raises(SpecstackError, match="divisible by 32"):

@@ -4,7 +4,10 @@
 // dx = amax / 127, sx = dx * sum(q). Two kinds of weight groups:
 // - 4-bit (mm4): codes c in 0..15 with w = d * c + m (GGUF Q4_0/Q4_1/Q4_K), 16 bytes a group;
 // - 8-bit (mm8): codes c in -127..127 with w = d * c and no m (GGUF Q8_0's layout), 32 bytes a group:
-//   the layers a Q4_K_M file keeps in more than 4 bits (Q6_K), and the unembedding.
+//   the layers a file keeps in more than 4 bits that have no layout of their own here, and unembeddings;
+// - 6-bit (mm6k, the `k6a8` layer format): GGUF Q6_K's codes c in 0..63 with w = D * s * (c - 32), an
+//   int8 s per 16 weights and D per 256, 24 bytes a group (4 bits in w4a8's nibbles, 2 in a plane
+//   after each 4 groups' nibbles): a lane's integer sum is sum_16 s * (c - 32) * q, exact in int32.
 //
 // Why it is shaped so:
 // - each weight group is read (and unpacked) once for all the rows of the call: the rows share the
@@ -26,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -67,10 +71,11 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* q, float* dx
 struct RowScales;
 
 struct Scales {
-  const float* d = nullptr;
+  const float* d = nullptr;  // per group, or (k6a8) D per super-block
   const float* m = nullptr;
   const float* sup = nullptr;
   const uint8_t* sub = nullptr;
+  const int8_t* s16 = nullptr;  // k6a8: the int8 scale of each 16 weights
   int64_t supers = 0;
 
   RowScales row(int64_t n, int64_t groups) const;
@@ -84,6 +89,7 @@ struct RowScales {
   const float* sup = nullptr;  // (D, M) per super-block of 8 groups
   const uint8_t* sc = nullptr;
   const uint8_t* mn = nullptr;
+  const int8_t* s16 = nullptr;  // k6a8 (d then holds D per super-block)
 
   bool has_mins() const { return m != nullptr || sup != nullptr; }
   float d1(int64_t g) const { return sup ? sup[2 * (g / 8)] * static_cast<float>(sc[g]) : d[g]; }
@@ -98,7 +104,10 @@ struct RowScales {
 
 RowScales Scales::row(int64_t n, int64_t groups) const {
   RowScales r;
-  if (sup == nullptr) {
+  if (s16 != nullptr) {
+    r.d = d + n * supers;
+    r.s16 = s16 + n * groups * 2;
+  } else if (sup == nullptr) {
     r.d = d + n * groups;
     r.m = m == nullptr ? nullptr : m + n * groups;
   } else {
@@ -109,13 +118,22 @@ RowScales Scales::row(int64_t n, int64_t groups) const {
   return r;
 }
 
+// One weight group as the avx2 path multiplies it: 32 codes (code j in byte j), the int16 factors
+// of vpmaddwd's pair sums (ones, or a 6-bit group's two scales), and the group's float scale.
+struct Group {
+  __m256i w;
+  __m256i mul;
+  float d;
+};
+
 // 4-bit groups: 16 bytes -> 32 codes; byte j holds code j (low nibble) and code j + 16 (high nibble)
 struct Q4 {
   static constexpr int64_t kBytes = kGroup / 2;
-  static inline __m256i load(const uint8_t* p) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  static inline Group group(const uint8_t* wn, const RowScales& s, int64_t g) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wn + g * kBytes));
     const __m128i low = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low), _mm_and_si128(b, low));
+    return {_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low), _mm_and_si128(b, low)),
+            _mm256_set1_epi16(1), s.d1(g)};
   }
   static inline __m256i products(__m256i w, __m256i a) { return _mm256_maddubs_epi16(w, a); }
 };
@@ -123,17 +141,42 @@ struct Q4 {
 // 8-bit groups: 32 signed codes; |c| times q with c's sign
 struct Q8 {
   static constexpr int64_t kBytes = kGroup;
-  static inline __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static inline Group group(const uint8_t* wn, const RowScales& s, int64_t g) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wn + g * kBytes)), _mm256_set1_epi16(1), s.d1(g)};
+  }
   static inline __m256i products(__m256i w, __m256i a) {
     return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
   }
 };
 
+// 6-bit groups (k6a8), 96 bytes a chunk of 4 groups: [the 4 groups' nibbles as Q4's | 32 bytes of
+// high bits], byte j of the plane holding the top 2 bits of nibble-vector positions j, j + 32 (bits
+// 0-1, 2-3; a position p is code p % 16 of the chunk's group p / 16) and of codes 16.. at the same
+// positions (bits 4-5, 6-7): the vnni path widens a chunk with two shifts, this one a group with one.
+// The codes go in as c - 32 with Q8's sign trick; vpmaddwd applies the two 16-weight scales.
+struct Q6 {
+  static constexpr int64_t kBytes = 24;
+  static inline Group group(const uint8_t* wn, const RowScales& s, int64_t g) {
+    const uint8_t* base = wn + (g / 4) * 96;
+    const int64_t gi = g % 4;
+    const __m128i nb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + gi * 16));
+    const __m128i hb = _mm_srl_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + 64 + (gi & 1) * 16)),
+                                     _mm_cvtsi32_si128(static_cast<int>(gi >> 1) * 2));
+    const __m128i m15 = _mm_set1_epi8(0x0F), m3 = _mm_set1_epi8(3);
+    const __m128i lo = _mm_or_si128(_mm_and_si128(nb, m15), _mm_slli_epi16(_mm_and_si128(hb, m3), 4));
+    const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(nb, 4), m15),
+                                    _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(hb, 4), m3), 4));
+    return {_mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(32)),
+            _mm256_set_m128i(_mm_set1_epi16(s.s16[2 * g + 1]), _mm_set1_epi16(s.s16[2 * g])), s.d[g / 8]};
+  }
+  static inline __m256i products(__m256i w, __m256i a) { return Q8::products(w, a); }
+};
+
 // one group of codes x 32 activation codes -> 8 lanes of partial integer sums, as floats (exact)
 template <class W>
-inline __m256 group_dot(__m256i w, const int8_t* q) {
+inline __m256 group_dot(const Group& w, const int8_t* q) {
   const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(W::products(w, a), _mm256_set1_epi16(1)));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(W::products(w.w, a), w.mul));
 }
 
 inline float hsum(__m256 v) {
@@ -161,10 +204,9 @@ inline void tile(const uint8_t* wn, const RowScales& sn, const int8_t* q, const 
   __m256 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const __m256i w = W::load(wn + g * W::kBytes);
-    const float d = sn.d1(g);
+    const Group w = W::group(wn, sn, g);
     for (int i = 0; i < R; ++i) {
-      const __m256 scale = _mm256_set1_ps(d * dx[i * groups + g]);
+      const __m256 scale = _mm256_set1_ps(w.d * dx[i * groups + g]);
       acc[i] = _mm256_fmadd_ps(scale, group_dot<W>(w, q + i * k + g * kGroup), acc[i]);
     }
   }
@@ -184,6 +226,15 @@ void sweep(int64_t n_out, int64_t rows, int64_t grain, int64_t tile, const F& f)
         for (int64_t r = r0; r < r1; r += tile) f(n, r, std::min(tile, r1 - r));
     }
   });
+}
+
+// f(std::integral_constant<int, R>) for R = rows (1 <= rows <= Most): a tile's row count as a constant
+template <int Most, class F>
+inline void by_rows(int64_t rows, const F& f) {
+  if constexpr (Most > 1) {
+    if (rows < Most) return by_rows<Most - 1>(rows, f);
+  }
+  f(std::integral_constant<int, Most>{});
 }
 
 template <class W>
@@ -211,16 +262,7 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const Scales& sc
     const float* dxr = dxp + r * groups;
     const float* sxr = sxp + r * groups;
     float* yr = yp + r * n_out + n;
-    switch (left) {
-      case 8: tile<W, 8>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-      case 7: tile<W, 7>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-      case 6: tile<W, 6>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-      case 5: tile<W, 5>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-      case 4: tile<W, 4>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-      case 3: tile<W, 3>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-      case 2: tile<W, 2>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-      default: tile<W, 1>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); break;
-    }
+    by_rows<kRowTile>(left, [&](auto rt) { tile<W, decltype(rt)::value>(wn, sn, qr, dxr, sxr, k, groups, yr, n_out); });
   });
   return y;
 }
@@ -436,21 +478,66 @@ VNNI_FN inline void tile8_vnni(const uint8_t* wn, const float* dn, const int8_t*
   for (int i = 0; i < R; ++i) y[i * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], _mm512_castps256_ps512(tail[i])));
 }
 
-// minus 128 * (the sum of each 4 consecutive codes) for the rows' natural-order codes
-VNNI_FN void lane_offsets(const int8_t* q, int64_t n, int32_t* neg) {
+// 6-bit groups (k6a8), R rows against one output channel. q: the rows' interleaved codes (as mm4's);
+// neg: minus 32 * the sum of each lane's 4 activation codes (stride k / 4), so a lane's vpdpbusd sum is
+// sum (c - 32) q over its 4 codes, |.| <= 4 * 32 * 127: the two 16-code halves of each group are packed
+// to int16 side by side (vpackssdw, exact) and vpmaddwd multiplies each by its scale and adds pairs,
+// leaving 4 lanes a group as mm4 has them (so the same dx lanes).
+template <int R>
+VNNI_FN inline void tile6_vnni(const uint8_t* wn, const RowScales& sn, const int8_t* q, const int32_t* neg,
+                               const float* lanes, int64_t k, int64_t groups, float* y, int64_t ldy) {
+  const int64_t chunks = groups / 4;
+  const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  // int16 element e of 32 takes scale (e / 8) * 2 + (e % 8 >= 4) of the chunk's 8
+  const __m512i spread = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
+                                          3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint8_t* base = wn + c * 96;
+    const __m512i raw = _mm512_loadu_si512(base);
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 64));
+    // the plane's fields moved to bits 4-5 of each byte (a 16-bit shift moves no field of one byte onto
+    // bits 4-5 of the other), then masked in: low = nibble | (h & 3) << 4, high = nibble | (h >> 4 & 3) << 4
+    // (0xF8: a ternary-logic select, bits 0-3 from the first operand and the rest from the second's 0x30)
+    const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
+    const __m512i low = _mm512_ternarylogic_epi32(_mm512_and_si512(raw, nib), _mm512_slli_epi16(h, 4), top, 0xF8);
+    const __m512i high = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(raw, 4), nib), h, top, 0xF8);
+    const __m128i s8 = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sn.s16 + 8 * c)));
+    const __m512i sc = _mm512_permutexvar_epi16(spread, _mm512_castsi128_si512(s8));
+    const __m512 big = _mm512_set1_ps(sn.d[c / 2]);
+    for (int i = 0; i < R; ++i) {
+      const int8_t* qc = q + i * k + c * 128;
+      const int32_t* nc = neg + i * (k / 4) + c * 32;
+      const __m512i s0 = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc), low, _mm512_loadu_si512(qc));
+      const __m512i s1 = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc + 16), high, _mm512_loadu_si512(qc + 64));
+      const __m512i t = _mm512_madd_epi16(_mm512_packs_epi32(s0, s1), sc);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(big, _mm512_loadu_ps(lanes + i * (k / 8) + c * 16)),
+                               acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) y[i * ldy] = _mm512_reduce_add_ps(acc[i]);
+}
+
+// `times` * (the sum of each 4 consecutive codes) of a row's codes, in their stored order
+VNNI_FN void lane_offsets(const int8_t* q, int64_t n, int32_t times, int32_t* neg) {
   const __m512i ones = _mm512_set1_epi8(1);
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q + i));
-    _mm512_storeu_si512(neg + i / 4, _mm512_mullo_epi32(s, _mm512_set1_epi32(-128)));
+    _mm512_storeu_si512(neg + i / 4, _mm512_mullo_epi32(s, _mm512_set1_epi32(times)));
   }
-  for (; i < n; i += 4) neg[i / 4] = -128 * (q[i] + q[i + 1] + q[i + 2] + q[i + 3]);
+  for (; i < n; i += 4) neg[i / 4] = times * (q[i] + q[i + 1] + q[i + 2] + q[i + 3]);
 }
 
-template <bool Four>
+// the weight groups a vnni matmul takes
+enum class Bits { kFour, kSix, kEight };
+
+template <Bits B>
 at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scales& scales) {
+  constexpr bool kEight = B == Bits::kEight;  // natural order, 8 lanes a group; else interleaved, 4
   const int64_t rows = x.size(0), k = x.size(1), n_out = codes.size(0);
-  const int64_t bytes = Four ? kGroup / 2 : kGroup;
+  const int64_t bytes = B == Bits::kFour ? kGroup / 2 : B == Bits::kSix ? 24 : kGroup;
   TORCH_CHECK(k % kGroup == 0 && codes.size(1) == k / kGroup * bytes, "w4a8: codes do not fit x's width");
   const int64_t groups = k / kGroup;
   const at::Tensor xc = x.contiguous(), cc = codes.contiguous();
@@ -459,10 +546,10 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
   at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
   at::Tensor dx = at::empty({rows, groups}, x.options());
   at::Tensor sx = at::empty({rows, groups}, x.options());
-  at::Tensor neg = at::empty({Four ? 0 : rows, k / 4}, x.options().dtype(at::kInt));
-  // each row's dx spread over the lanes that hold its groups' sums (4 lanes a group for 4-bit codes,
-  // 8 for 8-bit ones), so a row's scale is one multiply a vector
-  const int64_t per_group = Four ? 4 : 8, lstride = groups * per_group;
+  at::Tensor neg = at::empty({B == Bits::kFour ? 0 : rows, k / 4}, x.options().dtype(at::kInt));
+  // each row's dx spread over the lanes that hold its groups' sums (4 lanes a group for interleaved
+  // codes, 8 for 8-bit ones), so a row's scale is one multiply a vector
+  const int64_t per_group = kEight ? 8 : 4, lstride = groups * per_group;
   at::Tensor lanes = at::empty({rows, lstride}, x.options());
   const float* xp = xc.data_ptr<float>();
   int8_t* qw = q.data_ptr<int8_t>();
@@ -472,9 +559,9 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
   float* lw = lanes.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // the rows' rounding, each row on its own
     for (int64_t r = r0; r < r1; ++r) {
-      quantize_row_vnni(xp + r * k, k, qw + r * k, dxw + r * groups, sxw + r * groups, Four);
-      if (!Four) lane_offsets(qw + r * k, k, negw + r * (k / 4));
-      for (int64_t g = 0; g < (Four ? groups / 4 * 4 : groups); ++g)
+      quantize_row_vnni(xp + r * k, k, qw + r * k, dxw + r * groups, sxw + r * groups, !kEight);
+      if (B != Bits::kFour) lane_offsets(qw + r * k, k, kEight ? -128 : -32, negw + r * (k / 4));
+      for (int64_t g = 0; g < (kEight ? groups : groups / 4 * 4); ++g)
         for (int64_t l = 0; l < per_group; ++l) lw[r * lstride + g * per_group + l] = dxw[r * groups + g];
     }
   });
@@ -487,24 +574,14 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
     const int8_t* qr = qw + r * k;
     const float* dxr = dxw + r * groups;
     const float* lr = lw + r * lstride;
+    const int32_t* nr = negw + r * (k / 4);
     float* yr = yp + r * n_out + n;
-    if constexpr (Four) {
-      const float* sxr = sxw + r * groups;
-      switch (left) {
-        case 4: tile4_vnni<4>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-        case 3: tile4_vnni<3>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-        case 2: tile4_vnni<2>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-        default: tile4_vnni<1>(wn, sn, qr, dxr, lr, sxr, k, groups, yr, n_out); break;
-      }
-    } else {
-      const int32_t* nr = negw + r * (k / 4);
-      switch (left) {
-        case 4: tile8_vnni<4>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-        case 3: tile8_vnni<3>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-        case 2: tile8_vnni<2>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-        default: tile8_vnni<1>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out); break;
-      }
-    }
+    by_rows<kVnniTile>(left, [&](auto rt) {
+      constexpr int R = decltype(rt)::value;
+      if constexpr (B == Bits::kFour) tile4_vnni<R>(wn, sn, qr, dxr, lr, sxw + r * groups, k, groups, yr, n_out);
+      else if constexpr (B == Bits::kSix) tile6_vnni<R>(wn, sn, qr, nr, lr, k, groups, yr, n_out);
+      else tile8_vnni<R>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out);
+    });
   });
   return y;
 }
@@ -530,8 +607,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_op(const at::Tensor& x) 
 
 // The ops of one path (its 4-bit and 8-bit matmuls), checked alike: per-group scales (mm4, mm8) or
 // Q4_K's super-blocks (mm4k).
-template <at::Tensor (*MM4)(const at::Tensor&, const at::Tensor&, const Scales&),
-          at::Tensor (*MM8)(const at::Tensor&, const at::Tensor&, const Scales&)>
+// the k6a8 layout's scales (GGUF Q6_K), checked
+Scales six_scales(const at::Tensor& codes, const at::Tensor& big, const at::Tensor& s16, int64_t groups,
+                  std::vector<at::Tensor>& keep) {
+  const int64_t n = codes.size(0);
+  TORCH_CHECK(groups % 8 == 0, "k6a8: in_features must be a multiple of 256");
+  TORCH_CHECK(big.scalar_type() == at::kFloat && big.dim() == 2 && big.size(0) == n && big.size(1) * 8 == groups,
+              "k6a8: super-block scales must be float32 [out, in / 256]");
+  TORCH_CHECK(s16.scalar_type() == at::kChar && s16.dim() == 2 && s16.size(0) == n && s16.size(1) == 2 * groups,
+              "k6a8: sub-block scales must be int8 [out, in / 16]");
+  keep.push_back(big.contiguous());
+  keep.push_back(s16.contiguous());
+  Scales s;
+  s.d = keep[keep.size() - 2].data_ptr<float>();
+  s.s16 = keep.back().data_ptr<int8_t>();
+  s.supers = big.size(1);
+  return s;
+}
+
+using MatmulFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const Scales&);
+
+template <MatmulFn MM4, MatmulFn MM8, MatmulFn MM6>
 struct PathOps {
   static at::Tensor mm4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
     std::vector<at::Tensor> keep;
@@ -548,9 +644,14 @@ struct PathOps {
     check_codes(codes, false);
     return MM8(x, codes, group_scales(codes, d, nullptr, groups_of(x), keep));
   }
+  static at::Tensor mm6k(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& big, const at::Tensor& s16) {
+    std::vector<at::Tensor> keep;
+    check_codes(codes, true);
+    return MM6(x, codes, six_scales(codes, big, s16, groups_of(x), keep));
+  }
 };
-using Avx2Ops = PathOps<matmul<Q4>, matmul<Q8>>;
-using VnniOps = PathOps<matmul_vnni<true>, matmul_vnni<false>>;
+using Avx2Ops = PathOps<matmul<Q4>, matmul<Q8>, matmul<Q6>>;
+using VnniOps = PathOps<matmul_vnni<Bits::kFour>, matmul_vnni<Bits::kEight>, matmul_vnni<Bits::kSix>>;
 
 }  // namespace
 
@@ -563,6 +664,8 @@ TORCH_LIBRARY(specstack_w4a8, lib) {
   lib.def("mm4k_vnni(Tensor x, Tensor codes, Tensor sup, Tensor sub) -> Tensor");
   lib.def("mm8_vnni(Tensor x, Tensor codes, Tensor d) -> Tensor");
   lib.def("quantize_vnni(Tensor x) -> (Tensor, Tensor, Tensor)");
+  lib.def("mm6k(Tensor x, Tensor codes, Tensor big, Tensor s16) -> Tensor");
+  lib.def("mm6k_vnni(Tensor x, Tensor codes, Tensor big, Tensor s16) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specstack_w4a8, CPU, lib) {
@@ -574,4 +677,6 @@ TORCH_LIBRARY_IMPL(specstack_w4a8, CPU, lib) {
   lib.impl("mm4k_vnni", &VnniOps::mm4k);
   lib.impl("mm8_vnni", &VnniOps::mm8);
   lib.impl("quantize_vnni", &quantize_op<round_vnni>);
+  lib.impl("mm6k", &Avx2Ops::mm6k);
+  lib.impl("mm6k_vnni", &VnniOps::mm6k);
 }
