@@ -14,7 +14,7 @@ training forward (unrolled_step_mask).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -344,6 +344,11 @@ PAD_RUN_TOKENS = 4
 MATMUL_QUERIES = 4
 
 
+# q [B, H, T, D], k, v [B, Hkv, S, D], mask [B, 1, T, S] or None, is_causal -> [B, H, T, D]: one attention
+# call (`attend` makes one per run of rows); a model may bring its own (models/fixed_attention.py)
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, bool], torch.Tensor]
+
+
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                is_causal: bool) -> torch.Tensor:
     """q [B, H, T, D] over k, v [B, Hkv, S, D] (grouped-query: H a multiple of Hkv) -> [B, H, T, D]."""
@@ -359,14 +364,17 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
                                           enable_gqa=k.shape[1] != q.shape[1])
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: AttentionBatch,
+           kernel: AttentionFn | None = None) -> torch.Tensor:
     """The attention of a forward, for either layout: q [B, T, H, D] (the block's queries, [1, N, H, D]
-    when packed), keys/values [B, Hkv, S, D] from the cache -> [B * T, H * D]."""
+    when packed), keys/values [B, Hkv, S, D] from the cache -> [B * T, H * D]. kernel: the model's own
+    attention call (default: torch's, in the cache's dtype)."""
     b, t, h, d = q.shape
     act = q.dtype
     q = q.to(keys.dtype)
+    run_one = kernel or _attention
     if batch.runs is None:
-        a = _attention(q.transpose(1, 2), keys, values, batch.mask, batch.is_causal)
+        a = run_one(q.transpose(1, 2), keys, values, batch.mask, batch.is_causal)
         return a.transpose(1, 2).reshape(b * t, h * d).to(act)
     out = q.new_empty(t, h, d)
     for run in batch.runs:
@@ -374,11 +382,11 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: Att
         kr, vr = keys[run.start : run.stop, :, : run.keys], values[run.start : run.stop, :, : run.keys]
         if run.gather is not None:  # padded short blocks: gather the queries, keep the real outputs
             qr = q[0, run.gather].view(rows, n, h, d).transpose(1, 2)
-            a = _attention(qr, kr, vr, run.mask, run.is_causal).transpose(1, 2).reshape(rows * n, h, d)
+            a = run_one(qr, kr, vr, run.mask, run.is_causal).transpose(1, 2).reshape(rows * n, h, d)
             out[run.first : run.first + len(run.real)] = a[run.real]
             continue
         span = slice(run.first, run.first + rows * n)
         qr = q[0, span].view(rows, n, h, d).transpose(1, 2)
-        a = _attention(qr, kr, vr, run.mask, run.is_causal)
+        a = run_one(qr, kr, vr, run.mask, run.is_causal)
         out[span] = a.transpose(1, 2).reshape(rows * n, h, d)
     return out.view(t, h * d).to(act)

@@ -9,22 +9,27 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
 from specstack.errors import SpecstackError
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # x [M, K] fp32 -> y [M, N] fp32 (no bias)
+Build = TypeVar("Build")
 
 
 @dataclass(frozen=True)
-class KernelChoice:
+class KernelChoice(Generic[Build]):
     name: str
     applies: Callable[[torch.device], bool]
-    build: Callable[..., Kernel]  # the layer's stored tensors -> its kernel
+    build: Build  # a linear's kernels: the layer's stored tensors -> its Kernel
 
 
-def choose(kernels: tuple[KernelChoice, ...], force_env: str, device: torch.device) -> KernelChoice:
+LinearKernels = KernelChoice[Callable[..., Kernel]]
+
+
+def choose(kernels: tuple[KernelChoice[Build], ...], force_env: str, device: torch.device) -> KernelChoice[Build]:
     """The kernel to use on `device`: the one `force_env` names (refused where it does not apply), else
     the first that applies (the last entry, the reference, applies everywhere)."""
     forced = os.environ.get(force_env) or None

@@ -112,8 +112,8 @@ def native_bf16() -> bool:
 
 
 FP32_ACTIVATIONS = ("fp32", "w8a8", "w4a8", "q8a8", "k4a8", "k6a8")
-# formats whose rows compute the same numbers whatever else shares the forward (their attention runs
-# over a float64 cache: models/transformer.py, Transformer.kv_dtype)
+# formats whose rows compute the same numbers whatever else shares the forward (and so does their
+# attention: models/fixed_attention.py)
 BATCH_INVARIANT = ("w8a8", "w4a8", "q8a8", "k4a8", "k6a8")
 # the requested formats whose kernels are CPU code only (on CUDA only their float64 references would run:
 # refused there, models/loading.py)

@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specstack.attention import AttentionBatch, attend
+from specstack.attention import AttentionBatch, AttentionFn, attend
 from specstack.cache import KVCache, cache_slots
 from specstack.config import HEAD_FORMAT, ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
 from specstack.models.bound import BoundModule, Forward
+from specstack.models.fixed_attention import InvariantAttention, invariant_attention
 from specstack.models.quant import (
     BATCH_INVARIANT,
     CodedWeight,
@@ -99,6 +100,8 @@ class Block(nn.Module):
         self.q_norm = Norm(cfg.head_dim, cfg.norm_eps, True, act) if f.qk_norm else None
         self.k_norm = Norm(cfg.head_dim, cfg.norm_eps, True, act) if f.qk_norm else None
         self.gated = f.gated
+        # the model's own attention call (models/fixed_attention.py), set by Transformer; None: torch's
+        self.attention: AttentionFn | None = None
         # plain references to the submodules (nn.Module.__getattr__ costs microseconds a lookup, every
         # layer of every step); they are set here once and never reassigned
         self.parts = (self.attn_norm, self.qkv, self.o, self.mlp_norm, self.up, self.down)
@@ -123,7 +126,7 @@ class Block(nn.Module):
         k = qk[:, :, nq:].transpose(1, 2)
         v = qkv[:, cfg.q_dim + cfg.kv_dim :].view(b, t, nkv, hd).transpose(1, 2)
         keys, values = cache.write(self.layer, k, v)
-        x = x + o_proj.forward(attend(qk[:, :, :nq], keys, values, batch))
+        x = x + o_proj.forward(attend(qk[:, :, :nq], keys, values, batch, self.attention))
         h = up_proj.forward(mlp_norm.forward(x))
         if self.gated:
             gate, up = h.chunk(2, dim=-1)
@@ -161,6 +164,7 @@ class Transformer(Extends, nn.Module):
         head_fmt = self.formats.get("head", HEAD_FORMAT.get(fmt, fmt))
         self.head = QLinear(cfg.d_model, cfg.vocab_size, head_fmt, activation=act)
         self.head_tokens: torch.Tensor | None = None  # with_head_over: the tokens the head scores
+        self._invariant: InvariantAttention | None = None  # invariant_attention, once chosen
         if cfg.block.position == "rope":
             cos, signed_sin = rope_tables(cfg)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -258,17 +262,27 @@ class Transformer(Extends, nn.Module):
         return KVCache(self.config, batch_size, cap, self.kv_dtype, self.device, window, max_rows=max_rows,
                        max_capacity=most)
 
+    def invariant_attention(self) -> InvariantAttention | None:
+        """The batch-invariant formats' attention (models/fixed_attention.py: fixed-order sums over an fp32
+        cache, or torch's over a float64 one), chosen once per model and handed to its blocks; None in
+        the other formats."""
+        if self.fmt not in BATCH_INVARIANT:
+            return None
+        if self._invariant is None:
+            self._invariant = invariant_attention(self.device)
+            for blk in self.blocks():
+                blk.attention = self._invariant.run
+        return self._invariant
+
     @property
     def kv_dtype(self) -> torch.dtype:
         """bf16 activations keep fp32 keys/values on a CPU without native bf16: attention over an
         emulated bf16 cache costs many times fp32 for one-token queries, and a step of one row is
         faster with it (docs/BENCHMARKS.md, "Batched decoding").
-        The batch-invariant formats (w8a8, w4a8) keep them in float64, and attention computes in the cache's dtype: its fp32 sums are
-        blocked differently for 1 query and for T (matmul or flash kernel, other tile shapes), which
-        moves the last bit; in float64 those differences are ~1e-16 and vanish when the result is
-        rounded back to fp32, so a token's attention does not depend on the tokens beside it."""
-        if self.fmt in BATCH_INVARIANT:
-            return torch.float64
+        The batch-invariant formats (w8a8, w4a8) keep what their attention needs (`invariant_attention`)."""
+        invariant = self.invariant_attention()
+        if invariant is not None:
+            return invariant.kv_dtype
         if self.act_dtype == torch.bfloat16 and self.device.type == "cpu" and not native_bf16():
             return torch.float32
         return self.act_dtype
@@ -282,6 +296,8 @@ class Transformer(Extends, nn.Module):
         "Wide forwards on dense weights"); a tensor of indices into the flattened B * T tokens gives
         logits [1, len, V]."""
         pos = batch.positions
+        if self._invariant is None:
+            self.invariant_attention()
         cache.begin_block(pos, batch.append, batch.counts)
         b, t = tokens.shape
         x = F.embedding(tokens.reshape(-1), self.embed)

@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from specstack.models import native
-from specstack.models.kernel_table import Kernel, KernelChoice, choose
+from specstack.models.kernel_table import Kernel, KernelChoice, LinearKernels, choose
 
 GROUP = 32
 SUPER = 8  # groups in a super-block of the k4a8 layer format (GGUF Q4_K's 256 weights)
@@ -255,7 +255,7 @@ def native_path(suffix: str) -> Callable[..., Kernel]:
 vnni512, avx2 = native_path("_vnni"), native_path("")
 
 
-KERNELS: tuple[KernelChoice, ...] = (
+KERNELS: tuple[LinearKernels, ...] = (
     KernelChoice("vnni512", lambda dev: dev.type == "cpu" and native.has_vnni512() and native.load("w4a8"), vnni512),
     KernelChoice("avx2", lambda dev: dev.type == "cpu" and native.load("w4a8"), avx2),
     KernelChoice("reference", lambda dev: True, reference),
@@ -272,6 +272,6 @@ def six_bit_groups() -> bool:
     return kernel_for(torch.device("cpu")).name in SIX_BIT_PATHS
 
 
-def kernel_for(device: torch.device) -> KernelChoice:
+def kernel_for(device: torch.device) -> LinearKernels:
     """The kernel this process uses on `device`: the forced one, else the first that applies."""
     return choose(KERNELS, FORCE_ENV, device)

@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from specstack.models.kernel_table import Kernel, KernelChoice, choose
+from specstack.models.kernel_table import Kernel, KernelChoice, LinearKernels, choose
 
 W_LEVELS = 63  # weight codes in [-63, 63]: see the docstring (saturation of vpmaddubsw)
 X_LEVELS = 127  # activation codes in [-127, 127], stored by fbgemm as u8 with zero point 128
@@ -94,13 +94,13 @@ def prepack(codes: torch.Tensor, scales: torch.Tensor) -> torch.ScriptObject:
     return torch.ops.quantized.linear_prepack(q, None)
 
 
-KERNELS: tuple[KernelChoice, ...] = (
+KERNELS: tuple[LinearKernels, ...] = (
     KernelChoice("fbgemm", lambda dev: dev.type == "cpu" and _fbgemm_available(), fbgemm),
     KernelChoice("reference", lambda dev: True, reference),
 )
 FORCE_ENV = "SPECSTACK_W8A8_KERNEL"  # a kernel's name: use it (tests simulate a CPU without fbgemm)
 
 
-def kernel_for(device: torch.device) -> KernelChoice:
+def kernel_for(device: torch.device) -> LinearKernels:
     """The kernel this process uses on `device`: the forced one, else the first that applies."""
     return choose(KERNELS, FORCE_ENV, device)

@@ -1,0 +1,165 @@
+// Attention summed in one fixed order per query (specstack/models/fixed_attention.py says where it runs):
+//   out[b, h, t] = sum_j p_j v[b, h / g, j] / sum_j p_j,  p_j = exp(s_j - max s),  s_j = (q . k_j) / sqrt(D)
+// over the keys j the query may see, in increasing slot order.
+//
+// Why it is shaped so: a query's numbers are the same sequence of fp32 operations whatever else shares
+// the call, so a token's attention does not depend on the tokens beside it (a verified tree computes
+// what one-token steps compute, batched rows what they compute alone), in fp32, without the float64
+// cache that torch's kernels need for that (their sums are blocked by the shapes of the call):
+// - a score is one dot product over D: 8 fp32 lanes, each summing its lanes' products in order of D,
+//   then one fixed lane reduction; the keys a query may not see are skipped, never multiplied by zero;
+// - the softmax's sum and each output lane sum over the visible keys in slot order (a query's visible
+//   keys sit in slots in the order of their positions: committed tokens, then its ancestors);
+// - the query heads that share a key/value head and a position are one tile (they see the same keys),
+//   so keys and values are read once for the group; tiles are spread over threads, never split.
+// Built once per machine by specstack/models/native.py with -mavx2 -mfma -fopenmp, contraction off.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 8;
+constexpr int64_t kTile = 8;  // query heads whose accumulators stay in registers together
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// R query rows (stride d) against each visible key: their scaled scores (scores[r * n + i], i over `keys`)
+template <int R>
+void scores(const float* q, const float* k, int64_t k_stride, const std::vector<int64_t>& keys, int64_t d,
+            float scale, float* out) {
+  const int64_t n = static_cast<int64_t>(keys.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const float* kj = k + keys[i] * k_stride;
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c += kLanes) {
+      const __m256 kv = _mm256_loadu_ps(kj + c);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + c), kv, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) out[r * n + i] = hsum(acc[r]) * scale;
+  }
+}
+
+// R rows of weights p (unnormalised, p[r * n + i]) times the visible values, divided by each row's sum
+template <int R>
+void weighted(const float* p, const float* denom, const float* v, int64_t v_stride, const std::vector<int64_t>& keys,
+              int64_t d, float* out, int64_t out_stride) {
+  const int64_t n = static_cast<int64_t>(keys.size());
+  for (int64_t c = 0; c < d; c += kLanes) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; ++i) {
+      const __m256 vv = _mm256_loadu_ps(v + keys[i] * v_stride + c);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[r * n + i]), vv, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * out_stride + c, _mm256_div_ps(acc[r], _mm256_set1_ps(denom[r])));
+  }
+}
+
+// f(std::integral_constant<int, R>) for R = rows (1 <= rows <= Most)
+template <int Most, class F>
+inline void by_rows(int64_t rows, const F& f) {
+  if constexpr (Most > 1) {
+    if (rows < Most) return by_rows<Most - 1>(rows, f);
+  }
+  f(std::integral_constant<int, Most>{});
+}
+
+at::Tensor fixed(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                 bool causal) {
+  TORCH_CHECK(q_in.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be 4-D [B, H, T, D]");
+  TORCH_CHECK(q_in.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "attention: q, k, v must be float32");
+  const int64_t b = q_in.size(0), h = q_in.size(1), t = q_in.size(2), d = q_in.size(3);
+  const int64_t hkv = k.size(1), s = k.size(2);
+  TORCH_CHECK(k.size(0) == b && v.size(0) == b && v.size(1) == hkv && v.size(2) == s && k.size(3) == d &&
+                  v.size(3) == d && hkv > 0 && h % hkv == 0, "attention: k and v do not fit q");
+  TORCH_CHECK(d % kLanes == 0 && d <= 256, "attention: the head dimension must be a multiple of 8, at most 256");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "attention: k and v must be contiguous in their last dimension");
+  const at::Tensor q = q_in.contiguous();
+  const bool* mp = nullptr;
+  int64_t msb = 0, mst = 0, mss = 0;
+  at::Tensor m;
+  if (mask.has_value()) {
+    m = *mask;
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 4 && m.size(0) == b && m.size(1) == 1 && m.size(2) == t &&
+                    m.size(3) == s, "attention: the mask must be bool [B, 1, T, S]");
+    mp = m.data_ptr<bool>();
+    msb = m.stride(0), mst = m.stride(2), mss = m.stride(3);
+  }
+  at::Tensor out = at::empty({b, h, t, d}, q.options());
+  const int64_t g = h / hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // one task: a row, a key/value head and a position (the g query heads that share them)
+  at::parallel_for(0, b * hkv * t, 1, [&](int64_t first, int64_t last) {
+    std::vector<int64_t> keys;
+    std::vector<float> p;
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t bi = task / (hkv * t), kh = task / t % hkv, ti = task % t;
+      keys.clear();
+      for (int64_t j = 0; j < s; ++j) {
+        const bool seen = mp != nullptr ? mp[bi * msb + ti * mst + j * mss] : (!causal || j <= ti);
+        if (seen) keys.push_back(j);
+      }
+      const int64_t n = static_cast<int64_t>(keys.size());
+      const float* kb = kp + bi * k.stride(0) + kh * k.stride(1);
+      const float* vb = vp + bi * v.stride(0) + kh * v.stride(1);
+      for (int64_t h0 = 0; h0 < g; h0 += kTile) {
+        const int64_t rows = std::min(kTile, g - h0);
+        const int64_t head = kh * g + h0;
+        const float* qr = qp + ((bi * h + head) * t + ti) * d;  // rows of consecutive heads: stride t * d
+        float* orow = op + ((bi * h + head) * t + ti) * d;
+        p.assign(static_cast<size_t>(rows * n), 0.f);
+        float denom[kTile];
+        // the tile's queries gathered (their heads are t * d apart)
+        float qt[kTile * 256];
+        for (int64_t r = 0; r < rows; ++r) std::copy(qr + r * t * d, qr + r * t * d + d, qt + r * d);
+        by_rows<kTile>(rows, [&](auto rt) {
+          constexpr int R = decltype(rt)::value;
+          scores<R>(qt, kb, k.stride(2), keys, d, scale, p.data());
+          for (int r = 0; r < R; ++r) {
+            float* pr = p.data() + r * n;
+            float top = -std::numeric_limits<float>::infinity();
+            for (int64_t i = 0; i < n; ++i) top = std::max(top, pr[i]);
+            float sum = 0.f;
+            for (int64_t i = 0; i < n; ++i) {
+              pr[i] = std::exp(pr[i] - top);
+              sum += pr[i];
+            }
+            denom[r] = sum > 0.f ? sum : 1.f;  // no visible key: zeros out
+          }
+          weighted<R>(p.data(), denom, vb, v.stride(2), keys, d, orow, t * d);
+        });
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specstack_attention, lib) {
+  lib.def("fixed(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specstack_attention, CPU, lib) { lib.impl("fixed", &fixed); }
