@@ -314,7 +314,15 @@ def finish_output(result: GenerationResult, method: str, lm: LoadedModel | None 
     sys.stdout.flush()
     if result.logprobs is not None and lm is not None:
         print_logprobs(lm, result)
-    print(f"{result.stats.line()}; method {method}", file=sys.stderr, flush=True)
+    print(f"{result.stats.line()}; method {method}" + (f"; weights {weights_of(lm)}" if lm is not None else ""),
+          file=sys.stderr, flush=True)
+
+
+def weights_of(lm: LoadedModel) -> str:
+    """The target's weight format and, for the batch-invariant ones, the kernel path this process runs."""
+    from specstack.models.quant import weights_label
+
+    return weights_label(lm.fmt, lm.model.device)
 
 
 def print_logprobs(lm: LoadedModel, result: GenerationResult) -> None:
@@ -365,7 +373,7 @@ def run_batch(lm: LoadedModel, keys: list[RowKey], ids: list[list[int]], gen: Ge
                 bar.update()
         wall = time.perf_counter() - start
     print(f"{total_line(len(keys), printer.new_tokens, wall, batch_size, engine.stats.phase_seconds())}; "
-          f"method {built.name}", file=sys.stderr, flush=True)
+          f"method {built.name}; weights {weights_of(lm)}", file=sys.stderr, flush=True)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -397,7 +405,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.jsonl:  # the one row as one JSON line, once it is done
         result = run_generation(lm, ids[0], gen, on_text=lambda _text: None, built=built)
         print(json_line(keys[0], result), flush=True)
-        print(f"{result.stats.line()}; method {built.name}", file=sys.stderr, flush=True)
+        print(f"{result.stats.line()}; method {built.name}; weights {weights_of(lm)}", file=sys.stderr, flush=True)
     else:
         result = run_generation(lm, ids[0], gen, on_text=print_text, built=built)
         finish_output(result, built.name, lm)

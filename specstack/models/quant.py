@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from specstack.errors import SpecstackError
 from specstack.models import w4a8, w8a8
 from specstack.models.bound import BoundModule, Forward
+from specstack.models.kernel_table import LinearKernels
 
 
 @dataclass
@@ -124,6 +125,16 @@ CODE_FORMATS = ("int4", "w4a8", "k4a8", "k6a8")
 # names its files by it: models/loading.py). w4a8 r2: its wider layers and head in 8-bit groups;
 # r3: its Q4_K layers in super-blocks (k4a8); r4: its Q6_K layers in 6-bit groups (k6a8).
 FORMAT_REVISION: dict[str, int] = {"w4a8": 4}
+
+
+# the batch-invariant formats' kernel tables (the path a process runs is its numbers' last bit)
+KERNEL_TABLES: dict[str, Callable[[torch.device], LinearKernels]] = {"w4a8": w4a8.kernel_for, "w8a8": w8a8.kernel_for}
+
+
+def weights_label(fmt: str, device: torch.device) -> str:
+    """The weight format as a stats line names it: with its kernel path where it has a table of them."""
+    table = KERNEL_TABLES.get(fmt)
+    return fmt if table is None or device.type != "cpu" else f"{fmt} ({table(device).name} kernels)"
 
 
 def layout_variant(fmt: str) -> str:

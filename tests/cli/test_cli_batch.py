@@ -16,7 +16,7 @@ import specstack.cli.generate
 FP32 = ("--dtype", "fp32", "--max-new-tokens", "6")
 HEADER = re.compile(r"^### prompt (\d+), sample (\d+) \(finish: (\w+), (\d+) tokens\)$", re.M)
 TOTAL = re.compile(r"^(\d+) rows: (\d+) tokens in \d+\.\d+ s \(\d+\.\d+ tokens/s; batch size (\d+); "
-                   r"draft \d+\.\d+ s, target \d+\.\d+ s, verify \d+\.\d+ s, overhead \d+\.\d+ s\); method (\S.*)$")
+                   r"draft \d+\.\d+ s, target \d+\.\d+ s, verify \d+\.\d+ s, overhead \d+\.\d+ s\); method (\S.*?); weights \S.*$")
 PROMPTS = ["hello", "def add(a, b):\n    return", "The quick brown fox jumps over the lazy dog because"]
 FIELDS = {"prompt_index", "sample", "seed", "text", "finish_reason", "new_tokens", "prompt_tokens", "seconds",
           "tokens_per_s"}

@@ -18,6 +18,17 @@ def test_tiny_model_generates(run_cli, tiny_model, stats_line):
     r = run_cli("generate", "--model", tiny_model, "--prompt", "hello", "--max-new-tokens", "5", "--dtype", "fp32")
     assert r.code == 0, r.err
     assert stderr_stats(r.err, stats_line).startswith("5 tokens in ")  # random weights: EOS is unlikely
+    assert r.err.rstrip("\n").endswith("; weights fp32")
+
+
+def test_the_stats_line_names_the_kernel_path_of_a_batch_invariant_format(run_cli, tiny_model, stats_line):
+    import torch
+
+    from specstack.models import w4a8
+
+    r = run_cli("generate", "--model", tiny_model, "--prompt", "hello", "--max-new-tokens", "3", "--dtype", "w4a8")
+    path = w4a8.kernel_for(torch.device("cpu")).name
+    assert stderr_stats(r.err, stats_line).endswith(f"; weights w4a8 ({path} kernels)")
 
 
 def test_output_is_streamed_and_matches_result(run_cli, tiny_model, monkeypatch):
