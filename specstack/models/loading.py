@@ -27,7 +27,6 @@ from safetensors.torch import load_file, save_file
 from specstack.config import DEVICES, HEAD_FORMAT, WEIGHT_FORMATS, ModelConfig
 from specstack.errors import SpecstackError
 from specstack.files import cache_root  # noqa: F401  (re-exported: the engine's stores use it)
-from specstack.models import w4a8
 from specstack.models.architectures import GGUF_BLOCK_TENSORS, GGUF_TOP_TENSORS, block_shapes, family
 from specstack.models.base import LoadedModel
 from specstack.models.configs import (
@@ -47,6 +46,7 @@ from specstack.models.quant import (
     Q4Weight,
     Q6Weight,
     layout_variant,
+    six_bit_layers,
 )
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
@@ -247,7 +247,7 @@ def plan_formats(cfg: ModelConfig, fmt: str, types: Mapping[str, str]) -> dict[s
     layer takes the widest format its parts need (models/gguf_quants.py); the head is int8 at least
     under int4, w8a8 under w4a8 (quant.HEAD_FORMAT)."""
     out: dict[str, str] = {}
-    six = w4a8.six_bit_groups() if fmt == "w4a8" else True
+    six = six_bit_layers(fmt)
     for layer, parts in layer_parts(cfg).items():
         base = HEAD_FORMAT.get(fmt, fmt) if layer == "head" else fmt
         f = layer_format(base, [types.get(p, "F32") for p in parts], six)

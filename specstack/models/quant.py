@@ -137,10 +137,16 @@ def weights_label(fmt: str, device: torch.device) -> str:
     return fmt if table is None or device.type != "cpu" else f"{fmt} ({table(device).name} kernels)"
 
 
+def six_bit_layers(fmt: str) -> bool:
+    """Whether a model asked for in `fmt` may plan GGUF Q6_K layers as k6a8: under w4a8 only where this
+    process's kernel path runs them fast (w4a8.six_bit_groups); no other format has k6a8 to plan."""
+    return fmt != "w4a8" or w4a8.six_bit_groups()
+
+
 def layout_variant(fmt: str) -> str:
-    """What a built model's layout depends on besides its format's revision: under w4a8, GGUF Q6_K layers
-    are k6a8 where this process's kernel path runs them fast and q8a8 elsewhere (w4a8.six_bit_groups)."""
-    return "" if fmt != "w4a8" or w4a8.six_bit_groups() else "q8"
+    """What a built model's layout depends on besides its format's revision: whether its Q6_K layers
+    are k6a8 or q8a8 (`six_bit_layers`)."""
+    return "" if six_bit_layers(fmt) else "q8"
 
 
 def activation_dtype(fmt: str) -> torch.dtype:
