@@ -309,7 +309,7 @@ int64_t groups_of(const at::Tensor& x) {
 
 void check_codes(const at::Tensor& codes, bool four) {
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == (four ? at::kByte : at::kChar),
-              four ? "w4a8 mm4: codes must be 2-D uint8" : "w4a8 mm8: codes must be 2-D int8");
+              four ? "w4a8: packed codes (4- or 6-bit) must be 2-D uint8" : "w4a8 mm8: codes must be 2-D int8");
 }
 
 // ---------------------------------------------------------------------------------------------------
