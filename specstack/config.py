@@ -7,11 +7,6 @@ from typing import Literal
 from specstack import validate
 from specstack.errors import SpecstackError
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "w8a8", "w4a8")
-# the unembedding's format under a model format, where it differs: a 4-bit head costs visible logit
-# fidelity, so GGUF files keep it in 8 bits (Q8_0 / Q6_K) and so do these (w4a8's 8-bit groups: q8a8).
-# Here, not in models/quant.py, so the throughput model reads it without importing torch.
-HEAD_FORMAT: dict[str, str] = {"int4": "int8", "w4a8": "q8a8"}
 DEVICES = ("cpu", "cuda")
 # The engine's sizes (engine/batched.py, engine/plan.py), here so the light CLI can show them without torch.
 # Tokens one step's forward may carry, prompt chunks and draft nodes together (vLLM's max_num_batched_tokens):

@@ -7,10 +7,10 @@ and fails on either). Layers are listed bottom first; each names the modules and
 from __future__ import annotations
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # errors, frozen configuration, the machine a measurement ran on, Ctrl-C as a per-step stop request,
+    # errors, frozen configuration, the weight formats' table, the machine a measurement ran on, Ctrl-C as a per-step stop request,
     # files in and out (writable outputs checked up front, atomic writes, strict UTF-8 reads)
     ("foundation", ("specstack.errors", "specstack.config", "specstack.machine", "specstack.layers",
-                    "specstack.interrupt", "specstack.files", "specstack.validate")),
+                    "specstack.interrupt", "specstack.files", "specstack.validate", "specstack.weight_formats")),
     # the data structures and pure functions every layer above shares: prompt encoding, the one mask
     # builder, the preallocated KV cache and the prefix cache of prompts read, the draft tree as data,
     # fill-in-the-middle prompts from a model's special tokens,

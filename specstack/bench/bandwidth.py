@@ -54,12 +54,20 @@ def step_bytes(lm: LoadedModel) -> int:
     return linear + (embed[0].nbytes if embed is not None else 0)
 
 
+def resident_bytes(lm: LoadedModel) -> int:
+    """Bytes the model holds: every tensor of it once, dense copies for wide inputs included
+    (QLinear.resident_bytes for a layer's share)."""
+    tensors = {t.data_ptr(): t.nbytes for t in (*lm.model.parameters(), *lm.model.buffers()) if t.numel()}
+    return sum(tensors.values())
+
+
 @dataclass(frozen=True)
 class StepLimit:
     fmt: str
     bytes: int
     limit_ms: float  # bytes / bandwidth (the copy's)
     read_limit_ms: float | None = None  # bytes / read bandwidth
+    resident: int | None = None  # bytes the model holds (resident_bytes)
 
 
 def step_limits(models: dict[str, LoadedModel], bandwidth: float, read_bandwidth: float | None = None
@@ -68,7 +76,7 @@ def step_limits(models: dict[str, LoadedModel], bandwidth: float, read_bandwidth
     for fmt, lm in models.items():
         nbytes = step_bytes(lm)
         read = None if read_bandwidth is None else 1e3 * nbytes / read_bandwidth
-        limits.append(StepLimit(fmt, nbytes, 1e3 * nbytes / bandwidth, read))
+        limits.append(StepLimit(fmt, nbytes, 1e3 * nbytes / bandwidth, read, resident_bytes(lm)))
     return limits
 
 
@@ -79,8 +87,10 @@ def limit_table(limits: list[StepLimit], t1_ms: dict[str, float], bandwidth: flo
     read = read_bandwidth is not None and all(lim.read_limit_ms is not None for lim in limits)
     head = f"| format | bytes a one-token step reads | floor at {bandwidth / 1e9:.1f} GB/s copy (ms) | "
     head += f"floor at {read_bandwidth / 1e9:.1f} GB/s read (ms) | " if read and read_bandwidth else ""
-    lines = [head + "measured T = 1 (ms) | measured / floor |" + (" measured / read floor |" if read else ""),
-             "|---|---:|---:|" + ("---:|" if read else "") + "---:|---:|" + ("---:|" if read else "")]
+    held = all(lim.resident is not None for lim in limits)
+    lines = [head + "measured T = 1 (ms) | measured / floor |" + (" measured / read floor |" if read else "")
+             + (" resident (MB) |" if held else ""),
+             "|---|---:|---:|" + ("---:|" if read else "") + "---:|---:|" + ("---:|" if read else "") + ("---:|" if held else "")]
     for lim in limits:
         ms = t1_ms.get(lim.fmt)
         floors = f"{lim.limit_ms:.2f}" + (f" | {lim.read_limit_ms:.2f}" if read else "")
@@ -90,5 +100,6 @@ def limit_table(limits: list[StepLimit], t1_ms: dict[str, float], bandwidth: flo
             measured = f"{ms:.1f} | {ms / lim.limit_ms:.2f}"
             if read and lim.read_limit_ms:
                 measured += f" | {ms / lim.read_limit_ms:.2f}"
-        lines.append(f"| {lim.fmt} | {lim.bytes / 1e6:.1f} MB | {floors} | {measured} |")
+        resident = f" {lim.resident / 1e6:.1f} |" if held and lim.resident is not None else ""
+        lines.append(f"| {lim.fmt} | {lim.bytes / 1e6:.1f} MB | {floors} | {measured} |{resident}")
     return "\n".join(lines)

@@ -18,10 +18,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specstack.bench.rows import read_rows, read_run
-from specstack.config import WEIGHT_FORMATS, SamplingParams
+from specstack.config import SamplingParams
 from specstack.engine.methods import METHODS, MethodSpec, parse_method
 from specstack.errors import SpecstackError
 from specstack.files import check_writable_dir
+from specstack.weight_formats import WEIGHT_FORMATS
 
 PEER_PARAMS: dict[str, dict[str, int]] = {
     "hf": {}, "hf-pld": {"tokens": 10}, "hf-assisted": {}, "llamacpp": {}, "llamacpp-pld": {"tokens": 10},

@@ -56,6 +56,7 @@ from specstack.models.drafts import DraftKind, DraftSpec
 from specstack.models.loading import load_model
 from specstack.models.registry import resolve
 from specstack.prompts import encode_prompt
+from specstack.weight_formats import weight_format
 
 WARMUP_TOKENS = 16
 
@@ -225,7 +226,7 @@ def build_runners(plan: Plan, targets: dict[str, LoadedModel], peers: Peers, sou
 
 def tie_notes(plan: Plan) -> list[str]:
     """Why a lossless method can differ from ar in a non-fp32 format (greedy runs with such a method)."""
-    if not (plan.settings.sampling.greedy and any(not m.peer and m.dtype != "fp32" for m in plan.methods)):
+    if not (plan.settings.sampling.greedy and any(not m.peer and weight_format(m.dtype).activation == "bf16" for m in plan.methods)):
         return []
     return ["identical to ar: the int4/int8/bf16 formats compute in bf16, where the top logits often "
                          "tie or nearly tie and forwards of different widths can break a tie differently, so a "

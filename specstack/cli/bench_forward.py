@@ -51,7 +51,6 @@ from specstack.cli.common import (
     sizes,
     warn,
 )
-from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
 from specstack.files import check_writable_file
 from specstack.models.registry import DEFAULT_MODEL, resolve
@@ -63,6 +62,7 @@ from specstack.validate import (
     ints,
     new_tokens,
 )
+from specstack.weight_formats import WEIGHT_FORMATS
 
 # bench_out/ is ignored by git: a re-run does not add megabytes to the history
 DEFAULT_OUT = Path("bench_out/forward/forward.json")

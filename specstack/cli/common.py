@@ -22,9 +22,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from specstack import validate
-from specstack.config import DEVICES, WEIGHT_FORMATS, SamplingParams
+from specstack.config import DEVICES, SamplingParams
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL, resolve
+from specstack.weight_formats import WEIGHT_FORMATS
 
 if TYPE_CHECKING:
     from specstack.engine.methods import MethodSpec

@@ -33,7 +33,6 @@ from tqdm import tqdm
 
 from specstack.bench.datasets import check_prompt_set
 from specstack.cli.common import add_checked, add_threads_arg, choice_list, int_list
-from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text, check_writable_file
 from specstack.models.drafts import DraftKind, DraftSpec
@@ -45,6 +44,7 @@ from specstack.throughput.report import GridSpec, build_drafts, grid_json, plot_
 from specstack.throughput.shapes import FORMATS, default_draft_spec, draft_shape, is_loadable, model_shape
 from specstack.throughput.tau import missing_tau_note, parse_tau
 from specstack.validate import MAX_CONTEXT, MAX_REPEATS, ints
+from specstack.weight_formats import WEIGHT_FORMATS
 
 HARDWARE_HELP = f"{', '.join(PRESETS)}, local (this machine's calibration) or a calibration file"
 

@@ -11,14 +11,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from specstack.config import WEIGHT_FORMATS
 from specstack.errors import SpecstackError
 from specstack.files import atomic_output
 from specstack.models.base import LoadedModel
 from specstack.models.configs import file_error, library_error, model_config
-from specstack.models.quant import activation_dtype
+from specstack.models.linear_methods import activation_dtype
 from specstack.models.spire_draft import SpireConfig, SpireDraft
 from specstack.models.transformer import Transformer, rope_tables
+from specstack.weight_formats import requested_format, weight_format
 
 DRAFT_FORMAT = "specstack-spire-draft"  # the metadata's `format` of a draft file
 
@@ -99,8 +99,7 @@ def _spire_config(text: str | None, where: str) -> SpireConfig:
 def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") -> LoadedModel:
     """The draft in `path`, sharing `target`'s embedding and unembedding, its weights in `fmt`
     (fp32, bf16, or int8 / int4 for inference: see SpireDraft.quantize_)."""
-    if fmt not in WEIGHT_FORMATS:  # before any reading
-        raise SpecstackError(f"unsupported draft weight format {fmt!r}; choose from {', '.join(WEIGHT_FORMATS)}")
+    requested_format(fmt, "draft weight format")  # before any reading
     p = Path(path)
     config = read_draft_header(p).config
     where = f"draft file {p}"
@@ -129,7 +128,7 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
     model.attach_target(*shared_weights(target.model))
     for prm in model.parameters():
         prm.requires_grad_(False)
-    if fmt in ("int8", "int4", "w8a8", "w4a8"):
+    if not weight_format(fmt).floats:  # a quantised format, from the float weights the file holds
         model.quantize_(fmt)
     return LoadedModel(f"spire:{p.stem}", model, None, config.model, fmt, source=str(p))
 

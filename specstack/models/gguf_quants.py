@@ -27,13 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from specstack.models.quant import CodedWeight, Q4Weight, Q6Weight
-
-# narrowest first: a fused layer takes the widest part's
-FORMAT_ORDER = ("int4", "k4a8", "w4a8", "k6a8", "int8", "q8a8", "w8a8", "bf16", "fp32")
-# formats that hold only their own type's codes: in a layer fused with parts of other types, the other
-# format instead (Q4_K's codes and scales are not Q6_K's); also where the kernel path lacks k6a8
-WHOLE_ONLY: Mapping[str, str] = {"k6a8": "q8a8"}
+from specstack.models.coded import CodedWeight, Q4Weight, Q6Weight
+from specstack.weight_formats import FORMATS, widest
 
 
 def _fp16(b: np.ndarray) -> np.ndarray:
@@ -96,7 +91,7 @@ def _q4(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> Q4Weight:
 @dataclass(frozen=True)
 class QuantType:
     """One GGUF tensor type: the layer format it gives in each requested format, and its codes for the
-    formats that store them as they are (quant.CODE_FORMATS)."""
+    formats that store them as they are (weight_formats: `takes_codes`)."""
 
     name: str
     formats: Mapping[str, str]  # requested weight format -> the format its layers get
@@ -133,9 +128,9 @@ def layer_format(requested: str, part_types: list[str], six_bits: bool = True) -
     the model is asked for `requested`: the widest any part needs. six_bits False: no k6a8 (q8a8 instead:
     w4a8.six_bit_groups says where)."""
     wants = {quant_type(t).format_for(requested) for t in part_types}
-    if len(wants) > 1 or not six_bits:
-        wants = {WHOLE_ONLY.get(f, f) for f in wants}
-    return max(wants, key=FORMAT_ORDER.index)
+    if len(wants) > 1 or not six_bits:  # a format only its own type fills (whole_only) gives way
+        wants = {FORMATS[f].whole_only or f for f in wants}
+    return widest(wants)
 
 
 def read_tensor(t: Any, want_codes: bool) -> CodedWeight | torch.Tensor:

@@ -24,11 +24,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from specstack.config import DEVICES, HEAD_FORMAT, WEIGHT_FORMATS, ModelConfig
+from specstack.config import DEVICES, ModelConfig
 from specstack.errors import SpecstackError
 from specstack.files import cache_root  # noqa: F401  (re-exported: the engine's stores use it)
 from specstack.models.architectures import GGUF_BLOCK_TENSORS, GGUF_TOP_TENSORS, block_shapes, family
 from specstack.models.base import LoadedModel
+from specstack.models.coded import Q4Weight, Q6Weight
 from specstack.models.configs import (
     config_from_gguf,
     file_error,
@@ -39,17 +40,10 @@ from specstack.models.configs import (
     read_json_object,
 )
 from specstack.models.gguf_quants import layer_format, read_tensor
-from specstack.models.quant import (
-    CODE_FORMATS,
-    CPU_ONLY_FORMATS,
-    FORMAT_REVISION,
-    Q4Weight,
-    Q6Weight,
-    layout_variant,
-    six_bit_layers,
-)
+from specstack.models.quant import layout_variant, six_bit_layers
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
+from specstack.weight_formats import FORMATS, head_format, requested_format, weight_format
 
 CACHE_VERSION = "6"  # bump whenever the built layout changes
 
@@ -245,11 +239,11 @@ def layer_parts(cfg: ModelConfig) -> dict[str, list[str]]:
 def plan_formats(cfg: ModelConfig, fmt: str, types: Mapping[str, str]) -> dict[str, str]:
     """The layers whose format differs from `fmt`, given each canonical weight's GGUF type: a fused
     layer takes the widest format its parts need (models/gguf_quants.py); the head is int8 at least
-    under int4, w8a8 under w4a8 (quant.HEAD_FORMAT)."""
+    under int4, q8a8 under w4a8 (weight_formats.head_format)."""
     out: dict[str, str] = {}
     six = six_bit_layers(fmt)
     for layer, parts in layer_parts(cfg).items():
-        base = HEAD_FORMAT.get(fmt, fmt) if layer == "head" else fmt
+        base = head_format(fmt) if layer == "head" else fmt
         f = layer_format(base, [types.get(p, "F32") for p in parts], six)
         if f != fmt:
             out[layer] = f
@@ -272,7 +266,7 @@ def read_gguf(path: Path, fmt: str = "fp32") -> tuple[ModelConfig, dict[str, Wei
             named.append((key, t))
     check_layer_count(cfg, (key for key, _ in named), str(path))
     formats = plan_formats(cfg, fmt, {key: t.tensor_type.name for key, t in named})
-    int4_weights = {p for layer, parts in layer_parts(cfg).items() if formats.get(layer, fmt) in CODE_FORMATS
+    int4_weights = {p for layer, parts in layer_parts(cfg).items() if FORMATS[formats.get(layer, fmt)].takes_codes
                     for p in parts}
     out: dict[str, Weight] = {}
     for key, t in named:
@@ -370,8 +364,8 @@ CACHED_CONFIG = "the cached config"
 
 def _built_file(cdir: Path, dtype: str, device: str) -> Path:
     """A format whose layout changed carries its revision in the name, so a model built under the old
-    layout is rebuilt, never loaded with it (quant.FORMAT_REVISION)."""
-    rev = FORMAT_REVISION.get(dtype)
+    layout is rebuilt, never loaded with it (weight_formats: `revision`)."""
+    rev = weight_format(dtype).revision
     return cdir / f"{dtype}{'' if rev is None else f'.r{rev}'}{layout_variant(dtype)}-{device}.safetensors"
 
 
@@ -419,13 +413,12 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
                tokenizer: bool = True) -> LoadedModel:
     """Load a named model (registry), a .gguf file, or a Hugging Face directory / hub id. A malformed
     source is a SpecstackError naming the file; a damaged cache is rebuilt from the source."""
-    if dtype not in WEIGHT_FORMATS:
-        raise SpecstackError(f"unsupported dtype {dtype!r}; choose from {', '.join(WEIGHT_FORMATS)}")
+    spec = requested_format(dtype, "dtype")
     if device not in DEVICES:
         raise SpecstackError(f"unsupported device {device!r}; choose from {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecstackError("device 'cuda' requested but no CUDA device is available")
-    if device == "cuda" and dtype in CPU_ONLY_FORMATS:
+    if device == "cuda" and spec.cpu_only:
         raise SpecstackError(f"{dtype} has no CUDA kernel (its kernels are CPU code: on cuda it would run its "
                              "float64 reference, row by row); use --dtype bf16 or fp32 on cuda")
     src = resolve(name)

@@ -15,20 +15,15 @@ from torch import nn
 
 from specstack.attention import AttentionBatch, AttentionFn, attend
 from specstack.cache import KVCache, cache_slots
-from specstack.config import HEAD_FORMAT, ModelConfig, WindowSpec
+from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
 from specstack.models.bound import BoundModule, Forward
+from specstack.models.coded import CodedWeight, Q4Weight, Q6Weight
 from specstack.models.fixed_attention import InvariantAttention, invariant_attention
-from specstack.models.quant import (
-    BATCH_INVARIANT,
-    CodedWeight,
-    Q4Weight,
-    Q6Weight,
-    QLinear,
-    activation_dtype,
-    native_bf16,
-)
+from specstack.models.linear_methods import activation_dtype, native_bf16
+from specstack.models.quant import QLinear
+from specstack.weight_formats import head_format, weight_format
 
 Weight = torch.Tensor | CodedWeight
 # the linear layers of a block, by name (a model's per-layer formats are keyed "layers.{i}.{name}")
@@ -161,7 +156,7 @@ class Transformer(Extends, nn.Module):
         # 4-bit head costs visible logit fidelity. (fp32 activations would give fp32 logits, fewer bf16
         # ties, but the int8 kernel is several times slower with them: docs/BENCHMARKS.md, "Small costs
         # behind the code's choices".)
-        head_fmt = self.formats.get("head", HEAD_FORMAT.get(fmt, fmt))
+        head_fmt = self.formats.get("head", head_format(fmt))
         self.head = QLinear(cfg.d_model, cfg.vocab_size, head_fmt, activation=act)
         self.head_tokens: torch.Tensor | None = None  # with_head_over: the tokens the head scores
         self._invariant: InvariantAttention | None = None  # invariant_attention, once chosen
@@ -211,10 +206,10 @@ class Transformer(Extends, nn.Module):
             if all(isinstance(p, Q4Weight) for p in parts):
                 q4 = [p for p in parts if isinstance(p, Q4Weight)]
                 fields = ("q", "d", "m") + (("sup", "sub") if all(p.sup is not None for p in q4) else ())
-                dst.set_int4(*(torch.cat([getattr(p, f) for p in q4]) for f in fields))
+                dst.set_codes(Q4Weight(*(torch.cat([getattr(p, f) for p in q4]) for f in fields)))
             elif all(isinstance(p, Q6Weight) for p in parts):
                 q6 = [p for p in parts if isinstance(p, Q6Weight)]
-                dst.set_int6(*(torch.cat([getattr(p, f) for p in q6]) for f in ("q", "s", "d")))
+                dst.set_codes(Q6Weight(*(torch.cat([getattr(p, f) for p in q6]) for f in ("q", "s", "d"))))
             else:
                 dst.set_float(torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts]))
             if bias_names:
@@ -266,7 +261,7 @@ class Transformer(Extends, nn.Module):
         """The batch-invariant formats' attention (models/fixed_attention.py: fixed-order sums over an fp32
         cache, or torch's over a float64 one), chosen once per model and handed to its blocks; None in
         the other formats."""
-        if self.fmt not in BATCH_INVARIANT:
+        if not weight_format(self.fmt).batch_invariant:
             return None
         if self._invariant is None:
             self._invariant = invariant_attention(self.device)

@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from specstack.models import native
+from specstack.models import native, quantizers
 from specstack.models.kernel_table import Kernel, KernelChoice, LinearKernels, choose
 
 GROUP = 32
@@ -107,22 +107,15 @@ def unpack_codes6(packed: torch.Tensor) -> torch.Tensor:
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A float weight [N, K] -> (codes uint8 [N, K], d [N, K / 32], m [N, K / 32]) with w ~ d c + m:
     each group's range split into 15 steps from its minimum."""
-    n, k = w.shape
-    g = w.float().view(n, k // GROUP, GROUP)
-    lo, hi = g.amin(dim=2), g.amax(dim=2)
-    d = ((hi - lo) / C_LEVELS).clamp(min=1e-30)
-    c = ((g - lo[..., None]) / d[..., None]).round().clamp(0, C_LEVELS)
-    return c.view(n, k).to(torch.uint8), d, lo
+    c, d, m = quantizers.minmax(w, GROUP, C_LEVELS, 1e-30)
+    return c.to(torch.uint8), d, m
 
 
 def quantize_weight8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A float weight [N, K] -> (codes int8 [N, K] in [-127, 127], d [N, K / 32]) with w ~ d c:
     each group's largest magnitude at 127 steps (GGUF Q8_0)."""
-    n, k = w.shape
-    g = w.float().view(n, k // GROUP, GROUP)
-    d = (g.abs().amax(dim=2) / C8_LEVELS).clamp(min=1e-30)
-    c = (g / d[..., None]).round().clamp(-C8_LEVELS, C8_LEVELS)
-    return c.view(n, k).to(torch.int8), d
+    c, d = quantizers.symmetric(w, GROUP, C8_LEVELS, 1e-30)
+    return c.to(torch.int8), d
 
 
 def expand_scales(sup: torch.Tensor, sub: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

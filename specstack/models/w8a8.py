@@ -26,6 +26,7 @@ import warnings
 
 import torch
 
+from specstack.models import quantizers
 from specstack.models.kernel_table import Kernel, KernelChoice, LinearKernels, choose
 
 W_LEVELS = 63  # weight codes in [-63, 63]: see the docstring (saturation of vpmaddubsw)
@@ -36,10 +37,8 @@ _TINY = 1e-30  # the scale of an all-zero row (its codes are all 0)
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A float weight [N, K] -> (codes int8 [N, K] in [-W_LEVELS, W_LEVELS], scales fp32 [N])."""
-    w = w.float()
-    amax = w.abs().amax(dim=1)
-    scale = (amax / W_LEVELS).clamp(min=_TINY)
-    return (w / scale[:, None]).round().clamp(-W_LEVELS, W_LEVELS).to(torch.int8), scale
+    codes, scale = quantizers.symmetric(w, None, W_LEVELS, _TINY)
+    return codes.to(torch.int8), scale
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

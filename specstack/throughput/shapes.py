@@ -17,24 +17,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from specstack.config import HEAD_FORMAT, ModelConfig
+from specstack.config import ModelConfig
 from specstack.errors import SpecstackError
 from specstack.models.configs import read_gguf_config, read_hf_config
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft
 from specstack.models.registry import resolve
+from specstack.weight_formats import FORMATS as TABLE
 
-# Bytes per weight of each format. int4: a 4-bit code plus a bf16 scale and zero per group of 32
-# inputs (0.5 + 4/32). fp8 is the published convention (every value one byte).
-# w4a8: a 4-bit code plus an fp32 scale and min per group (0.5 + 8/32).
-# q8a8 (w4a8's 8-bit groups): a code plus an fp32 scale per group (1 + 4/32).
-WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 0.625, "w4a8": 0.75, "int8": 1.0, "q8a8": 1.125, "w8a8": 1.0,
-                                  "bf16": 2.0, "fp32": 4.0}
+# Bytes per weight of each format, as its layers store it (specstack/weight_formats.py); fp8 is the
+# published convention (every value one byte).
+WEIGHT_BYTES: dict[str, float] = {"fp8": 1.0, **{f.name: f.bytes_per_weight for f in TABLE.values()}}
 FORMATS = tuple(WEIGHT_BYTES)
 # Bytes per cached key/value element: the engine's activations (and cache) are bf16 except in fp32
-# and the batch-invariant w8a8 and w4a8, whose cache is fp32 under their fixed-order attention (float64
-# where that kernel does not build: models/fixed_attention.py).
-KV_BYTES: dict[str, float] = {"fp8": 1.0, "int4": 2.0, "w4a8": 4.0, "int8": 2.0, "q8a8": 4.0, "w8a8": 4.0,
-                              "bf16": 2.0, "fp32": 4.0}
+# and the batch-invariant formats, whose cache is fp32 under their fixed-order attention
+# (WeightFormat.kv_bytes).
+KV_BYTES: dict[str, float] = {"fp8": 1.0, **{f.name: f.kv_bytes for f in TABLE.values()}}
 
 
 @dataclass(frozen=True)
@@ -75,7 +72,7 @@ class ModelShape:
 
     @property
     def weight_bytes(self) -> float:
-        head_fmt = HEAD_FORMAT.get(self.fmt, self.fmt)
+        head_fmt = (TABLE[self.fmt].head if self.fmt in TABLE else None) or self.fmt
         return self.body_params * WEIGHT_BYTES[self.fmt] + self.head_params * WEIGHT_BYTES[head_fmt]
 
     @property

@@ -15,6 +15,7 @@ from specstack.errors import SpecstackError
 from specstack.models.draft_file import shared_weights
 from specstack.models.spire_draft import SpireConfig, SpireDraft
 from specstack.models.transformer import Transformer
+from specstack.weight_formats import weight_format
 
 DEFAULT_WINDOW = WindowSpec(1, 256)  # sink 1 + window 256, in training and inference
 
@@ -31,7 +32,7 @@ def build_draft(target: Transformer, n_layers: int = 2, keep: Sequence[int] | No
     (pruned init); None starts from random weights. With target activations, draft level i reads the
     target's hidden state after its block keep[i - 1] (after its last n_layers blocks if not pruned)."""
     tcfg = target.config
-    if target.fmt not in ("fp32", "bf16"):
+    if not weight_format(target.fmt).floats:
         raise SpecstackError(f"building a draft needs float target weights, got {target.fmt}")
     if keep is not None and (len(keep) != n_layers or not all(0 <= k < tcfg.n_layers for k in keep)):
         raise SpecstackError(f"keep {tuple(keep)}: {n_layers} block indices of the target's {tcfg.n_layers} needed")

@@ -76,7 +76,7 @@ def test_logits_match_transformers_gguf_load(default):
 
 def test_second_load_comes_from_disk_cache(default):
     built = sorted(p.name for p in Path(default["cache_dir"]).glob("smollm2-135m-*/*.safetensors"))
-    assert built == ["fp32-cpu.safetensors", "int4-cpu.safetensors"]
+    assert built == ["fp32-cpu.safetensors", "int4.r1-cpu.safetensors"]  # int4: its revision in the name
     assert torch.equal(default["fp32_again"], default["fp32"])
     assert torch.equal(default["int4_again"], default["int4"])
     tok = default["tokenizer_again"]  # saved next to the weights on the first load

@@ -89,12 +89,26 @@ def test_replicas_give_one_servers_greedy_text(replicas: Server, tiny_server: Se
     assert [m.id for m in models] == [replicas.model]
 
 
+def settled(server: Server, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The replicas' counters once they stop moving: another replica's numbers reach the proxy up to a
+    second late, so a read right after earlier requests can miss some of them."""
+    last = samples(httpx.get(server.root + "/metrics/replicas").text, name)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(1.5)
+        now = samples(httpx.get(server.root + "/metrics/replicas").text, name)
+        if now == last:
+            break
+        last = now
+    return last
+
+
 def test_requests_spread_over_both_pinned_replicas(replicas: Server) -> None:
     h = health(replicas)
     assert len(h["replicas"]) == 2 and {r["status"] for r in h["replicas"]} == {"ok"}
     assert len({r["pid"] for r in h["replicas"]}) == 2
     assert sorted(c for r in h["replicas"] for c in r["cores"]) == [0, 1]  # a core of its own each
-    before = samples(httpx.get(replicas.root + "/metrics/replicas").text, "specstack:request_success_total")
+    before = settled(replicas, "specstack:request_success_total")  # earlier tests' requests counted in full
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: text(replicas, PROMPTS[i % 4], False), range(16)))
     deadline = time.monotonic() + 10  # the other replica's numbers are up to a second old

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specstack.bench.bandwidth import StepLimit, limit_table, step_bytes
+from specstack.bench.bandwidth import StepLimit, limit_table, resident_bytes, step_bytes
 from specstack.models.loading import load_model
 
 
@@ -29,6 +29,10 @@ def test_step_bytes_count_each_weight_once_in_its_format(tiny_models, fmt, tmp_p
         expected = sum(n * k + 2 * n for n, k in shapes)
     embed_row = cfg.d_model * (4 if fmt == "fp32" else 2)
     assert step_bytes(lm) == expected + embed_row
+    # what it holds: every tensor once (int8: its codes, scales, and the bf16 copy for wide inputs)
+    held = sum(4 * n * k for n, k in shapes) if fmt == "fp32" else sum(n * k + 2 * n + 2 * n * k for n, k in shapes)
+    norms_and_embed = resident_bytes(lm) - held
+    assert 0 < norms_and_embed <= (cfg.vocab_size + (2 * cfg.n_layers + 1) * 4) * cfg.d_model * 4 + 2 * 10**5
 
 
 def test_limit_table_sets_the_measured_step_beside_its_floor():
@@ -37,3 +41,5 @@ def test_limit_table_sets_the_measured_step_beside_its_floor():
     assert "floor at 46.0 GB/s" in md
     assert "| int4 | 1050.0 MB | 22.83 | 94.7 | 4.15 |" in md
     assert "| int8 | 1600.0 MB | 34.78 | – | – |" in md
+    held = [StepLimit("int4", 1_050_000_000, 1e3 * 1.05 / 46, resident=3_600_000_000)]
+    assert "| int4 | 1050.0 MB | 22.83 | 94.7 | 4.15 | 3600.0 |" in limit_table(held, {"int4": 94.7}, 46e9)
