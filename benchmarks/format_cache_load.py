@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 
 def main() -> None:
@@ -25,8 +24,9 @@ def main() -> None:
     os.environ["SPECSTACK_CACHE"] = a.cache
     import torch
 
-    from specstack.models.loading import load_model
+    from specstack.models.loading import load_model, model_cache_dir
     from specstack.models.quant import QLinear
+    from specstack.models.registry import resolve
 
     torch.set_num_threads(a.threads)
     print("| format | build s | cache file MB | load s (best) | step reads MB | resident MB |\n|---|---:|---:|---:|---:|---:|")
@@ -34,7 +34,8 @@ def main() -> None:
         t0 = time.perf_counter()
         load_model(a.model, dtype=fmt, tokenizer=False)
         build = time.perf_counter() - t0
-        files = [p for p in Path(a.cache).rglob("*.safetensors") if p.name.startswith(f"{fmt}")]
+        cdir = model_cache_dir(resolve(a.model))
+        files = [p for p in cdir.glob("*.safetensors") if p.name.startswith((f"{fmt}-", f"{fmt}."))]
         loads = []
         for _ in range(a.repeats):
             t0 = time.perf_counter()

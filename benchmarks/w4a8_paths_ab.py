@@ -2,7 +2,8 @@
 in one process, interleaved: the model is loaded once per path and each copy's layers are bound under
 that path (SPECSTACK_W4A8_KERNEL at its first forward), so machine drift, which between separate runs
 here reaches 1.5 x in memory bandwidth, cancels. Median of the repeats, ms. A path that plans GGUF Q6_K
-layers as k6a8 (w4a8.SIX_BIT_PATHS) also runs with them as q8a8 (`path/q8a8`): the two plans, one process.
+or Q5_0 layers in their own groups (k6a8, q5a8: w4a8.NARROW_PATHS) also runs with them as q8a8
+(`path/q8a8`): the two plans, one process.
 
     python benchmarks/w4a8_paths_ab.py --model qwen2.5-coder-1.5b --tokens 1,4,16 --repeats 15
 """
@@ -31,22 +32,22 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     cpu = torch.device("cpu")
     names = [k.name for k in w4a8.KERNELS if k.name != "reference" and k.applies(cpu)]
-    # (label, path, whether Q6_K layers are k6a8)
-    variants = [(n, n, n in w4a8.SIX_BIT_PATHS) for n in names]
-    variants += [(f"{n}/q8a8", n, False) for n in names if n in w4a8.SIX_BIT_PATHS]
+    narrow = dict(w4a8.NARROW_PATHS)
+    # (label, path, whether the narrow layer formats its path runs fast are planned)
+    variants = [(n, n, True) for n in names]
+    variants += [(f"{n}/q8a8", n, False) for n in names if any(n in paths for paths in narrow.values())]
     paths = [label for label, _, _ in variants]
     runs = {}
-    six_paths = w4a8.SIX_BIT_PATHS
     with torch.inference_mode():
-        for label, path, six in variants:
+        for label, path, planned in variants:
             os.environ[w4a8.FORCE_ENV] = path
-            w4a8.SIX_BIT_PATHS = six_paths if six else frozenset()
+            w4a8.NARROW_PATHS = narrow if planned else {f: frozenset() for f in narrow}
             model = load_model(a.model, dtype="w4a8", tokenizer=False).model
             cache = model.new_cache(1)
             model.extend(torch.randint(0, 1000, (1, a.context), generator=torch.Generator().manual_seed(0)), cache)
             runs[label] = (model, cache)  # bound under `path` by that first forward
         os.environ.pop(w4a8.FORCE_ENV, None)
-        w4a8.SIX_BIT_PATHS = six_paths
+        w4a8.NARROW_PATHS = narrow
         for t in (int(v) for v in a.tokens.split(",")):
             tokens = torch.randint(0, 1000, (1, t), generator=torch.Generator().manual_seed(t))
             times: dict[str, list[float]] = {p: [] for p in paths}

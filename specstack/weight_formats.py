@@ -36,7 +36,7 @@ class WeightFormat:
     # raised whenever what its built models hold changes (the cache's file name). int4 r1 and int8 r1: the
     # dense copy is derived at load, not stored; int4's codes are stored in a layout every CPU loads.
     # w4a8 r2: its wider layers and head in 8-bit groups; r3: its Q4_K layers in super-blocks (k4a8);
-    # r4: its Q6_K layers in 6-bit groups (k6a8)
+    # r4: its Q6_K layers in 6-bit groups (k6a8); r5: its Q5_0 layers in 5-bit groups (q5a8)
     revision: int | None = None
     head: str | None = None  # the unembedding's format under this one, where it differs
     # rows from which a layer multiplies by a dense copy of its weight in the activation dtype instead
@@ -62,7 +62,10 @@ _TABLE = (
                  requested=False, batch_invariant=True, cpu_only=True, takes_codes=True),
     WeightFormat("w4a8", "specstack.models.linear_methods:W4A8Method", 0.5 + 8 / 32, "fp32",
                  "4-bit codes, an fp32 scale and min per 32 inputs; activations in int8 per 32 at run time",
-                 batch_invariant=True, cpu_only=True, takes_codes=True, revision=4, head="q8a8"),
+                 batch_invariant=True, cpu_only=True, takes_codes=True, revision=5, head="q8a8"),
+    WeightFormat("q5a8", "specstack.models.linear_methods:Q5A8Method", 5 / 8 + 4 / 32, "fp32",
+                 "GGUF Q5_0: 5-bit codes, an fp32 scale per 32 inputs; int8 activations",
+                 requested=False, batch_invariant=True, cpu_only=True, takes_codes=True, whole_only="q8a8"),
     WeightFormat("k6a8", "specstack.models.linear_methods:K6A8Method", 0.75 + 1 / 16 + 4 / 256, "fp32",
                  "GGUF Q6_K: 6-bit codes, an int8 scale per 16, fp32 D per 256; int8 activations",
                  requested=False, batch_invariant=True, cpu_only=True, takes_codes=True, whole_only="q8a8"),

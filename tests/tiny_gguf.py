@@ -62,7 +62,7 @@ def blocks_of(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
 
 # -- a tiny Qwen2 GGUF in a Q4_K_M file's types ------------------------------------------------------
 D, FF, HEADS, KV, LAYERS, VOCAB = 256, 512, 4, 2, 2, 300
-TYPES = {"attn_q": QT.Q4_K, "attn_k": QT.Q4_K, "attn_v": QT.Q6_K, "attn_output": QT.Q4_K, "ffn_gate": QT.Q4_K,
+TYPES = {"attn_q": QT.Q4_K, "attn_k": QT.Q4_K, "attn_v": QT.Q6_K, "attn_output": QT.Q4_K, "ffn_gate": QT.Q5_0,
          "ffn_up": QT.Q5_0, "ffn_down": QT.Q6_K}
 HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",

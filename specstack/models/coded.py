@@ -57,4 +57,34 @@ class Q6Weight:
         return Q6Weight(f(self.q), f(self.s), f(self.d))
 
 
-CodedWeight = Q4Weight | Q6Weight  # a GGUF tensor's own codes, kept for the formats that store them
+@dataclass
+class Q5Weight:
+    """GGUF Q5_0's codes and scales (models/gguf_quants.py): w = d * (q - 16) with d per 32 weights, which
+    the q5a8 format stores as they are."""
+
+    q: torch.Tensor  # [out, in] uint8 in 0..31
+    d: torch.Tensor  # [out, in // 32] fp32
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.q.shape
+        return ((self.q.float() - 16).view(n, k // 32, 32) * self.d.float()[..., None]).view(n, k)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.q.shape[0]), int(self.q.shape[1]))
+
+    def map_rows(self, f: Callable[[torch.Tensor], torch.Tensor]) -> Q5Weight:
+        return Q5Weight(f(self.q), f(self.d))
+
+
+CodedWeight = Q4Weight | Q5Weight | Q6Weight  # a GGUF tensor's own codes, kept for the formats that store them
+
+
+def concat(parts: list[CodedWeight]) -> CodedWeight | None:
+    """The output rows of several coded weights of one kind as one (a fused layer's parts), or None when
+    they are not all of one kind (or Q4_K's super-blocks are on some only): the layer then takes floats."""
+    kind = type(parts[0])
+    if not all(type(p) is kind for p in parts):
+        return None
+    fields = [f for f in kind.__dataclass_fields__ if all(getattr(p, f) is not None for p in parts)]
+    return kind(*(torch.cat([getattr(p, f) for p in parts]) for f in fields))

@@ -11,12 +11,14 @@ The w4a8 format takes the same codes (models/w4a8.py keeps d and m in fp32, so t
 Q4_K's with their super-block form (the layer format k4a8: D, M per 256, sc and mn per 32).
 - Q6_K: w = d * s * (q - 32), q in 0..63, an int8 s per 16 weights, d per 256: w4a8 keeps it as it is
   (the layer format k6a8), its 6-bit codes and scales (`Q6Weight`).
-Every other type (Q5_0, Q5_1, Q5_K, Q8_0, the rest gguf can dequantise, and Q6_K under int4) holds
+- Q5_0: w = d * (q - 16), q in 0..31, d per 32: w4a8 keeps it as it is (the layer format q5a8, `Q5Weight`).
+Every other type (Q5_1, Q5_K, Q8_0, the rest gguf can dequantise, and Q5_0 and Q6_K under int4) holds
 more than 4 bits of precision, so the int4 format gives its layers int8 (per output channel), and
 w4a8 gives them its 8-bit groups (q8a8): more bytes than int4, far less error than requantising 5-8
 bits into 4 (docs/BENCHMARKS.md, "Quant types", measures each choice). bf16 and fp32 take every type
 dequantised. A fused layer (q|k|v, gate|up) takes the widest format any of its parts needs; a format
-only its own type fills (k6a8) gives way to q8a8 when the other parts are of another type.
+only its own type fills (k6a8, q5a8) gives way to q8a8 when the other parts are of another type, and
+where the kernel path runs it slowly (w4a8.NARROW_PATHS).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specstack.models.coded import CodedWeight, Q4Weight, Q6Weight
+from specstack.models.coded import CodedWeight, Q4Weight, Q5Weight, Q6Weight
 from specstack.weight_formats import FORMATS, widest
 
 
@@ -84,6 +86,17 @@ def _q6_k(blocks: np.ndarray, rows: int, cols: int) -> Q6Weight:
                     torch.from_numpy(np.ascontiguousarray(_fp16(b[..., 208:210]))))
 
 
+def _q5_0(blocks: np.ndarray, rows: int, cols: int) -> Q5Weight:
+    """Q5_0's blocks of 32 (22 bytes: fp16 d, a 32-bit word of fifth bits qh, 16 bytes of nibbles qs):
+    weight j takes the low nibble of qs[j] (j < 16) or the high one of qs[j - 16], and bit j of qh."""
+    b = blocks.reshape(rows, cols // 32, 22)
+    d, qs = _fp16(b[..., 0:2]), b[..., 6:22]
+    qh = np.ascontiguousarray(b[..., 2:6]).view("<u4")  # [rows, groups, 1]
+    fifth = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (fifth << 4)
+    return Q5Weight(torch.from_numpy(np.ascontiguousarray(q.reshape(rows, cols), dtype=np.uint8)), torch.from_numpy(d))
+
+
 def _q4(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> Q4Weight:
     return Q4Weight(torch.from_numpy(np.ascontiguousarray(q, dtype=np.uint8)), torch.from_numpy(d), torch.from_numpy(m))
 
@@ -108,11 +121,13 @@ _SUPER = {**_SAME, "w4a8": "k4a8"}
 _WIDE = {"int4": "int8", "w4a8": "q8a8", "int8": "int8", "bf16": "bf16", "fp32": "fp32"}
 # Q6_K under w4a8 (its head too, which w4a8 asks in q8a8): its own codes and scales (k6a8, models/w4a8.py)
 _SIX = {**_WIDE, "w4a8": "k6a8", "q8a8": "k6a8"}
+# Q5_0 under w4a8: its own 5-bit codes and scales (q5a8, models/w4a8.py)
+_FIVE = {**_WIDE, "w4a8": "q5a8", "q8a8": "q5a8"}
 QUANT_TYPES: Mapping[str, QuantType] = {
     q.name: q for q in (
         QuantType("F32", _SAME), QuantType("F16", _SAME), QuantType("BF16", _SAME),
         QuantType("Q4_0", _SAME, _q4_0), QuantType("Q4_1", _SAME, _q4_1), QuantType("Q4_K", _SUPER, _q4_k),
-        QuantType("Q5_0", _WIDE), QuantType("Q5_1", _WIDE), QuantType("Q5_K", _WIDE), QuantType("Q6_K", _SIX, _q6_k),
+        QuantType("Q5_0", _FIVE, _q5_0), QuantType("Q5_1", _WIDE), QuantType("Q5_K", _WIDE), QuantType("Q6_K", _SIX, _q6_k),
         QuantType("Q8_0", _WIDE),
     )
 }
@@ -123,12 +138,12 @@ def quant_type(name: str) -> QuantType:
     return QUANT_TYPES.get(name, OTHER)
 
 
-def layer_format(requested: str, part_types: list[str], six_bits: bool = True) -> str:
+def layer_format(requested: str, part_types: list[str], slow: frozenset[str] = frozenset()) -> str:
     """The format of a layer built from parts of these GGUF types (or "F32" for a float source), when
-    the model is asked for `requested`: the widest any part needs. six_bits False: no k6a8 (q8a8 instead:
-    w4a8.six_bit_groups says where)."""
+    the model is asked for `requested`: the widest any part needs. slow: layer formats this process's
+    kernel path runs slowly (w4a8.slow_layer_formats): their `whole_only` format instead."""
     wants = {quant_type(t).format_for(requested) for t in part_types}
-    if len(wants) > 1 or not six_bits:  # a format only its own type fills (whole_only) gives way
+    if len(wants) > 1 or wants & slow:  # a format only its own type fills (whole_only) gives way
         wants = {FORMATS[f].whole_only or f for f in wants}
     return widest(wants)
 

@@ -11,9 +11,9 @@ with the rows, and a prefill through them costs several times a bf16 matmul of t
 (docs/BENCHMARKS.md, "Wide forwards on dense weights"). Their rows therefore say from how many rows on
 a layer multiplies by a dense copy of its weight (`WeightFormat.wide_rows`): prefill, wide trees and
 batches of rows run at matmul speed, the one-token step keeps the small format's bandwidth. The copy is
-resident beside the codes (QLinear.resident_bytes counts it; step_bytes does not) and stored in the
-cache: int4's packed layout is opaque, and re-deriving the copy through the kernel would cost seconds at
-every load (docs/BENCHMARKS.md, "Small costs behind the code's choices"). On a CPU without native bf16
+resident beside the codes (QLinear.resident_bytes counts it; step_bytes does not) and not in the built-
+model cache: a load derives it from the codes, a block of rows at a time (docs/BENCHMARKS.md, "The target
+step (issue 48, third session)": a cache a third the size, a load 1.6 x longer). On a CPU without native bf16
 (AVX2 only) a bf16 GEMM is emulated and slower than fp32, so there the wide path multiplies in fp32 by a
 copy oneDNN has laid out for its GEMM once (docs/BENCHMARKS.md, "Batched decoding").
 """
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from specstack.errors import SpecstackError
 from specstack.models import quantizers, w4a8, w8a8
 from specstack.models.bound import Forward
-from specstack.models.coded import CodedWeight, Q4Weight, Q6Weight
+from specstack.models.coded import CodedWeight, Q4Weight, Q5Weight, Q6Weight
 from specstack.models.kernel_table import LinearKernels
 from specstack.weight_formats import WeightFormat, weight_format
 
@@ -56,6 +56,9 @@ class QLinear(Protocol):
 
 ACTIVATION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 INT4_GROUP = 32
+# rows a dense copy is derived in at a time (a multiple of torch's int4 row blocks, so a block of packed
+# rows unpacks on its own)
+ROW_CHUNK = 1024
 _INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 _INT4_MM_CPU = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 _INT4_MM = torch.ops.aten._weight_int4pack_mm.default
@@ -113,6 +116,11 @@ class LinearMethod:
         """The weight as floats [out, in], as the kernel sees it, without a forward."""
         raise NotImplementedError
 
+    def slow_layer_formats(self) -> frozenset[str]:
+        """Layer formats a model asked for in this format plans as their `whole_only` instead in this
+        process (its kernel path runs them slowly)."""
+        return frozenset()
+
     # -- the built-model cache: it stores what any CPU can load, a method repacks for the running one --
     def to_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
         """Rewrite the layer's entries of a state dict being saved into the form the cache stores."""
@@ -157,16 +165,25 @@ class DenseCopyMethod(LinearMethod):
                               persistent=False)
 
     def after_load(self, layer: QLinear) -> None:
-        self.fill_dense(layer, self.codes_as_floats(layer))
+        self.fill_dense(layer)
 
-    def codes_as_floats(self, layer: QLinear) -> torch.Tensor:
-        """The weight [out, in] in fp32 from the stored codes and scales, as the kernel dequantises."""
+    def rows_as_floats(self, layer: QLinear, start: int, end: int) -> torch.Tensor:
+        """Output rows start..end of the weight in fp32 from the stored codes and scales, as the kernel
+        dequantises them (`start` a multiple of ROW_CHUNK)."""
         raise NotImplementedError
 
-    def fill_dense(self, layer: QLinear, w: torch.Tensor) -> None:
-        """The copy from the weight the kernel computes with (its stored, rounded scales)."""
-        if layer.dense is not None:
-            layer.dense.copy_(w)
+    def fill_dense(self, layer: QLinear) -> None:
+        """The copy from the weight the kernel computes with (its stored, rounded scales), a block of rows
+        at a time: a whole layer's fp32 temporaries would cost more than the copy (the unembedding's:
+        four bytes a weight), and a load makes one of these for every layer."""
+        if layer.dense is None or layer.weight.device.type != "cpu":
+            if layer.dense is not None:
+                layer.dense.copy_(layer.dequantized())
+            return
+        n = layer.out_features
+        for start in range(0, n, ROW_CHUNK):
+            end = min(n, start + ROW_CHUNK)
+            layer.dense[start:end].copy_(self.rows_as_floats(layer, start, end))
 
     def bind(self, layer: QLinear, bias: torch.Tensor | None, wide: bool) -> Forward:
         small = self.kernel(layer)
@@ -214,10 +231,10 @@ class Int8Method(DenseCopyMethod):
         codes, scale = quantizers.symmetric(w, None, 127, 1e-12 / 127, dtype=layer.act_dtype)
         layer.weight.copy_(codes.to(torch.int8))
         layer.scales.copy_(scale)
-        self.fill_dense(layer, codes * scale.float()[:, None])
+        self.fill_dense(layer)
 
-    def codes_as_floats(self, layer: QLinear) -> torch.Tensor:
-        return layer.weight.float() * layer.scales.float()[:, None]
+    def rows_as_floats(self, layer: QLinear, start: int, end: int) -> torch.Tensor:
+        return layer.weight[start:end].float() * layer.scales[start:end].float()[:, None]
 
     def kernel(self, layer: QLinear) -> Forward:
         w, s = layer.weight, layer.scales
@@ -286,7 +303,11 @@ class Int4Method(DenseCopyMethod):
         if k % INT4_GROUP:
             raise SpecstackError(f"int4 needs in_features divisible by {INT4_GROUP}, got {k}")
         padded = -(-n // 16) * 16  # the packing kernels need rows in multiples of 16: pad with zero rows
-        layer.register_buffer("weight", _pack_int4(torch.zeros(padded, k, dtype=torch.int32, device=device)))
+        cpu = torch.device(device if device is not None else torch.get_default_device()).type != "cuda"
+        # torch's CPU layout is [N, K / 2] bytes (filled by set_codes or a load; meta: the shape alone);
+        # CUDA's has its own shape
+        layer.register_buffer("weight", torch.empty(padded, k // 2, dtype=torch.uint8, device=device) if cpu else
+                              _pack_int4(torch.zeros(padded, k, dtype=torch.int32, device=device)))
         layer.register_buffer("scales_zeros", torch.empty(k // INT4_GROUP, padded, 2, dtype=layer.act_dtype, device=device))
         self.create_dense(layer, n, k, device)
 
@@ -316,29 +337,26 @@ class Int4Method(DenseCopyMethod):
         layer.weight.copy_(_pack_int4(q.to(dev)))
         zero = m.float() + 8 * d.float()
         layer.scales_zeros.copy_(torch.stack([d.float(), zero], dim=-1).transpose(0, 1).to(dev))
-        if layer.dense is not None:
-            self.fill_dense(layer, self._dequantize(layer, q.to(dev)))
+        self.fill_dense(layer)
 
-    @staticmethod
-    def _dequantize(layer: QLinear, q: torch.Tensor) -> torch.Tensor:
-        """Codes [N padded, K] -> the weight [out, K] from the stored (rounded) scale and zero, as the kernel
-        dequantises."""
-        scale, zero = (layer.scales_zeros[..., i].t().float().repeat_interleave(INT4_GROUP, 1) for i in (0, 1))
-        return ((q.float() - 8) * scale + zero)[: layer.out_features]
-
-    def codes_as_floats(self, layer: QLinear) -> torch.Tensor:
-        if layer.weight.device.type != "cpu":
-            return layer.dequantized()
-        return self._dequantize(layer, unpack_int4(layer.weight))
+    def rows_as_floats(self, layer: QLinear, start: int, end: int) -> torch.Tensor:
+        q = unpack_int4(layer.weight[start : min(start + ROW_CHUNK, layer.weight.shape[0])])[: end - start]
+        k = q.shape[1]
+        scale, zero = (layer.scales_zeros[:, start:end, i].t().float()[..., None] for i in (0, 1))
+        # the kernel's (q - 8) * scale + zero, operation for operation
+        w = q.view(end - start, k // INT4_GROUP, INT4_GROUP).float().sub_(8).mul_(scale).add_(zero)
+        return w.view(end - start, k)
 
     def to_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
         if layer.weight.device.type == "cpu":
-            state[prefix + "weight"] = w4a8.pack_codes(unpack_int4(layer.weight))
+            state[prefix + "weight"] = torch.cat([w4a8.pack_codes(unpack_int4(part))
+                                                  for part in layer.weight.split(ROW_CHUNK)])
 
     def from_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
         stored = state.get(prefix + "weight")
         if layer.weight.device.type == "cpu" and stored is not None and stored.shape == layer.weight.shape:
-            state[prefix + "weight"] = _pack_int4(w4a8.unpack_codes(stored.to(layer.weight.device)))
+            state[prefix + "weight"] = torch.cat([_pack_int4(w4a8.unpack_codes(part))
+                                                  for part in stored.split(ROW_CHUNK)])
 
     def kernel(self, layer: QLinear) -> Forward:
         w, sz, out = layer.weight, layer.scales_zeros, layer.out_features
@@ -410,6 +428,9 @@ class W4A8Method(GroupMethod):
 
     third = "mins"
 
+    def slow_layer_formats(self) -> frozenset[str]:
+        return w4a8.slow_layer_formats()
+
     def create_tensors(self, layer: QLinear, n: int, k: int, device: torch.device | str | None) -> None:
         layer.register_buffer("weight", torch.empty(n, k // 2, dtype=torch.uint8, device=device))
         layer.register_buffer("scales", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device))
@@ -438,6 +459,24 @@ class Q8A8Method(GroupMethod):
         codes, d = w4a8.quantize_weight8(w)
         layer.weight.copy_(codes)
         layer.scales.copy_(d)
+
+
+class Q5A8Method(GroupMethod):
+    """GGUF Q5_0's 5-bit codes with an fp32 scale per 32: w = d (c - 16)."""
+
+    def create_tensors(self, layer: QLinear, n: int, k: int, device: torch.device | str | None) -> None:
+        groups = k // w4a8.GROUP
+        layer.register_buffer("weight", torch.empty(n, w4a8.five_row_bytes(groups), dtype=torch.uint8, device=device))
+        layer.register_buffer("scales", torch.empty(n, groups, dtype=torch.float32, device=device))
+
+    def set_float(self, layer: QLinear, w: torch.Tensor) -> None:
+        self.set_codes(layer, Q5Weight(*w4a8.quantize_weight5(w)))
+
+    def set_codes(self, layer: QLinear, coded: CodedWeight) -> None:
+        if not isinstance(coded, Q5Weight):
+            raise ValueError("q5a8 takes 5-bit codes with their scales (GGUF Q5_0)")
+        layer.weight.copy_(w4a8.pack_codes5(coded.q.to(layer.weight.device)))
+        layer.scales.copy_(coded.d.float())
 
 
 class K4A8Method(GroupMethod):

@@ -29,7 +29,6 @@ from specstack.errors import SpecstackError
 from specstack.files import cache_root  # noqa: F401  (re-exported: the engine's stores use it)
 from specstack.models.architectures import GGUF_BLOCK_TENSORS, GGUF_TOP_TENSORS, block_shapes, family
 from specstack.models.base import LoadedModel
-from specstack.models.coded import Q4Weight, Q6Weight
 from specstack.models.configs import (
     config_from_gguf,
     file_error,
@@ -40,7 +39,7 @@ from specstack.models.configs import (
     read_json_object,
 )
 from specstack.models.gguf_quants import layer_format, read_tensor
-from specstack.models.quant import layout_variant, six_bit_layers
+from specstack.models.quant import layout_variant, slow_layer_formats
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
 from specstack.weight_formats import FORMATS, head_format, requested_format, weight_format
@@ -203,9 +202,7 @@ def _unpermute_rope(w: Weight, n_heads: int) -> Weight:
         r = x.shape[0]
         return x.reshape(n_heads, r // n_heads // 2, 2, *x.shape[1:]).transpose(1, 2).reshape(x.shape)
 
-    if isinstance(w, (Q4Weight, Q6Weight)):
-        return w.map_rows(rows)
-    return rows(w)
+    return rows(w) if isinstance(w, torch.Tensor) else w.map_rows(rows)
 
 
 GGUF_NAMES = {gguf_name: name for name, gguf_name in GGUF_TOP_TENSORS.items()}
@@ -241,10 +238,10 @@ def plan_formats(cfg: ModelConfig, fmt: str, types: Mapping[str, str]) -> dict[s
     layer takes the widest format its parts need (models/gguf_quants.py); the head is int8 at least
     under int4, q8a8 under w4a8 (weight_formats.head_format)."""
     out: dict[str, str] = {}
-    six = six_bit_layers(fmt)
+    slow = slow_layer_formats(fmt)
     for layer, parts in layer_parts(cfg).items():
         base = head_format(fmt) if layer == "head" else fmt
-        f = layer_format(base, [types.get(p, "F32") for p in parts], six)
+        f = layer_format(base, [types.get(p, "F32") for p in parts], slow)
         if f != fmt:
             out[layer] = f
     return out

@@ -10,14 +10,13 @@ from typing import Any
 
 import torch
 
-from specstack.models import w4a8
 from specstack.models.bound import BoundModule, Forward
 from specstack.models.coded import CodedWeight, Q4Weight, Q6Weight
 from specstack.models.linear_methods import activation_dtype, method_for, native_bf16
 from specstack.weight_formats import weight_format
 
 __all__ = ["QLinear", "Q4Weight", "Q6Weight", "CodedWeight", "activation_dtype", "native_bf16",
-           "weights_label", "six_bit_layers", "layout_variant"]
+           "weights_label", "slow_layer_formats", "layout_variant"]
 
 
 def weights_label(fmt: str, device: torch.device) -> str:
@@ -27,16 +26,16 @@ def weights_label(fmt: str, device: torch.device) -> str:
     return fmt if table is None or device.type != "cpu" else f"{fmt} ({table(device).name} kernels)"
 
 
-def six_bit_layers(fmt: str) -> bool:
-    """Whether a model asked for in `fmt` may plan GGUF Q6_K layers as k6a8: under w4a8 only where this
-    process's kernel path runs them fast (w4a8.six_bit_groups); no other format has k6a8 to plan."""
-    return fmt != "w4a8" or w4a8.six_bit_groups()
+def slow_layer_formats(fmt: str) -> frozenset[str]:
+    """The layer formats a model asked for in `fmt` plans as their `whole_only` format instead, because
+    this process's kernel path runs them slowly (w4a8's narrow groups: w4a8.NARROW_PATHS)."""
+    return method_for(fmt).slow_layer_formats()
 
 
 def layout_variant(fmt: str) -> str:
-    """What a built model's layout depends on besides its format's revision: whether its Q6_K layers
-    are k6a8 or q8a8 (`six_bit_layers`)."""
-    return "" if six_bit_layers(fmt) else "q8"
+    """What a built model's layout depends on besides its format's revision: whether some of its layers
+    are q8a8 where the file's types would have them narrower (`slow_layer_formats`)."""
+    return "q8" if slow_layer_formats(fmt) else ""
 
 
 class QLinear(BoundModule):

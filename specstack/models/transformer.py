@@ -19,7 +19,7 @@ from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
 from specstack.models.bound import BoundModule, Forward
-from specstack.models.coded import CodedWeight, Q4Weight, Q6Weight
+from specstack.models.coded import CodedWeight, concat
 from specstack.models.fixed_attention import InvariantAttention, invariant_attention
 from specstack.models.linear_methods import activation_dtype, native_bf16
 from specstack.models.quant import QLinear
@@ -192,7 +192,7 @@ class Transformer(Extends, nn.Module):
 
         def dense(name: str, shape: tuple[int, ...]) -> torch.Tensor:
             w = get(name)
-            w = w.dequantize() if isinstance(w, (Q4Weight, Q6Weight)) else w
+            w = w if isinstance(w, torch.Tensor) else w.dequantize()
             if len(w.shape) != len(shape) or any(a != b for a, b in zip(w.shape, shape, strict=True) if b != -1):
                 raise ValueError(f"{name}: expected shape {shape}, got {tuple(w.shape)}")
             return w
@@ -203,13 +203,10 @@ class Transformer(Extends, nn.Module):
             cols = {p.shape[1] for p in parts}
             if (rows, cols) != (dst.out_features, {dst.in_features}):
                 raise ValueError(f"{names}: shapes do not fit a {dst.in_features}->{dst.out_features} layer")
-            if all(isinstance(p, Q4Weight) for p in parts):
-                q4 = [p for p in parts if isinstance(p, Q4Weight)]
-                fields = ("q", "d", "m") + (("sup", "sub") if all(p.sup is not None for p in q4) else ())
-                dst.set_codes(Q4Weight(*(torch.cat([getattr(p, f) for p in q4]) for f in fields)))
-            elif all(isinstance(p, Q6Weight) for p in parts):
-                q6 = [p for p in parts if isinstance(p, Q6Weight)]
-                dst.set_codes(Q6Weight(*(torch.cat([getattr(p, f) for p in q6]) for f in ("q", "s", "d"))))
+            coded = None if any(isinstance(p, torch.Tensor) for p in parts) else \
+                concat([p for p in parts if not isinstance(p, torch.Tensor)])
+            if coded is not None:
+                dst.set_codes(coded)
             else:
                 dst.set_float(torch.cat([p if isinstance(p, torch.Tensor) else p.dequantize() for p in parts]))
             if bias_names:

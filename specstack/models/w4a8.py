@@ -26,6 +26,10 @@ w = D s (c - 32), an int8 s per 16 weights and D per 256 (6.625 bits a weight wh
 integer sums take the 16-weight scales in (sum_g = sum_16 s sum (c - 32) q, exact), so D dx is the
 group's one float factor, as d dx is above.
 
+GGUF Q5_0 layers take *5-bit groups* (the layer format `q5a8`): Q5_0's codes c in 0..31 with
+w = d (c - 16), d per group (6 bits a weight with the fp32 d, where q8a8 holds 9): the integer sums are
+sum (c - 16) q, so d dx is again the group's one float factor, and no min term.
+
 Why it is batch-invariant: a row's codes, scales and sums are its own, and the kernel visits a row's
 groups in one fixed order whatever other rows share the call, so a token's numbers never depend on
 the tokens beside it: a verified tree computes what one-token steps compute, and greedy speculation
@@ -102,6 +106,57 @@ def unpack_codes6(packed: torch.Tensor) -> torch.Tensor:
     top = torch.stack([torch.stack([plane & 3, (plane >> 4) & 3], dim=3),
                        torch.stack([(plane >> 2) & 3, (plane >> 6) & 3], dim=3)], dim=2)
     return (low | top << 4).view(n, chunks * SIX_CHUNK)
+
+
+FIVE_CHUNK = 80  # bytes of a q5a8 chunk of 4 groups: two 64-bit words of fifth bits, then the nibbles
+
+
+def pack_codes5(c: torch.Tensor) -> torch.Tensor:
+    """5-bit codes [N, K] (0..31) -> [N, `five_row_bytes`] uint8: each chunk of 4 groups as two 64-bit
+    little-endian words of fifth bits (bit p of the first: code p % 16 of the chunk's group p / 16, of the
+    second: code 16 + p % 16 of that group), then their nibbles as `pack_codes` packs them; a row's last
+    groups, fewer than 4, a chunk of their own (the two words, then their nibbles)."""
+    n, k = c.shape
+    groups = k // GROUP
+    chunks = -(-groups // 4)
+    c = c.to(torch.uint8)
+    nibbles = torch.zeros(n, chunks * 64, dtype=torch.uint8, device=c.device)
+    nibbles[:, : k // 2] = pack_codes(c & 0x0F)
+    top = torch.zeros(n, chunks * 4 * GROUP, dtype=torch.uint8, device=c.device)
+    top[:, :k] = c >> 4
+    halves = top.view(n, chunks, 4, 2, GROUP // 2).transpose(2, 3)  # [.., half, group, j]: position 16 g + j
+    weights = (1 << torch.arange(8, dtype=torch.uint8, device=c.device))
+    words = (halves.reshape(n, chunks, 2, 8, 8) * weights).sum(dim=4, dtype=torch.uint8)  # byte b: positions 8b..
+    out = torch.cat([words.view(n, chunks, 16), nibbles.view(n, chunks, 64)], dim=2).view(n, chunks * FIVE_CHUNK)
+    return out[:, : five_row_bytes(groups)].contiguous()
+
+
+def five_row_bytes(groups: int) -> int:
+    """The bytes of a row of q5a8 codes (`pack_codes5`)."""
+    rest = groups % 4
+    return groups // 4 * FIVE_CHUNK + (16 + 16 * rest if rest else 0)
+
+
+def unpack_codes5(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of `pack_codes5`: [N, row bytes] uint8 -> codes [N, K] uint8."""
+    n, width = packed.shape
+    full, rest = divmod(width, FIVE_CHUNK)
+    groups = 4 * full + (rest - 16) // 16 if rest else 4 * full
+    chunks = -(-groups // 4)
+    padded = torch.zeros(n, chunks * FIVE_CHUNK, dtype=torch.uint8, device=packed.device)
+    padded[:, :width] = packed
+    v = padded.view(n, chunks, FIVE_CHUNK)
+    low = unpack_codes(v[:, :, 16:].reshape(n, chunks * 64))
+    bits = (v[:, :, :16].reshape(n, chunks, 2, 8, 1) >> torch.arange(8, dtype=torch.uint8, device=packed.device)) & 1
+    top = bits.view(n, chunks, 2, 4, GROUP // 2).transpose(2, 3).reshape(n, chunks * 4 * GROUP)
+    return (low | top << 4)[:, : groups * GROUP].contiguous()
+
+
+def quantize_weight5(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float weight [N, K] -> (codes uint8 [N, K] in 1..31, d [N, K / 32]) with w ~ d (c - 16): each
+    group's largest magnitude at 15 steps (GGUF Q5_0's form; its codes also reach 0)."""
+    c, d = quantizers.symmetric(w, GROUP, 15, 1e-30)
+    return (c + 16).to(torch.uint8), d
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -184,9 +239,10 @@ GROUP_FORMS: Mapping[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor | N
     "q8a8": lambda stored, d, _: (stored, d, None),
     "k4a8": _k4,
     "k6a8": _six,
+    "q5a8": lambda stored, d, _: (unpack_codes5(stored).to(torch.int32) - 16, d, None),
 }
 # each layer format's C++ op (a path appends its suffix)
-OPS: Mapping[str, str] = {"w4a8": "mm4", "q8a8": "mm8", "k4a8": "mm4k", "k6a8": "mm6k"}
+OPS: Mapping[str, str] = {"w4a8": "mm4", "q8a8": "mm8", "k4a8": "mm4k", "k6a8": "mm6k", "q5a8": "mm5"}
 
 
 def dequantize(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None) -> torch.Tensor:
@@ -254,15 +310,27 @@ KERNELS: tuple[LinearKernels, ...] = (
     KernelChoice("reference", lambda dev: True, reference),
 )
 FORCE_ENV = "SPECSTACK_W4A8_KERNEL"  # a kernel's name: use it (tests run each path this CPU has)
-# The paths that run k6a8 at least as fast as q8a8 runs the same weights. The avx2 path unpacks a
-# 6-bit group with about twice the instructions per byte of an 8-bit one, more than the 27 % fewer
-# bytes give back (docs/BENCHMARKS.md, "Q6_K's 6-bit groups"), so there GGUF Q6_K layers stay q8a8.
-SIX_BIT_PATHS = frozenset({"vnni512", "reference"})
+# The layer formats narrower than q8a8 that a path may lack speed for, and the paths that run each at
+# least as fast as q8a8 runs the same weights; elsewhere their GGUF types' layers are q8a8. The avx2
+# path unpacks a 6-bit group with about twice the instructions per byte of an 8-bit one, more than the
+# 27 % fewer bytes give back (docs/BENCHMARKS.md, "Q6_K's 6-bit groups"); its 5-bit groups cost 2 x
+# q8a8's on the same weights at one row, where vnni512's cost 0.66 x ("The target step (issue 48,
+# third session)").
+NARROW_PATHS: dict[str, frozenset[str]] = {
+    "k6a8": frozenset({"vnni512", "reference"}),
+    "q5a8": frozenset({"vnni512", "reference"}),
+}
+
+
+def slow_layer_formats() -> frozenset[str]:
+    """The narrow layer formats this process's path does not run fast (`NARROW_PATHS`): planned as q8a8."""
+    path = kernel_for(torch.device("cpu")).name
+    return frozenset(f for f, paths in NARROW_PATHS.items() if path not in paths)
 
 
 def six_bit_groups() -> bool:
     """Whether GGUF Q6_K layers are planned as k6a8 (their own codes) or q8a8 in this process."""
-    return kernel_for(torch.device("cpu")).name in SIX_BIT_PATHS
+    return "k6a8" not in slow_layer_formats()
 
 
 def kernel_for(device: torch.device) -> LinearKernels:

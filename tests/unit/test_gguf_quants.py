@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as QT
 from tiny_gguf import HEADS, KV, LAYERS, VOCAB, D, blocks_of, dequantized, write_one, write_tiny_qwen2_gguf
 
 from specstack.models import w4a8
+from specstack.models.coded import Q5Weight
 from specstack.models.gguf_quants import layer_format, read_tensor
 from specstack.models.loading import load_model, read_gguf
 from specstack.models.quant import Q4Weight, Q6Weight, QLinear
@@ -30,7 +31,7 @@ def test_4_bit_types_keep_their_codes_exactly(tmp_path, qtype):
     assert err < 6e-3, f"relative error {err:.2g}"
 
 
-@pytest.mark.parametrize("qtype", [QT.Q5_0, QT.Q8_0])
+@pytest.mark.parametrize("qtype", [QT.Q5_1, QT.Q8_0])
 def test_wider_types_are_dequantised(tmp_path, qtype):
     rows, cols = 8, 256
     data = blocks_of(qtype, rows, cols, seed=5)
@@ -74,6 +75,23 @@ def test_q6_k_keeps_its_codes_and_k6a8_holds_the_very_weights(tmp_path):
     assert isinstance(read_tensor(write_one(tmp_path / "u.gguf", data, QT.Q6_K), want_codes=False), torch.Tensor)
 
 
+def test_q5_0_keeps_its_codes_and_q5a8_holds_the_very_weights(tmp_path):
+    """q5a8 stores Q5_0's 5-bit codes and d per 32: the weights gguf reads, bit for bit, in 6 bits a weight
+    (the fp32 d; q8a8's 8-bit groups: 9). Odd group counts (a last chunk of 1 to 3 groups) included."""
+    for rows, cols in ((16, 512), (8, 96), (8, 160)):
+        data = blocks_of(QT.Q5_0, rows, cols, seed=7)
+        qw = read_tensor(write_one(tmp_path / f"t{cols}.gguf", data, QT.Q5_0), want_codes=True)
+        assert isinstance(qw, Q5Weight) and qw.q.shape == (rows, cols) and int(qw.q.max()) <= 31
+        ref = dequantized(data, QT.Q5_0, rows, cols)
+        assert torch.equal(qw.dequantize(), ref)
+        lin = QLinear(cols, rows, "q5a8").set_codes(qw)
+        assert torch.equal(lin.float_weight(), ref)
+        if cols % 128 == 0:
+            assert lin.step_bytes() * 8 / (rows * cols) == 6.0
+        # every other format takes the dequantised weight
+        assert torch.equal(QLinear(cols, rows, "fp32").set_codes(qw).weight, ref)
+
+
 def test_layer_formats():
     assert layer_format("w4a8", ["Q4_K", "Q4_K", "Q4_K"]) == "k4a8"  # Q4_K's super-blocks
     assert layer_format("w4a8", ["Q4_K", "Q4_1"]) == "w4a8"  # a part without them: per-group scales
@@ -81,7 +99,10 @@ def test_layer_formats():
     assert layer_format("w4a8", ["Q6_K"]) == "k6a8" and layer_format("w4a8", ["Q6_K", "Q6_K"]) == "k6a8"
     assert layer_format("q8a8", ["Q6_K"]) == "k6a8" and layer_format("q8a8", ["Q8_0"]) == "q8a8"  # w4a8's heads
     assert layer_format("w4a8", ["Q6_K", "Q5_0"]) == "q8a8" and layer_format("int4", ["Q6_K"]) == "int8"
-    assert layer_format("w4a8", ["Q6_K"], six_bits=False) == "q8a8"  # a kernel path without k6a8
+    assert layer_format("int4", ["Q5_0", "Q5_0"]) == "int8"
+    assert layer_format("w4a8", ["Q6_K"], slow=frozenset({"k6a8"})) == "q8a8"  # a kernel path without k6a8
+    assert layer_format("w4a8", ["Q5_0", "Q5_0"]) == "q5a8" and layer_format("w4a8", ["Q5_0", "Q4_K"]) == "q8a8"
+    assert layer_format("w4a8", ["Q5_0"], slow=frozenset({"q5a8"})) == "q8a8"
     assert layer_format("int4", ["Q4_K", "Q4_K", "Q4_K"]) == "int4"
     assert layer_format("int4", ["Q4_K", "Q4_K", "Q6_K"]) == "int8"  # a fused qkv takes its widest part's
     assert layer_format("int4", ["Q5_0"]) == "int8" and layer_format("int4", ["Q8_0"]) == "int8"
@@ -127,7 +148,7 @@ def close_to_transformers(lm, hf) -> torch.Tensor:
 
 
 def test_tiny_qwen2_gguf_int4_plan(tiny_qwen2_gguf):
-    """Under int4: a qkv fused with a Q6_K v, a Q5_0 up and a Q6_K down get int8; the all-Q4_K o stays
+    """Under int4: a qkv fused with a Q6_K v, the Q5_0 gate|up and a Q6_K down get int8; the all-Q4_K o stays
     int4 from its codes; the Q8_0 head int8. Logits stay close to the fp32 model's."""
     path, hf = tiny_qwen2_gguf
     _, weights, formats = read_gguf(path, "int4")
@@ -141,12 +162,14 @@ def test_tiny_qwen2_gguf_int4_plan(tiny_qwen2_gguf):
 
 def test_tiny_qwen2_gguf_w4a8_plan(tiny_qwen2_gguf, tmp_path, monkeypatch):
     """Under w4a8: the all-Q4_K o in super-blocks (k4a8) from its codes, the Q6_K down in 6-bit groups
-    (k6a8) from its codes, the layers with parts of other types and the Q8_0 head in 8-bit groups (q8a8).
-    Logits close to the fp32 model's; the built-model cache gives the same model back."""
+    (k6a8) and the Q5_0 gate|up in 5-bit groups (q5a8) from theirs, the qkv with parts of two types and the
+    Q8_0 head in 8-bit groups (q8a8). Logits close to the fp32 model's; the built-model cache gives the
+    same model back."""
     monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
     path, hf = tiny_qwen2_gguf
     _, weights, formats = read_gguf(path, "w4a8")
-    assert formats == {**{f"layers.{i}.{n}": "q8a8" for i in range(LAYERS) for n in ("qkv", "up")},
+    assert formats == {**{f"layers.{i}.qkv": "q8a8" for i in range(LAYERS)},
+                       **{f"layers.{i}.up": "q5a8" for i in range(LAYERS)},
                        **{f"layers.{i}.o": "k4a8" for i in range(LAYERS)},
                        **{f"layers.{i}.down": "k6a8" for i in range(LAYERS)}, "head": "q8a8"}
     o, down = weights["layers.0.o"], weights["layers.0.down"]
@@ -156,6 +179,9 @@ def test_tiny_qwen2_gguf_w4a8_plan(tiny_qwen2_gguf, tmp_path, monkeypatch):
     assert lm.model.layers[0].o.fmt == "k4a8" and torch.equal(lm.model.layers[0].o.float_weight(), o.dequantize())
     assert lm.model.layers[0].down.fmt == "k6a8"
     assert torch.equal(lm.model.layers[0].down.float_weight(), down.dequantize())
+    gate, up = weights["layers.0.gate"], weights["layers.0.up"]
+    assert isinstance(gate, Q5Weight) and isinstance(up, Q5Weight) and lm.model.layers[0].up.fmt == "q5a8"
+    assert torch.equal(lm.model.layers[0].up.float_weight(), torch.cat([gate.dequantize(), up.dequantize()]))
     got = close_to_transformers(lm, hf)
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
     again = load_model(str(path), dtype="w4a8", tokenizer=False)  # from the built-model cache
@@ -165,13 +191,14 @@ def test_tiny_qwen2_gguf_w4a8_plan(tiny_qwen2_gguf, tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not w4a8.KERNELS[1].applies(torch.device("cpu")), reason="no avx2 path on this CPU")
 def test_tiny_qwen2_gguf_w4a8_on_the_avx2_path_keeps_q6_k_in_8_bit_groups(tiny_qwen2_gguf, tmp_path, monkeypatch):
-    """The avx2 path runs 6-bit groups slower than 8-bit ones: there the Q6_K down is planned q8a8, and the
-    built model is cached under its own name (a cache built on a VNNI path is not what this one loads)."""
+    """The avx2 path runs 6-bit and 5-bit groups slower than 8-bit ones: there the Q6_K down and the Q5_0
+    gate|up are planned q8a8, and the built model is cached under its own name (a cache built on a VNNI
+    path is not what this one loads)."""
     monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
     path, _ = tiny_qwen2_gguf
     monkeypatch.setenv(w4a8.FORCE_ENV, "avx2")
     _, _, formats = read_gguf(path, "w4a8")
-    assert formats["layers.0.down"] == "q8a8" and formats["layers.0.o"] == "k4a8"
+    assert formats["layers.0.down"] == formats["layers.0.up"] == "q8a8" and formats["layers.0.o"] == "k4a8"
     lm = load_model(str(path), dtype="w4a8", tokenizer=False)
     assert lm.model.layers[0].down.fmt == "q8a8"
     monkeypatch.setenv(w4a8.FORCE_ENV, "reference")

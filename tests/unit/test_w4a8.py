@@ -404,3 +404,78 @@ def test_a_cpu_only_format_is_refused_on_cuda(monkeypatch, tiny_llama, fmt):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(SpecstackError, match=f"{fmt} has no CUDA kernel.*bf16 or fp32 on cuda"):
         load_model(str(tiny_llama.path), dtype=fmt, device="cuda", use_cache=False, tokenizer=False)
+
+
+def five_layer(k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """q5a8's stored codes and d [N, K / 32] as GGUF Q5_0 holds them (d of either sign, an all-zero group)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 32, (n, k), generator=g, dtype=torch.uint8)
+    d = (torch.rand(n, k // 32, generator=g) - 0.3) * 0.01
+    d[0, 0] = 0.0
+    return w4a8.pack_codes5(codes), d
+
+
+def test_five_bit_codes_pack_and_unpack_in_the_kernels_order():
+    for k in (512, 96, 160, 224):  # whole chunks of 4 groups, and a last chunk of 3, 1 and 3 groups
+        c = torch.randint(0, 32, (6, k), dtype=torch.uint8)
+        packed = w4a8.pack_codes5(c)
+        assert packed.shape == (6, w4a8.five_row_bytes(k // 32)) and torch.equal(w4a8.unpack_codes5(packed), c)
+    assert w4a8.five_row_bytes(16) == 4 * 80 and w4a8.five_row_bytes(5) == 80 + 32
+    c = torch.randint(0, 32, (6, 512), dtype=torch.uint8)
+    packed = w4a8.pack_codes5(c)
+    # a chunk: two little-endian 64-bit words of fifth bits, then the 4 groups' nibbles as pack_codes packs
+    # them; bit p of the first word is code p % 16 of group p / 16, of the second code 16 + p % 16
+    assert torch.equal(packed[:, 16:80], w4a8.pack_codes(c[:, :128] & 15))
+    words = packed[:, :16].view(6, 2, 8).to(torch.int64)
+    lo, hi = (sum(words[:, h, b] << (8 * b) for b in range(8)) for h in (0, 1))
+    top = (c[:, :128] >> 4).view(6, 4, 2, 16).to(torch.int64)
+    for p in (0, 5, 21, 63):
+        assert torch.equal((lo >> p) & 1, top[:, p // 16, 0, p % 16])
+        assert torch.equal((hi >> p) & 1, top[:, p // 16, 1, p % 16])
+
+
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("k,n", [(896, 48), (4864, 96), (96, 40), (160, 24), (1536, 2048)])
+def test_five_bit_groups_agree_with_the_reference_and_keep_rows_invariant(name, k, n):
+    """q5a8 (GGUF Q5_0) on every path, whole chunks and a last chunk of 1 or 3 groups: against the
+    reference and the dequantised matmul at every row count, and each row's numbers those it has alone."""
+    packed, d = five_layer(k, n)
+    run = {c.name: c for c in w4a8.KERNELS}[name].build("q5a8", packed, d, None)
+    ref = w4a8.reference("q5a8", packed, d, None)
+    w = w4a8.dequantize("q5a8", packed, d, None)
+    x = inputs(33, k)
+    alone = torch.cat([run(x[i : i + 1]) for i in range(33)])
+    tol = tolerance(x, w)
+    q, dx, _ = w4a8.quantize_groups(x)
+    xq = (q.view(33, -1, 32).double() * dx.double()[..., None]).view(x.shape)
+    for t in ROWS if k * n < 5_000_000 else ROWS[::3]:
+        y = run(x[:t])
+        assert torch.equal(y, alone[:t]), f"{name} {k}->{n}: {t} rows differ from the rows alone"
+        assert ((y - ref(x[:t])).abs() <= tol[:t]).all(), f"{name} {k}->{n}, {t} rows: off the reference"
+        want = (xq[:t] @ w.double().t()).float()
+        assert ((y - want).abs() <= tol[:t]).all(), f"{name} {k}->{n}, {t} rows: off the dequantised matmul"
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_five_bit_extreme_products_stay_exact(name):
+    """Codes 0 and 31 (c - 16 = -16, 15) against activations at +-127, in whole chunks and a last chunk
+    of one group: the integer sums at the format's largest, exact."""
+    k, n = 1056, 8  # 33 groups
+    codes = torch.zeros(n, k, dtype=torch.uint8)
+    codes[n // 2 :] = 31
+    packed, d = w4a8.pack_codes5(codes), torch.ones(n, k // 32)
+    x = torch.ones(3, k)
+    x[1] *= -1
+    x[2, ::2] *= -1
+    y = {c.name: c for c in w4a8.KERNELS}[name].build("q5a8", packed, d, None)(x)
+    want = torch.tensor([-16.0 * k] * (n // 2) + [15.0 * k] * (n // 2))
+    assert torch.equal(y[0], want) and torch.equal(y[1], -want) and torch.equal(y[2], torch.zeros(n))
+
+
+def test_a_float_weight_into_five_bit_groups_stays_within_a_step():
+    w = torch.randn(24, 512) * 0.05
+    lin = QLinear(512, 24, "q5a8").set_float(w)
+    assert ((lin.float_weight() - w).abs() <= lin.scales.abs().repeat_interleave(32, 1) / 2 + 1e-7).all()
+    assert lin.step_bytes() == 24 * 512 * 5 // 8 + 24 * 16 * 4  # codes, fp32 d
+    with pytest.raises(SpecstackError, match="divisible by 32"):
+        QLinear(40, 8, "q5a8")

@@ -7,7 +7,9 @@
 //   the layers a file keeps in more than 4 bits that have no layout of their own here, and unembeddings;
 // - 6-bit (mm6k, the `k6a8` layer format): GGUF Q6_K's codes c in 0..63 with w = D * s * (c - 32), an
 //   int8 s per 16 weights and D per 256, 24 bytes a group (4 bits in w4a8's nibbles, 2 in a plane
-//   after each 4 groups' nibbles): a lane's integer sum is sum_16 s * (c - 32) * q, exact in int32.
+//   after each 4 groups' nibbles): a lane's integer sum is sum_16 s * (c - 32) * q, exact in int32;
+// - 5-bit (mm5, the `q5a8` layer format): GGUF Q5_0's codes c in 0..31 with w = d * (c - 16), d per
+//   group, 20 bytes a group (the fifth bits of 4 groups in two 64-bit words, then their nibbles).
 //
 // Why it is shaped so:
 // - each weight group is read (and unpacked) once for all the rows of the call: the rows share the
@@ -172,6 +174,47 @@ struct Q6 {
   static inline __m256i products(__m256i w, __m256i a) { return Q8::products(w, a); }
 };
 
+// 5-bit groups (q5a8, GGUF Q5_0), a chunk of 4 groups in 80 bytes: two 64-bit words of fifth bits,
+// then the 4 groups' nibbles as Q4's. Bit p of the first word is the fifth bit of nibble-vector position
+// p (code p % 16 of the chunk's group p / 16), of the second the same for codes 16..31; the vnni path
+// turns each word into a byte mask. A row's last groups, fewer than 4, are a chunk of their own (the
+// two words, then their nibbles). The codes go in as c - 16 with Q8's sign trick.
+struct Q5 {
+  static constexpr int64_t kChunk = 80;
+  static inline int64_t row_bytes(int64_t groups) {
+    return groups / 4 * kChunk + (groups % 4 ? 16 + 16 * (groups % 4) : 0);
+  }
+  // the fifth bits of group gi of a chunk, bit j for code j
+  static inline uint32_t fifth_bits(const uint8_t* chunk, int64_t gi) {
+    uint64_t lo, hi;
+    std::memcpy(&lo, chunk, 8);
+    std::memcpy(&hi, chunk + 8, 8);
+    return static_cast<uint32_t>((lo >> (16 * gi)) & 0xFFFF) | static_cast<uint32_t>(((hi >> (16 * gi)) & 0xFFFF) << 16);
+  }
+  static inline Group group(const uint8_t* wn, const RowScales& s, int64_t g) {
+    const uint8_t* chunk = wn + (g / 4) * kChunk;
+    const int64_t gi = g % 4;
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 16 + gi * 16));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m256i nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low), _mm_and_si128(b, low));
+    // bit j of the word -> 0x10 in byte j (llama.cpp's bytes_from_bits_32)
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(fifth_bits(chunk, gi))),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                          _mm256_set1_epi64x(-1));
+    const __m256i codes = _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    return {_mm256_sub_epi8(codes, _mm256_set1_epi8(16)), _mm256_set1_epi16(1), s.d1(g)};
+  }
+  static inline __m256i products(__m256i w, __m256i a) { return Q8::products(w, a); }
+};
+
+// the bytes of a row of codes
+template <class W>
+inline int64_t row_bytes(int64_t groups) {
+  if constexpr (std::is_same_v<W, Q5>) return Q5::row_bytes(groups);
+  else return groups * W::kBytes;
+}
+
 // one group of codes x 32 activation codes -> 8 lanes of partial integer sums, as floats (exact)
 template <class W>
 inline __m256 group_dot(const Group& w, const int8_t* q) {
@@ -240,7 +283,7 @@ inline void by_rows(int64_t rows, const F& f) {
 template <class W>
 at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const Scales& scales) {
   const int64_t rows = x.size(0), k = x.size(1), n_out = codes.size(0);
-  TORCH_CHECK(k % kGroup == 0 && codes.size(1) == k / kGroup * W::kBytes, "w4a8: codes do not fit x's width");
+  TORCH_CHECK(k % kGroup == 0 && codes.size(1) == row_bytes<W>(k / kGroup), "w4a8: codes do not fit x's width");
   const int64_t groups = k / kGroup;
   const at::Tensor xc = x.contiguous(), cc = codes.contiguous();
   at::Tensor y = at::empty({rows, n_out}, x.options());
@@ -254,9 +297,9 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const Scales& sc
   const float* dxp = dx.data_ptr<float>();
   const float* sxp = sx.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t row_bytes = groups * W::kBytes;
+  const int64_t stride = row_bytes<W>(groups);
   sweep(n_out, rows, 32, kRowTile, [&](int64_t n, int64_t r, int64_t left) {
-    const uint8_t* wn = w + n * row_bytes;
+    const uint8_t* wn = w + n * stride;
     const RowScales sn = scales.row(n, groups);
     const int8_t* qr = qp + r * k;
     const float* dxr = dxp + r * groups;
@@ -309,7 +352,7 @@ int64_t groups_of(const at::Tensor& x) {
 
 void check_codes(const at::Tensor& codes, bool four) {
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == (four ? at::kByte : at::kChar),
-              four ? "w4a8: packed codes (4- or 6-bit) must be 2-D uint8" : "w4a8 mm8: codes must be 2-D int8");
+              four ? "w4a8: packed codes (4-, 5- or 6-bit) must be 2-D uint8" : "w4a8 mm8: codes must be 2-D int8");
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -519,6 +562,62 @@ VNNI_FN inline void tile6_vnni(const uint8_t* wn, const RowScales& sn, const int
   for (int i = 0; i < R; ++i) y[i * ldy] = _mm512_reduce_add_ps(acc[i]);
 }
 
+// 5-bit groups (q5a8), R rows against one output channel. q: the rows' interleaved codes (as mm4's);
+// neg: minus 16 * the sum of each lane's 4 activation codes (stride k / 4). A chunk's two words of fifth
+// bits are byte masks of its two nibble vectors (a masked add of 16), so a lane's vpdpbusd sums start
+// from both its halves' offsets and end as sum (c - 16) q over the group's 8 codes it holds.
+template <int R>
+VNNI_FN inline void tile5_vnni(const uint8_t* wn, const RowScales& sn, const int8_t* q, const int32_t* neg,
+                               const float* dx, const float* lanes, int64_t k, int64_t groups, float* y,
+                               int64_t ldy) {
+  const int64_t chunks = groups / 4;
+  const __m512i nib = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[R];
+  __m128 tail[R];
+  for (int i = 0; i < R; ++i) { acc[i] = _mm512_setzero_ps(); tail[i] = _mm_setzero_ps(); }
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint8_t* base = wn + c * Q5::kChunk;
+    uint64_t lo, hi;
+    std::memcpy(&lo, base, 8);
+    std::memcpy(&hi, base + 8, 8);
+    const __m512i raw = _mm512_loadu_si512(base + 16);
+    const __m512i l4 = _mm512_and_si512(raw, nib), h4 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    const __m512i low = _mm512_mask_add_epi8(l4, _cvtu64_mask64(lo), l4, sixteen);
+    const __m512i high = _mm512_mask_add_epi8(h4, _cvtu64_mask64(hi), h4, sixteen);
+    const __m512 d16 = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(sn.d + 4 * c)));
+    for (int i = 0; i < R; ++i) {
+      const int8_t* qc = q + i * k + c * 128;
+      const int32_t* nc = neg + i * (k / 4) + c * 32;
+      __m512i s = _mm512_add_epi32(_mm512_loadu_si512(nc), _mm512_loadu_si512(nc + 16));
+      s = _mm512_dpbusd_epi32(s, low, _mm512_loadu_si512(qc));
+      s = _mm512_dpbusd_epi32(s, high, _mm512_loadu_si512(qc + 64));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d16, _mm512_loadu_ps(lanes + i * (k / 8) + c * 16)),
+                               acc[i]);
+    }
+  }
+  const uint8_t* last = wn + chunks * Q5::kChunk;  // the last groups: natural order, a chunk of their own
+  for (int64_t g = chunks * 4; g < groups; ++g) {
+    const int64_t gi = g - chunks * 4;
+    const uint32_t bits = Q5::fifth_bits(last, gi);
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(last + 16 + gi * 16));
+    const __m128i n4 = _mm_set1_epi8(0x0F), s16 = _mm_set1_epi8(16);
+    const __m128i l4 = _mm_and_si128(raw, n4), h4 = _mm_and_si128(_mm_srli_epi16(raw, 4), n4);
+    const __m128i low = _mm_mask_add_epi8(l4, static_cast<__mmask16>(bits & 0xFFFF), l4, s16);
+    const __m128i high = _mm_mask_add_epi8(h4, static_cast<__mmask16>(bits >> 16), h4, s16);
+    for (int i = 0; i < R; ++i) {
+      const int8_t* qg = q + i * k + g * kGroup;
+      const int32_t* ng = neg + i * (k / 4) + g * 8;
+      __m128i s = _mm_add_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ng)),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(ng + 4)));
+      s = _mm_dpbusd_epi32(s, low, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qg)));
+      s = _mm_dpbusd_epi32(s, high, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qg + 16)));
+      tail[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(sn.d[g] * dx[i * groups + g]), tail[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) y[i * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], _mm512_castps128_ps512(tail[i])));
+}
+
 // `times` * (the sum of each 4 consecutive codes) of a row's codes, in their stored order
 VNNI_FN void lane_offsets(const int8_t* q, int64_t n, int32_t times, int32_t* neg) {
   const __m512i ones = _mm512_set1_epi8(1);
@@ -531,15 +630,17 @@ VNNI_FN void lane_offsets(const int8_t* q, int64_t n, int32_t times, int32_t* ne
 }
 
 // the weight groups a vnni matmul takes
-enum class Bits { kFour, kSix, kEight };
+enum class Bits { kFour, kFive, kSix, kEight };
 
 template <Bits B>
 at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scales& scales) {
   constexpr bool kEight = B == Bits::kEight;  // natural order, 8 lanes a group; else interleaved, 4
   const int64_t rows = x.size(0), k = x.size(1), n_out = codes.size(0);
-  const int64_t bytes = B == Bits::kFour ? kGroup / 2 : B == Bits::kSix ? 24 : kGroup;
-  TORCH_CHECK(k % kGroup == 0 && codes.size(1) == k / kGroup * bytes, "w4a8: codes do not fit x's width");
+  TORCH_CHECK(k % kGroup == 0, "w4a8: x's width must be a multiple of 32");
   const int64_t groups = k / kGroup;
+  const int64_t row_bytes = B == Bits::kFour ? groups * kGroup / 2 : B == Bits::kFive ? Q5::row_bytes(groups)
+                            : B == Bits::kSix ? groups * 24 : groups * kGroup;
+  TORCH_CHECK(codes.size(1) == row_bytes, "w4a8: codes do not fit x's width");
   const at::Tensor xc = x.contiguous(), cc = codes.contiguous();
   at::Tensor y = at::empty({rows, n_out}, x.options());
   if (rows == 0 || n_out == 0) return y;
@@ -560,14 +661,13 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // the rows' rounding, each row on its own
     for (int64_t r = r0; r < r1; ++r) {
       quantize_row_vnni(xp + r * k, k, qw + r * k, dxw + r * groups, sxw + r * groups, !kEight);
-      if (B != Bits::kFour) lane_offsets(qw + r * k, k, kEight ? -128 : -32, negw + r * (k / 4));
+      if (B != Bits::kFour) lane_offsets(qw + r * k, k, kEight ? -128 : B == Bits::kSix ? -32 : -16, negw + r * (k / 4));
       for (int64_t g = 0; g < (kEight ? groups : groups / 4 * 4); ++g)
         for (int64_t l = 0; l < per_group; ++l) lw[r * lstride + g * per_group + l] = dxw[r * groups + g];
     }
   });
   const uint8_t* w = static_cast<const uint8_t*>(cc.data_ptr());
   float* yp = y.data_ptr<float>();
-  const int64_t row_bytes = groups * bytes;
   sweep(n_out, rows, 16, kVnniTile, [&](int64_t n, int64_t r, int64_t left) {
     const uint8_t* wn = w + n * row_bytes;
     const RowScales sn = scales.row(n, groups);
@@ -579,6 +679,7 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
     by_rows<kVnniTile>(left, [&](auto rt) {
       constexpr int R = decltype(rt)::value;
       if constexpr (B == Bits::kFour) tile4_vnni<R>(wn, sn, qr, dxr, lr, sxw + r * groups, k, groups, yr, n_out);
+      else if constexpr (B == Bits::kFive) tile5_vnni<R>(wn, sn, qr, nr, dxr, lr, k, groups, yr, n_out);
       else if constexpr (B == Bits::kSix) tile6_vnni<R>(wn, sn, qr, nr, lr, k, groups, yr, n_out);
       else tile8_vnni<R>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out);
     });
@@ -627,8 +728,13 @@ Scales six_scales(const at::Tensor& codes, const at::Tensor& big, const at::Tens
 
 using MatmulFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const Scales&);
 
-template <MatmulFn MM4, MatmulFn MM8, MatmulFn MM6>
+template <MatmulFn MM4, MatmulFn MM8, MatmulFn MM6, MatmulFn MM5>
 struct PathOps {
+  static at::Tensor mm5(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
+    std::vector<at::Tensor> keep;
+    check_codes(codes, true);
+    return MM5(x, codes, group_scales(codes, d, nullptr, groups_of(x), keep));
+  }
   static at::Tensor mm4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
     std::vector<at::Tensor> keep;
     check_codes(codes, true);
@@ -650,8 +756,9 @@ struct PathOps {
     return MM6(x, codes, six_scales(codes, big, s16, groups_of(x), keep));
   }
 };
-using Avx2Ops = PathOps<matmul<Q4>, matmul<Q8>, matmul<Q6>>;
-using VnniOps = PathOps<matmul_vnni<Bits::kFour>, matmul_vnni<Bits::kEight>, matmul_vnni<Bits::kSix>>;
+using Avx2Ops = PathOps<matmul<Q4>, matmul<Q8>, matmul<Q6>, matmul<Q5>>;
+using VnniOps = PathOps<matmul_vnni<Bits::kFour>, matmul_vnni<Bits::kEight>, matmul_vnni<Bits::kSix>,
+                        matmul_vnni<Bits::kFive>>;
 
 }  // namespace
 
@@ -666,6 +773,8 @@ TORCH_LIBRARY(specstack_w4a8, lib) {
   lib.def("quantize_vnni(Tensor x) -> (Tensor, Tensor, Tensor)");
   lib.def("mm6k(Tensor x, Tensor codes, Tensor big, Tensor s16) -> Tensor");
   lib.def("mm6k_vnni(Tensor x, Tensor codes, Tensor big, Tensor s16) -> Tensor");
+  lib.def("mm5(Tensor x, Tensor codes, Tensor d) -> Tensor");
+  lib.def("mm5_vnni(Tensor x, Tensor codes, Tensor d) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specstack_w4a8, CPU, lib) {
@@ -679,4 +788,6 @@ TORCH_LIBRARY_IMPL(specstack_w4a8, CPU, lib) {
   lib.impl("quantize_vnni", &quantize_op<round_vnni>);
   lib.impl("mm6k", &Avx2Ops::mm6k);
   lib.impl("mm6k_vnni", &VnniOps::mm6k);
+  lib.impl("mm5", &Avx2Ops::mm5);
+  lib.impl("mm5_vnni", &VnniOps::mm5);
 }
