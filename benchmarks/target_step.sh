@@ -24,10 +24,11 @@ for m in qwen2.5-coder-1.5b qwen2.5-coder-0.5b smollm2-135m; do
             --prompts 0 --skip-hf --threads "$THREADS" --out "$OUT/forward_${m}_avx2.json" | tee "$OUT/forward_${m}_avx2.md"
     fi
 done
-# the step in use: the pair on 8 HumanEval prompts x 128 tokens, our ar / auto / chain in int4 and w4a8
-# beside llama-server's own speculation (n-gram, and the same 0.5B draft); llama.cpp plain is
-# llama-bench's tg above (the `llamacpp` peer needs the `peers` extra)
+# the step in use: the pair on 8 HumanEval prompts x 128 tokens, every method in the default format
+# (w4a8 where its kernels build), ar and auto in int4 (the old default) beside them, and llama-server's
+# own speculation (n-gram, and the same 0.5B draft); llama.cpp plain is llama-bench's tg above (the
+# `llamacpp` peer needs the `peers` extra)
 echo "== bench, the pair" >&2
-specstack bench --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft-dtype w4a8 --threads "$THREADS" \
+specstack bench --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --threads "$THREADS" \
     --max-new-tokens 128 --prompts humaneval --limit 8 --out "$OUT/pair" --llama-bin-dir "$BIN" --methods \
-    "ar;auto;ar:dtype=w4a8;auto:dtype=w4a8;chain:k=4,dtype=w4a8;llamacpp-ngram;llamacpp-spec"
+    "ar;auto;chain:k=4;tree:cost=1;staged:cost=1;ngram;ar:dtype=int4;auto:dtype=int4;llamacpp-ngram;llamacpp-spec"
