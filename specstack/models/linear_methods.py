@@ -121,6 +121,14 @@ class LinearMethod:
         process (its kernel path runs them slowly)."""
         return frozenset()
 
+    def take_rows(self, layer: QLinear, out: QLinear, rows: torch.Tensor) -> None:
+        """Fill `out` (a layer of this format with len(rows) outputs) with `layer`'s output rows `rows`:
+        the very codes and scales. Here every stored tensor holds an output row per index of its first
+        axis; a format whose layout does not says how instead."""
+        for name in self.step_tensors:
+            getattr(out, name).copy_(getattr(layer, name).index_select(0, rows))
+        self.after_load(out)
+
     # -- the built-model cache: it stores what any CPU can load, a method repacks for the running one --
     def to_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
         """Rewrite the layer's entries of a state dict being saved into the form the cache stores."""
@@ -346,6 +354,19 @@ class Int4Method(DenseCopyMethod):
         # the kernel's (q - 8) * scale + zero, operation for operation
         w = q.view(end - start, k // INT4_GROUP, INT4_GROUP).float().sub_(8).mul_(scale).add_(zero)
         return w.view(end - start, k)
+
+    def take_rows(self, layer: QLinear, out: QLinear, rows: torch.Tensor) -> None:
+        if layer.weight.device.type != "cpu":  # CUDA's packed layout: through floats
+            return self.set_float(out, self.float_weight(layer).index_select(0, rows).float())
+        q = unpack_int4(layer.weight).index_select(0, rows)
+        sz = layer.scales_zeros.index_select(1, rows)
+        pad = out.scales_zeros.shape[1] - rows.numel()
+        if pad:  # zero rows, as set_codes pads
+            q = torch.cat([q, torch.full((pad, q.shape[1]), 8, dtype=q.dtype)])
+            sz = torch.cat([sz, sz.new_zeros(sz.shape[0], pad, 2)], dim=1)
+        out.weight.copy_(_pack_int4(q))
+        out.scales_zeros.copy_(sz)
+        self.fill_dense(out)
 
     def to_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
         if layer.weight.device.type == "cpu":

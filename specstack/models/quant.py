@@ -101,6 +101,16 @@ class QLinear(BoundModule):
         """Set from GGUF Q6_K's codes q [out, in] (0..63), int8 scales s [out, in / 16] and D [out, in / 256]."""
         return self.set_codes(Q6Weight(q, s, d))
 
+    @torch.no_grad()
+    def take_rows(self, rows: torch.Tensor) -> QLinear:
+        """A layer of the same format over output rows `rows` of this one: the very codes and scales, so
+        each kept output is what this layer computes for it (bit for bit in the batch-invariant formats)."""
+        out = QLinear(self.in_features, rows.numel(), self.fmt, bias=self.bias is not None, device=self.weight.device,
+                      activation=self.act_dtype)
+        self.method.take_rows(self, out, rows.to(self.weight.device))
+        out.wide_rows = self.wide_rows
+        return out._set_bias(None if self.bias is None else self.bias.index_select(0, rows))
+
     def _set_bias(self, b: torch.Tensor | None) -> QLinear:
         if b is not None:
             if self.bias is None:

@@ -342,9 +342,6 @@ class Transformer(Extends, nn.Module):
         if tokens.numel() == 0 or int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
             raise SpecstackError(f"a restricted head needs token ids in [0, {self.config.vocab_size})")
         model = self.first_layers(self.config.n_layers)
-        rows = self.head.float_weight()
-        head = QLinear(self.config.d_model, tokens.numel(), self.head.fmt, activation=self.head.act_dtype,
-                       device=self.device)
-        model.head = head.set_float(rows.index_select(0, tokens).float())
+        model.head = self.head.take_rows(tokens)  # its own codes and scales: the same numbers for those tokens
         model.head_tokens = tokens
         return model

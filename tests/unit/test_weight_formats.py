@@ -135,3 +135,19 @@ def test_the_cache_stores_what_any_cpu_loads_and_a_load_derives_the_rest(fmt, ti
         assert torch.equal(a.dense, b.dense)
     prompt = torch.tensor([[5, 17, 33, 2, 90, 41, 7, 120, 3, 9, 11, 200]])  # wide enough for the dense copy
     assert torch.equal(built.extend(prompt, built.new_cache(1)).logits, loaded.extend(prompt, loaded.new_cache(1)).logits)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_a_layer_over_some_of_its_rows_keeps_their_codes(name):
+    """QLinear.take_rows (FR-Spec's restricted head): the chosen outputs' very codes and scales, so their
+    float weights are the same and, in the batch-invariant formats, so is every output bit for bit."""
+    n, k = 96, 512
+    lin = QLinear(k, n, name, bias=True).set_float(rand(n, k, seed=6) * 0.05, rand(n, seed=7))
+    rows = torch.tensor([90, 3, 4, 57, 0, 31, 17])  # unsorted, fewer than int4's 16-row padding
+    cut = lin.take_rows(rows)
+    assert cut.fmt == name and cut.out_features == len(rows) and cut.wide_rows == lin.wide_rows
+    assert torch.equal(cut.float_weight(), lin.float_weight().index_select(0, rows))
+    assert torch.equal(cut.bias, lin.bias.index_select(0, rows))
+    x = rand(5, k, seed=8).to(lin.act_dtype)
+    if FORMATS[name].batch_invariant:  # elsewhere a GEMM of another width may block its sums otherwise
+        assert torch.equal(cut(x), lin(x).index_select(1, rows))
