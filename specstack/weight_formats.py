@@ -85,6 +85,11 @@ FORMATS: Mapping[str, WeightFormat] = {f.name: f for f in _TABLE}
 WEIGHT_FORMATS: tuple[str, ...] = tuple(f.name for f in _TABLE if f.requested)
 
 
+# the format a model gets by default per device where nothing better is found: int4 on CPU (where w4a8's
+# kernels do not build: models/quant.default_format), bf16 (the plain fast format) on CUDA
+FALLBACK_FORMAT = {"cpu": "int4", "cuda": "bf16"}
+
+
 def weight_format(name: str) -> WeightFormat:
     """The row of `name`, or a clear error naming the formats there are."""
     try:

@@ -25,7 +25,7 @@ from specstack import validate
 from specstack.config import DEVICES, SamplingParams
 from specstack.errors import SpecstackError
 from specstack.models.registry import DEFAULT_MODEL, resolve
-from specstack.weight_formats import WEIGHT_FORMATS
+from specstack.weight_formats import FALLBACK_FORMAT, WEIGHT_FORMATS
 
 if TYPE_CHECKING:
     from specstack.engine.methods import MethodSpec
@@ -33,9 +33,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 PROG = "specstack"
-# The default weight format per device where nothing better is found (default_dtype): int4 on CPU, bf16
-# (the plain fast format) on CUDA.
-DEFAULT_DTYPE = {"cpu": "int4", "cuda": "bf16"}
 DTYPE_HELP = ("weight format (default on cpu: w4a8 where this CPU has its native kernels, AVX-512-VNNI or AVX2: "
               "exact, every method equals ar, and a faster one-token step than int4 where measured; int4 "
               "elsewhere. bf16 on cuda)")
@@ -148,8 +145,8 @@ def add_draft_args(g: argparse._ActionsContainer) -> None:
                         "W tokens (default for smollm2-135m: the shipped SPIRe draft; for qwen2.5-coder-1.5b: "
                         "qwen2.5-coder-0.5b)")
     g.add_argument("--draft-dtype", choices=WEIGHT_FORMATS, default=None,
-                   help="the draft's weight format (default: int8 for a trained draft, int4 for a model or "
-                        "self:N draft)")
+                   help="the draft's weight format (default: int8 for a trained draft; for a model or self:N "
+                        "draft the default --dtype: w4a8 where its kernels build, int4 elsewhere)")
     g.add_argument("--draft-vocab", type=int, default=None, metavar="K",
                    help="FR-Spec: the draft's head over the target's K most frequent tokens (a cheaper draft "
                         "step; the target still verifies every token, so the output is the same)")
@@ -174,16 +171,13 @@ def check_model_args(args: argparse.Namespace) -> str:
 
 
 def default_dtype(device: str) -> str:
-    """The weight format when --dtype is not given: on CPU the exact format this CPU has a native path
-    for, w4a8 (batch-invariant, so every method's greedy output equals ar's; its AVX-512-VNNI or AVX2
-    kernel, built once per machine on first use; its one-token step beat int4's where measured:
-    docs/BENCHMARKS.md, "The target step"), and int4 where there is none (no AVX2, no compiler, a build
-    that failed); bf16 on CUDA."""
+    """The weight format when --dtype is not given (models/quant.default_format: w4a8 where this CPU has
+    its native kernels, int4 elsewhere, bf16 on CUDA)."""
     if device != "cpu":
-        return DEFAULT_DTYPE[device]
-    from specstack.models import native  # torch: after the cheap checks, as the model's load is next
+        return FALLBACK_FORMAT[device]
+    from specstack.models.quant import default_format  # torch: after the cheap checks, as the model's load is next
 
-    return "w4a8" if native.load("w4a8") else DEFAULT_DTYPE["cpu"]
+    return default_format(device)
 
 
 def warn_ignored_draft_args(args: argparse.Namespace, method: MethodSpec) -> None:

@@ -19,6 +19,7 @@ from specstack.models.base import LoadedModel
 from specstack.models.draft_file import load_draft_file
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, shipped_draft
 from specstack.models.loading import load_model
+from specstack.models.quant import default_format
 from specstack.models.registry import default_ngram_path, token_rank_path
 from specstack.models.transformer import Transformer
 from specstack.prefix_cache import PrefixCache
@@ -33,8 +34,9 @@ class DraftSources:
     file, `default`, `self:N`, `magicdec:W`), None for the target's first eighth of blocks; draft_dtype:
     the weight format of a loaded draft; ngram: a trained trigram file, or `default`/None for the one
     shipped for the target. draft_dtype None: int8 for a trained draft (faster than bf16 at one row,
-    where int4 costs it acceptance: docs/BENCHMARKS.md, "The draft's weight format"), int4 for a model
-    or self:N draft."""
+    where int4 costs it acceptance: docs/BENCHMARKS.md, "The draft's weight format"), and for a model or
+    self:N draft the format a target gets by default on the device (quant.default_format: w4a8 where
+    its kernels build, whose one-token step is the fastest there; int4 elsewhere)."""
 
     draft: str | None = None
     draft_dtype: str | None = None
@@ -58,10 +60,10 @@ class DraftSources:
             draft = str(shipped)
         return cls(draft=draft, draft_dtype=draft_dtype, ngram=ngram, draft_vocab=draft_vocab)
 
-    def draft_format(self, spec: DraftSpec) -> str:
+    def draft_format(self, spec: DraftSpec, device: str = "cpu") -> str:
         if self.draft_dtype is not None:
             return self.draft_dtype
-        return "int8" if spec.kind == DraftKind.FILE else "int4"
+        return "int8" if spec.kind == DraftKind.FILE else default_format(device)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ DRAFT_LOADERS: dict[DraftKind, Callable[[LoadedModel, DraftSpec, str, str], Draf
 def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> DraftModel:
     """The draft named by sources.draft (see DraftSources), with its window if it has one."""
     spec = choose_draft(sources.draft, target.config.n_layers).resolved(target.name)
-    drafted = DRAFT_LOADERS[spec.kind](target, spec, sources.draft_format(spec), device)
+    drafted = DRAFT_LOADERS[spec.kind](target, spec, sources.draft_format(spec, device), device)
     if sources.draft_vocab is None:
         return drafted
     return DraftModel(restricted_head(drafted.lm, target.name, sources.draft_vocab), drafted.window)

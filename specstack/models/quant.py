@@ -13,10 +13,10 @@ import torch
 from specstack.models.bound import BoundModule, Forward
 from specstack.models.coded import CodedWeight, Q4Weight, Q6Weight
 from specstack.models.linear_methods import activation_dtype, method_for, native_bf16
-from specstack.weight_formats import weight_format
+from specstack.weight_formats import FALLBACK_FORMAT, weight_format
 
 __all__ = ["QLinear", "Q4Weight", "Q6Weight", "CodedWeight", "activation_dtype", "native_bf16",
-           "weights_label", "slow_layer_formats", "layout_variant"]
+           "weights_label", "slow_layer_formats", "layout_variant", "default_format"]
 
 
 def weights_label(fmt: str, device: torch.device) -> str:
@@ -30,6 +30,19 @@ def slow_layer_formats(fmt: str) -> frozenset[str]:
     """The layer formats a model asked for in `fmt` plans as their `whole_only` format instead, because
     this process's kernel path runs them slowly (w4a8's narrow groups: w4a8.NARROW_PATHS)."""
     return method_for(fmt).slow_layer_formats()
+
+
+def default_format(device: str) -> str:
+    """The weight format when none is asked for, a target's or a draft model's: on CPU the exact format
+    this CPU has a native path for, w4a8 (batch-invariant, so every method's greedy output equals ar's;
+    its AVX-512-VNNI or AVX2 kernel, built once per machine on first use; its one-token step beat
+    int4's where measured: docs/BENCHMARKS.md, "The target step"), and int4 where there is none (no
+    AVX2, no compiler, a build that failed); bf16 on CUDA."""
+    if device != "cpu":
+        return FALLBACK_FORMAT[device]
+    from specstack.models import native
+
+    return "w4a8" if native.load("w4a8") else FALLBACK_FORMAT["cpu"]
 
 
 def layout_variant(fmt: str) -> str:

@@ -239,7 +239,10 @@ def test_sources_load_the_spec_they_name(tiny_llama, monkeypatch, tmp_path):
     assert fallback.window is None and fallback.lm.config.n_layers == 1 and fallback.lm.name.endswith("[:1]")
     two = resolve_draft(target, DraftSources(draft="self:2", draft_dtype="fp32"), "cpu")
     assert two.lm.config.n_layers == 2 and two.lm.fmt == "fp32"
-    assert resolve_draft(target, DraftSources(draft="self:1"), "cpu").lm.fmt == "int4"  # a self-draft's default
+    from specstack.models.quant import default_format
+
+    # a self-draft's default: the device's default format
+    assert resolve_draft(target, DraftSources(draft="self:1"), "cpu").lm.fmt == default_format("cpu")
     with pytest.raises(SpecstackError, match="self-draft: 4 layers requested, the model has 3"):
         resolve_draft(target, DraftSources(draft="self:4", draft_dtype="fp32"), "cpu")
 
@@ -310,3 +313,17 @@ def test_auto_runs_what_the_models_entry_names(monkeypatch):
     assert methods.describe(auto, "smollm2-135m") == f"auto ({methods.AUTO})"
     chain = methods.parse_method("chain:k=2")
     assert methods.resolved_auto(chain, "pair") is chain
+
+
+def test_a_draft_model_takes_the_cpus_default_format_unless_told():
+    """A model or self:N draft runs in the format a target gets by default on the device (w4a8 where its
+    kernels build: its one-token step is the fastest there), a trained draft in int8; --draft-dtype wins."""
+    from specstack.engine.draft_sources import DraftSources
+    from specstack.models.drafts import DraftSpec
+    from specstack.models.quant import default_format
+
+    model, own, trained = DraftSpec.parse("qwen2.5-coder-0.5b"), DraftSpec.parse("self:2"), DraftSpec.parse("d.safetensors")
+    assert default_format("cpu") in ("w4a8", "int4")
+    assert DraftSources().draft_format(model, "cpu") == DraftSources().draft_format(own, "cpu") == default_format("cpu")
+    assert DraftSources().draft_format(trained, "cpu") == "int8"
+    assert DraftSources(draft_dtype="bf16").draft_format(model, "cpu") == "bf16"
