@@ -249,6 +249,8 @@ def interrupt_run(model: Path, root: Path, point: Point) -> list[str]:
     work.mkdir(parents=True)
     argv = ["generate", "--model", str(model), "--prompt", "Once upon a time", "--max-new-tokens", "100000",
             "--dtype", "fp32", "--threads", "1", "--method", point.method]
+    if point.method != "ar":  # the draft in fp32 too: no kernel to build in this run's fresh cache (its lines on stderr)
+        argv += ["--draft-dtype", "fp32"]
     if point.html:
         argv += ["--html", str(work / "origins.html")]
     run = Run(argv, work, os.environ | {"SPECSTACK_CACHE": str(cache)})
