@@ -18,7 +18,7 @@ from torch import nn
 
 from specstack.drafting.katz import KatzTrigram
 from specstack.machine import cpu_model
-from specstack.models.linear_methods import _INT4_MM_CPU, INT4_GROUP
+from specstack.models.dense_copy_methods import _INT4_MM_CPU, INT4_GROUP
 from specstack.models.quant import QLinear
 from specstack.models.registry import default_ngram_path
 from specstack.models.transformer import rms_norm

@@ -118,7 +118,7 @@ def test_the_cache_stores_what_any_cpu_loads_and_a_load_derives_the_rest(fmt, ti
     from safetensors.torch import load_file
 
     from specstack.models import w4a8
-    from specstack.models.linear_methods import unpack_int4
+    from specstack.models.dense_copy_methods import unpack_int4
 
     monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
     built = load_model(str(tiny_llama.path), dtype=fmt, tokenizer=False).model
