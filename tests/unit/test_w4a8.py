@@ -479,3 +479,25 @@ def test_a_float_weight_into_five_bit_groups_stays_within_a_step():
     assert lin.step_bytes() == 24 * 512 * 5 // 8 + 24 * 16 * 4  # codes, fp32 d
     with pytest.raises(SpecstackError, match="divisible by 32"):
         QLinear(40, 8, "q5a8")
+
+
+@native_only
+@pytest.mark.parametrize("name", [k for k in KERNELS if k != "reference"])
+def test_the_prefetch_distance_changes_speed_only(name):
+    """The weight stream's software prefetch (set_prefetch) reads ahead of the codes, past a layer's last
+    row too (a prefetch never faults): every layer format computes the same bits with it off, near and
+    far, and a negative distance is refused."""
+    x = inputs(5, 1536)
+    c4, d4, m4 = layer(1536, 96)
+    c8, d8, _ = layer(1536, 96, bits=8)
+    runs = [kernel(name, c4, d4, m4), kernel(name, c8, d8, None)]
+    default = torch.ops.specstack_w4a8.set_prefetch(0)
+    try:
+        off = [run(x) for run in runs]
+        for bytes_ahead in (64, 8192, 1 << 20):
+            torch.ops.specstack_w4a8.set_prefetch(bytes_ahead)
+            assert all(torch.equal(run(x), y) for run, y in zip(runs, off, strict=True)), bytes_ahead
+        with pytest.raises(RuntimeError, match="byte count"):
+            torch.ops.specstack_w4a8.set_prefetch(-1)
+    finally:
+        torch.ops.specstack_w4a8.set_prefetch(default)

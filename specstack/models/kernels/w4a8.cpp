@@ -40,6 +40,20 @@ namespace {
 constexpr int64_t kGroup = 32;
 constexpr int64_t kRowTile = 8;   // rows whose accumulators stay in registers together
 constexpr int64_t kRowBlock = 16;  // rows whose codes stay in cache while a chunk of outputs is swept
+// Software prefetch of the weight stream this many bytes ahead of the chunk being multiplied (0: off).
+// A one-token matmul is a read of the weights at the memory's pace, and a core's hardware prefetchers
+// alone keep too few lines in flight to reach it (docs/BENCHMARKS.md, "Prefetching the weight stream");
+// `set_prefetch` changes it for A/B runs (benchmarks/prefetch_ab.py).
+int64_t g_prefetch = 8192;
+
+inline void prefetch_ahead(const uint8_t* p) {
+  if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(p) + g_prefetch, _MM_HINT_T0);
+}
+
+int64_t set_prefetch(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "w4a8: the prefetch distance is a byte count >= 0");
+  return std::exchange(g_prefetch, bytes);
+}
 
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* q, float* dx, float* sx) {
   const int64_t groups = k / kGroup;
@@ -208,6 +222,8 @@ struct Q5 {
   static inline __m256i products(__m256i w, __m256i a) { return Q8::products(w, a); }
 };
 
+template <class W> constexpr int64_t kGroupBytes = W::kBytes;
+template <> constexpr int64_t kGroupBytes<Q5> = 20;
 // the bytes of a row of codes
 template <class W>
 inline int64_t row_bytes(int64_t groups) {
@@ -247,6 +263,7 @@ inline void tile(const uint8_t* wn, const RowScales& sn, const int8_t* q, const 
   __m256 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
+    prefetch_ahead(wn + g * kGroupBytes<W>);
     const Group w = W::group(wn, sn, g);
     for (int i = 0; i < R; ++i) {
       const __m256 scale = _mm256_set1_ps(w.d * dx[i * groups + g]);
@@ -375,7 +392,8 @@ void check_codes(const at::Tensor& codes, bool four) {
 //   from avx2's: a process uses one path (w4a8.py), so a model's numbers are that path's.
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-constexpr int64_t kVnniTile = 4;  // rows a tile keeps in registers while a weight row streams
+constexpr int64_t kVnniTile = 4;
+  // rows a tile keeps in registers while a weight row streams
 
 // Round one row to 8 bits per group of 32 (the reference's operations: amax, 127 / amax, x * inv,
 // round half to even, clamp), vectorised; q in natural order, or, with `interleave`, each chunk of 4
@@ -451,6 +469,7 @@ VNNI_FN inline void tile4_vnni(const uint8_t* wn, const RowScales& sn, const int
   __m128 tail[R];
   for (int i = 0; i < R; ++i) { acc[i] = _mm512_setzero_ps(); tail[i] = _mm_setzero_ps(); }
   for (int64_t c = 0; c < chunks; ++c) {
+    prefetch_ahead(wn + c * 64);
     const __m512i raw = _mm512_loadu_si512(wn + c * 64);
     const __m512i low = _mm512_and_si512(raw, nib), high = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
     // the 4 groups' weight scales, one per 4 lanes (a lane's sum belongs to group lane / 4)
@@ -494,6 +513,8 @@ VNNI_FN inline void tile8_vnni(const uint8_t* wn, const float* dn, const int8_t*
   __m256 tail[R];
   for (int i = 0; i < R; ++i) { acc[i] = _mm512_setzero_ps(); tail[i] = _mm256_setzero_ps(); }
   for (int64_t c = 0; c < chunks; ++c) {
+    prefetch_ahead(wn + c * 128);
+    prefetch_ahead(wn + c * 128 + 64);
     const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wn + c * 128), flip);
     const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(wn + c * 128 + 64), flip);
     const __m512 d4 = _mm512_castps128_ps512(_mm_loadu_ps(dn + 4 * c));
@@ -537,6 +558,8 @@ VNNI_FN inline void tile6_vnni(const uint8_t* wn, const RowScales& sn, const int
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
+    prefetch_ahead(wn + c * 96);
+    prefetch_ahead(wn + c * 96 + 64);
     const uint8_t* base = wn + c * 96;
     const __m512i raw = _mm512_loadu_si512(base);
     const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 64));
@@ -577,6 +600,8 @@ VNNI_FN inline void tile5_vnni(const uint8_t* wn, const RowScales& sn, const int
   __m128 tail[R];
   for (int i = 0; i < R; ++i) { acc[i] = _mm512_setzero_ps(); tail[i] = _mm_setzero_ps(); }
   for (int64_t c = 0; c < chunks; ++c) {
+    prefetch_ahead(wn + c * Q5::kChunk);
+    prefetch_ahead(wn + c * Q5::kChunk + 64);
     const uint8_t* base = wn + c * Q5::kChunk;
     uint64_t lo, hi;
     std::memcpy(&lo, base, 8);
@@ -775,6 +800,7 @@ TORCH_LIBRARY(specstack_w4a8, lib) {
   lib.def("mm6k_vnni(Tensor x, Tensor codes, Tensor big, Tensor s16) -> Tensor");
   lib.def("mm5(Tensor x, Tensor codes, Tensor d) -> Tensor");
   lib.def("mm5_vnni(Tensor x, Tensor codes, Tensor d) -> Tensor");
+  lib.def("set_prefetch(int bytes) -> int", &set_prefetch);
 }
 
 TORCH_LIBRARY_IMPL(specstack_w4a8, CPU, lib) {
