@@ -25,6 +25,7 @@ so a row holds what it read, not the draft model's whole context.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -41,6 +42,21 @@ def cache_slots(config: ModelConfig, capacity: int | None, max_capacity: int | N
     max_capacity (default: the context plus one block of scratch, where a tree or padded rows sit)."""
     most = max_capacity or capacity or config.max_seq_len + 64
     return (min(FIRST_SLOTS, most) if capacity is None else capacity), most
+
+
+@dataclass(frozen=True)
+class WriteSlots:
+    """KVCache.write's targets for the current block: the caches [layers, rows, Hkv, S, D]; the one row's
+    slots (write_idx; with `one_row`, of several rows allocated), else each token's (row, slot); the slots a
+    query may see (S = longest row + scratch)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    write_idx: torch.Tensor | None
+    rows: torch.Tensor | None
+    slots: torch.Tensor | None
+    one_row: bool
+    s_used: int
 
 
 class KVCache:
@@ -282,6 +298,13 @@ class KVCache:
         s_used = max(self.lengths) + self.scratch
         b = self.batch_size
         return self._k_layer[layer][:b, :, :s_used], self._v_layer[layer][:b, :, :s_used]
+
+    def write_slots(self) -> WriteSlots:
+        """Where the current block's keys/values go, for a writer of every layer in one call
+        (models/native_decoder.py): what `write` reads, once a forward."""
+        rows, slots = self._write_at if self._write_at is not None else (None, None)
+        return WriteSlots(self.k, self.v, self._write_idx, rows, slots, self.max_rows > 1,
+                          max(self.lengths) + self.scratch)
 
     def write_layers(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write every layer's k, v [layers, B, Hkv, T, D] to the scratch slots at once (a draft

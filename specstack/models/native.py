@@ -22,7 +22,8 @@ from specstack.files import cache_root
 
 SOURCES = Path(__file__).parent / "kernels"
 # the instructions each kernel is compiled for, as torch names the CPU's capability
-CPU_FLAGS: dict[str, tuple[str, ...]] = {"w4a8": ("AVX2", "AVX512"), "attention": ("AVX2", "AVX512")}
+CPU_FLAGS: dict[str, tuple[str, ...]] = {"w4a8": ("AVX2", "AVX512"), "attention": ("AVX2", "AVX512"),
+                                      "layer": ("AVX2", "AVX512")}
 # -fopenmp: at::parallel_for is inlined from ATen's headers and runs on one thread without it; the
 # library then asks for libgomp.so.1, which resolves to the copy torch has already loaded (one pool)
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")

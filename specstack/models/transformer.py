@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from specstack.models.bound import BoundModule, Forward
 from specstack.models.coded import CodedWeight, concat
 from specstack.models.fixed_attention import InvariantAttention, invariant_attention
 from specstack.models.linear_methods import activation_dtype, native_bf16
+from specstack.models.native_decoder import NativeDecoder, native_decoder
 from specstack.models.quant import QLinear
 from specstack.weight_formats import head_format, weight_format
 
@@ -160,6 +162,10 @@ class Transformer(Extends, nn.Module):
         self.head = QLinear(cfg.d_model, cfg.vocab_size, head_fmt, activation=act)
         self.head_tokens: torch.Tensor | None = None  # with_head_over: the tokens the head scores
         self._invariant: InvariantAttention | None = None  # invariant_attention, once chosen
+        # the blocks as one native call (models/native_decoder.py), chosen at the first forward; dropped
+        # whenever the blocks' tensors may be replaced (it holds them)
+        self._native: NativeDecoder | None = None
+        self._native_chosen = False
         if cfg.block.position == "rope":
             cos, signed_sin = rope_tables(cfg)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -178,9 +184,21 @@ class Transformer(Extends, nn.Module):
         return out
 
     # -- weights ------------------------------------------------------------------------------------
+    def _drop_native(self) -> None:
+        self._native, self._native_chosen = None, False
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Transformer:
+        self._drop_native()
+        return super()._apply(fn, recurse)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._drop_native()
+        super()._load_from_state_dict(*args, **kwargs)
+
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, Weight]) -> Transformer:
         """Fill the model from canonical float (or Q4) weights; see loading.py for the names."""
+        self._drop_native()
         cfg = self.config
         used: set[str] = set()
 
@@ -301,10 +319,16 @@ class Transformer(Extends, nn.Module):
         hidden: dict[int, torch.Tensor] = {}
         if 0 in hidden_layers:
             hidden[0] = x.view(b, t, -1)
-        for i, layer in enumerate(self.layers):
-            x = layer.forward(x, rope, batch, cache)  # .forward: see Block.forward
-            if i + 1 in hidden_layers:
-                hidden[i + 1] = x.view(b, t, -1)
+        if not self._native_chosen:
+            self._native, self._native_chosen = native_decoder(self), True
+        if self._native is not None and batch.runs is None:
+            x, out = self._native.forward(x, rope, batch, cache, hidden_layers)
+            hidden.update((i, h.view(b, t, -1)) for i, h in out.items())
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer.forward(x, rope, batch, cache)  # .forward: see Block.forward
+                if i + 1 in hidden_layers:
+                    hidden[i + 1] = x.view(b, t, -1)
         if isinstance(logit_rows, torch.Tensor):
             x, b = x.index_select(0, logit_rows), 1
         elif logit_rows != slice(None):

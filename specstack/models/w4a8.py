@@ -301,7 +301,8 @@ def native_path(suffix: str) -> Callable[..., Kernel]:
     return build
 
 
-vnni512, avx2 = native_path("_vnni"), native_path("")
+PATH_SUFFIX: Mapping[str, str] = {"vnni512": "_vnni", "avx2": ""}  # a C++ path's ops: OPS[layout] + suffix
+vnni512, avx2 = native_path(PATH_SUFFIX["vnni512"]), native_path(PATH_SUFFIX["avx2"])
 
 
 KERNELS: tuple[LinearKernels, ...] = (
@@ -331,6 +332,12 @@ def slow_layer_formats() -> frozenset[str]:
 def six_bit_groups() -> bool:
     """Whether GGUF Q6_K layers are planned as k6a8 (their own codes) or q8a8 in this process."""
     return "k6a8" not in slow_layer_formats()
+
+
+def op_name(layout: str, device: torch.device) -> str | None:
+    """The qualified name of the op that runs `layout` on this process's path (None: the reference)."""
+    suffix = PATH_SUFFIX.get(kernel_for(device).name)
+    return None if suffix is None else f"specstack_w4a8::{OPS[layout]}{suffix}"
 
 
 def kernel_for(device: torch.device) -> LinearKernels:

@@ -1,0 +1,108 @@
+"""The decoder's blocks in one native call a forward (models/kernels/layer.cpp), for the batch-invariant
+w4a8 formats on a C++ kernel path with the fixed-order attention: the same operations as the eager
+blocks (transformer.Block.forward), bit for bit, without a Python call per operation.
+
+A table of two, as the kernels are (`DECODERS`; `SPECSTACK_DECODER` forces one): `native` where the
+model qualifies (`unfit` says why not), `eager` everywhere. The packed layout of a ragged batch
+(AttentionBatch.runs) always runs eagerly: its attention is a Python loop over runs.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from specstack.attention import AttentionBatch
+from specstack.cache import KVCache
+from specstack.errors import SpecstackError
+from specstack.models import native, w4a8
+from specstack.models.group_methods import GroupMethod
+from specstack.models.quant import QLinear
+from specstack.weight_formats import weight_format
+
+DECODERS = ("native", "eager")
+FORCE_ENV = "SPECSTACK_DECODER"
+_EMPTY = torch.empty(0)
+
+
+def unfit(model: Any) -> str | None:
+    """Why `model` (a transformer.Transformer) cannot run natively here; None when it can."""
+    if model.device.type != "cpu":
+        return f"the model is on {model.device.type}"
+    if not weight_format(model.fmt).batch_invariant or model.act_dtype != torch.float32:
+        return f"{model.fmt} is not a batch-invariant format with fp32 activations"
+    invariant = model.invariant_attention()
+    if invariant is None or invariant.name != "fixed":
+        return "the fixed-order attention kernel is not in use"
+    for blk in model.blocks():
+        for lin in (blk.qkv, blk.o, blk.up, blk.down):
+            if not isinstance(lin.method, GroupMethod) or w4a8.op_name(lin.fmt, model.device) is None:
+                return f"layer {blk.layer} has a {lin.fmt} linear that has no w4a8 kernel op here"
+    if not native.load("layer"):
+        return "the layer library did not build"
+    return None
+
+
+def _linear(lin: QLinear, device: torch.device) -> tuple[str, list[torch.Tensor], torch.Tensor]:
+    assert isinstance(lin.method, GroupMethod)
+    op = w4a8.op_name(lin.fmt, device)
+    assert op is not None
+    tensors = [t for t in lin.method.tensors(lin) if t is not None]
+    return op, tensors, _EMPTY if lin.bias is None else lin.bias
+
+
+def _or_empty(t: torch.Tensor | None) -> torch.Tensor:
+    return _EMPTY if t is None else t
+
+
+class NativeDecoder:
+    """A model's blocks as one native Decoder (layer.cpp); it holds the blocks' tensors themselves, so it
+    is rebuilt whenever they may be replaced (Transformer drops it then)."""
+
+    def __init__(self, model: Any) -> None:
+        cfg = model.config
+        self.n_layers = cfg.n_layers
+        self.decoder = torch.classes.specstack_layer.Decoder()
+        f = cfg.block
+        dims = [cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim, int(f.norm == "rms"), int(f.gated)]
+        for blk in model.blocks():
+            ops, tensors, counts, biases = [], [], [], []
+            for lin in (blk.qkv, blk.o, blk.up, blk.down):
+                op, ts, bias = _linear(lin, model.device)
+                ops.append(op)
+                tensors += ts
+                counts.append(len(ts))
+                biases.append(bias)
+            norms = [blk.attn_norm.weight, _or_empty(blk.attn_norm.bias), blk.mlp_norm.weight,
+                     _or_empty(blk.mlp_norm.bias), _or_empty(blk.q_norm and blk.q_norm.weight),
+                     _or_empty(blk.k_norm and blk.k_norm.weight)]
+            self.decoder.add_layer(dims, cfg.norm_eps, ops, tensors, counts, biases, norms)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, batch: AttentionBatch,
+                cache: KVCache, hidden_layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """x [B*T, d] through every block; the outputs of blocks `hidden_layers` (1-based) beside it."""
+        b, t = batch.positions.shape
+        w = cache.write_slots()
+        wanted = sorted(i for i in set(hidden_layers) if 1 <= i <= self.n_layers)
+        cos, sin = rope if rope is not None else (None, None)
+        x, hidden = self.decoder.forward(x, cos, sin, w.k, w.v, w.write_idx, w.rows, w.slots, w.one_row, b, t,
+                                         w.s_used, batch.mask, batch.is_causal, wanted)
+        return x, dict(zip(wanted, hidden, strict=True))
+
+
+def native_decoder(model: Any) -> NativeDecoder | None:
+    """The native decoder of `model`, or None where it runs eagerly (forced by SPECSTACK_DECODER=eager, or
+    unfit); a forced `native` the model cannot run is refused with the reason."""
+    forced = os.environ.get(FORCE_ENV) or None
+    if forced is not None and forced not in DECODERS:
+        raise SpecstackError(f"{FORCE_ENV}={forced!r}: choose from {', '.join(DECODERS)}")
+    if forced == "eager":
+        return None
+    reason = unfit(model)
+    if reason is not None:
+        if forced == "native":
+            raise SpecstackError(f"{FORCE_ENV}=native: {reason}")
+        return None
+    return NativeDecoder(model)
