@@ -457,10 +457,16 @@ VNNI_FN inline __m128 group_d4(const RowScales& s, int64_t g) {
   return _mm_mul_ps(_mm_set1_ps(s.sup[2 * (g / 8)]), _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(four))));
 }
 
+// 4 groups' row scales dx from x4 (a multiple of 4 groups in), each over the 4 lanes that hold its
+// group's sums (idx: lane l takes group l / 4)
+VNNI_FN inline __m512 spread4(__m512i idx, const float* x4) {
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(x4)));
+}
+
 // 4-bit groups, R rows against one output channel. q: the rows' interleaved codes (stride k).
 template <int R>
 VNNI_FN inline void tile4_vnni(const uint8_t* wn, const RowScales& sn, const int8_t* q,
-                               const float* dx, const float* lanes, const float* sx, int64_t k, int64_t groups,
+                               const float* dx, const float* sx, int64_t k, int64_t groups,
                                float* y, int64_t ldy) {
   const int64_t chunks = groups / 4;
   const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -478,7 +484,7 @@ VNNI_FN inline void tile4_vnni(const uint8_t* wn, const RowScales& sn, const int
       const int8_t* qc = q + i * k + c * 128;
       __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low, _mm512_loadu_si512(qc));
       s = _mm512_dpbusd_epi32(s, high, _mm512_loadu_si512(qc + 64));
-      const __m512 sc = _mm512_mul_ps(d16, _mm512_loadu_ps(lanes + i * (k / 8) + c * 16));
+      const __m512 sc = _mm512_mul_ps(d16, spread4(idx, dx + i * groups + 4 * c));
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[i]);
     }
   }
@@ -503,7 +509,7 @@ VNNI_FN inline void tile4_vnni(const uint8_t* wn, const RowScales& sn, const int
 // lane's 4 activation codes (stride k / 4).
 template <int R>
 VNNI_FN inline void tile8_vnni(const uint8_t* wn, const float* dn, const int8_t* q, const int32_t* neg,
-                               const float* dx, const float* lanes, int64_t k, int64_t groups, float* y,
+                               const float* dx, int64_t k, int64_t groups, float* y,
                                int64_t ldy) {
   const int64_t chunks = groups / 4;
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -524,9 +530,9 @@ VNNI_FN inline void tile8_vnni(const uint8_t* wn, const float* dn, const int8_t*
       const int32_t* nc = neg + i * (k / 4) + c * 32;
       const __m512i s0 = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc), w0, _mm512_loadu_si512(qc));
       const __m512i s1 = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc + 16), w1, _mm512_loadu_si512(qc + 64));
-      const float* lc = lanes + i * (k / 4) + c * 32;  // 8 lanes a group here
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(d0, _mm512_loadu_ps(lc)), acc[i]);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(d1, _mm512_loadu_ps(lc + 16)), acc[i]);
+      const __m512 x4 = _mm512_castps128_ps512(_mm_loadu_ps(dx + i * groups + 4 * c));  // 8 lanes a group here
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(d0, _mm512_permutexvar_ps(lo2, x4)), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(d1, _mm512_permutexvar_ps(hi2, x4)), acc[i]);
     }
   }
   const __m256i flip8 = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -549,9 +555,10 @@ VNNI_FN inline void tile8_vnni(const uint8_t* wn, const float* dn, const int8_t*
 // leaving 4 lanes a group as mm4 has them (so the same dx lanes).
 template <int R>
 VNNI_FN inline void tile6_vnni(const uint8_t* wn, const RowScales& sn, const int8_t* q, const int32_t* neg,
-                               const float* lanes, int64_t k, int64_t groups, float* y, int64_t ldy) {
+                               const float* dx, int64_t k, int64_t groups, float* y, int64_t ldy) {
   const int64_t chunks = groups / 4;
   const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   // int16 element e of 32 takes scale (e / 8) * 2 + (e % 8 >= 4) of the chunk's 8
   const __m512i spread = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4,
                                           3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -578,8 +585,7 @@ VNNI_FN inline void tile6_vnni(const uint8_t* wn, const RowScales& sn, const int
       const __m512i s0 = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc), low, _mm512_loadu_si512(qc));
       const __m512i s1 = _mm512_dpbusd_epi32(_mm512_loadu_si512(nc + 16), high, _mm512_loadu_si512(qc + 64));
       const __m512i t = _mm512_madd_epi16(_mm512_packs_epi32(s0, s1), sc);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(big, _mm512_loadu_ps(lanes + i * (k / 8) + c * 16)),
-                               acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(big, spread4(idx, dx + i * groups + 4 * c)), acc[i]);
     }
   }
   for (int i = 0; i < R; ++i) y[i * ldy] = _mm512_reduce_add_ps(acc[i]);
@@ -591,7 +597,7 @@ VNNI_FN inline void tile6_vnni(const uint8_t* wn, const RowScales& sn, const int
 // from both its halves' offsets and end as sum (c - 16) q over the group's 8 codes it holds.
 template <int R>
 VNNI_FN inline void tile5_vnni(const uint8_t* wn, const RowScales& sn, const int8_t* q, const int32_t* neg,
-                               const float* dx, const float* lanes, int64_t k, int64_t groups, float* y,
+                               const float* dx, int64_t k, int64_t groups, float* y,
                                int64_t ldy) {
   const int64_t chunks = groups / 4;
   const __m512i nib = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
@@ -617,8 +623,7 @@ VNNI_FN inline void tile5_vnni(const uint8_t* wn, const RowScales& sn, const int
       __m512i s = _mm512_add_epi32(_mm512_loadu_si512(nc), _mm512_loadu_si512(nc + 16));
       s = _mm512_dpbusd_epi32(s, low, _mm512_loadu_si512(qc));
       s = _mm512_dpbusd_epi32(s, high, _mm512_loadu_si512(qc + 64));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d16, _mm512_loadu_ps(lanes + i * (k / 8) + c * 16)),
-                               acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d16, spread4(idx, dx + i * groups + 4 * c)), acc[i]);
     }
   }
   const uint8_t* last = wn + chunks * Q5::kChunk;  // the last groups: natural order, a chunk of their own
@@ -673,22 +678,15 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
   at::Tensor dx = at::empty({rows, groups}, x.options());
   at::Tensor sx = at::empty({rows, groups}, x.options());
   at::Tensor neg = at::empty({B == Bits::kFour ? 0 : rows, k / 4}, x.options().dtype(at::kInt));
-  // each row's dx spread over the lanes that hold its groups' sums (4 lanes a group for interleaved
-  // codes, 8 for 8-bit ones), so a row's scale is one multiply a vector
-  const int64_t per_group = kEight ? 8 : 4, lstride = groups * per_group;
-  at::Tensor lanes = at::empty({rows, lstride}, x.options());
   const float* xp = xc.data_ptr<float>();
   int8_t* qw = q.data_ptr<int8_t>();
   float* dxw = dx.data_ptr<float>();
   float* sxw = sx.data_ptr<float>();
   int32_t* negw = neg.data_ptr<int32_t>();
-  float* lw = lanes.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // the rows' rounding, each row on its own
     for (int64_t r = r0; r < r1; ++r) {
       quantize_row_vnni(xp + r * k, k, qw + r * k, dxw + r * groups, sxw + r * groups, !kEight);
       if (B != Bits::kFour) lane_offsets(qw + r * k, k, kEight ? -128 : B == Bits::kSix ? -32 : -16, negw + r * (k / 4));
-      for (int64_t g = 0; g < (kEight ? groups : groups / 4 * 4); ++g)
-        for (int64_t l = 0; l < per_group; ++l) lw[r * lstride + g * per_group + l] = dxw[r * groups + g];
     }
   });
   const uint8_t* w = static_cast<const uint8_t*>(cc.data_ptr());
@@ -698,15 +696,14 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
     const RowScales sn = scales.row(n, groups);
     const int8_t* qr = qw + r * k;
     const float* dxr = dxw + r * groups;
-    const float* lr = lw + r * lstride;
     const int32_t* nr = negw + r * (k / 4);
     float* yr = yp + r * n_out + n;
     by_rows<kVnniTile>(left, [&](auto rt) {
       constexpr int R = decltype(rt)::value;
-      if constexpr (B == Bits::kFour) tile4_vnni<R>(wn, sn, qr, dxr, lr, sxw + r * groups, k, groups, yr, n_out);
-      else if constexpr (B == Bits::kFive) tile5_vnni<R>(wn, sn, qr, nr, dxr, lr, k, groups, yr, n_out);
-      else if constexpr (B == Bits::kSix) tile6_vnni<R>(wn, sn, qr, nr, lr, k, groups, yr, n_out);
-      else tile8_vnni<R>(wn, sn.d, qr, nr, dxr, lr, k, groups, yr, n_out);
+      if constexpr (B == Bits::kFour) tile4_vnni<R>(wn, sn, qr, dxr, sxw + r * groups, k, groups, yr, n_out);
+      else if constexpr (B == Bits::kFive) tile5_vnni<R>(wn, sn, qr, nr, dxr, k, groups, yr, n_out);
+      else if constexpr (B == Bits::kSix) tile6_vnni<R>(wn, sn, qr, nr, dxr, k, groups, yr, n_out);
+      else tile8_vnni<R>(wn, sn.d, qr, nr, dxr, k, groups, yr, n_out);
     });
   });
   return y;
