@@ -115,3 +115,16 @@ def test_the_float64_fallback_keeps_a_model_batch_invariant(monkeypatch, tiny_ll
     model.extend(prompt, cache)
     steps = torch.cat([model.extend(torch.tensor([[t]]), cache).logits[0] for t in cont])
     assert torch.equal(chain, steps)
+
+
+@fixed_only
+@pytest.mark.parametrize("spread", [3.0, 30.0])
+def test_the_softmax_weights_hold_over_a_wide_range_of_scores(spread):
+    """The kernel's vectorised exp over score differences down to about -150 (weights underflowing to 0)
+    and key counts that leave every partial vector of 8 (the tail padded with -inf)."""
+    g = torch.Generator().manual_seed(7)
+    for s in (1, 5, 8, 13, 64, 203):
+        q = torch.randn(1, 4, 1, 64, generator=g) * spread
+        k, v = cache_views(1, 2, s, 64, seed=s)
+        want = sdpa64(q, k, v)
+        assert (op(q, k, v) - want).abs().max() <= 2e-6 * max(1.0, want.abs().max().item()), s

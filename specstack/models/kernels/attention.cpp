@@ -8,8 +8,10 @@
 // cache that torch's kernels need for that (their sums are blocked by the shapes of the call):
 // - a score is one dot product over D: 8 fp32 lanes, each summing its lanes' products in order of D,
 //   then one fixed lane reduction; the keys a query may not see are skipped, never multiplied by zero;
-// - the softmax's sum and each output lane sum over the visible keys in slot order (a query's visible
-//   keys sit in slots in the order of their positions: committed tokens, then its ancestors);
+// - the softmax's weights are one vectorised exp each (exp8), their sum 8 lanes over the visible keys
+//   in slot order then one fixed lane reduction, and each output lane sums over the visible keys in slot
+//   order (a query's visible keys sit in slots in the order of their positions: committed tokens, then
+//   its ancestors), so the numbers depend on the query's visible keys only;
 // - the query heads that share a key/value head and a position are one tile (they see the same keys),
 //   so keys and values are read once for the group; tiles are spread over threads, never split.
 // Built once per machine by specstack/models/native.py with -mavx2 -mfma -fopenmp, contraction off.
@@ -70,6 +72,54 @@ void weighted(const float* p, const float* denom, const float* v, int64_t v_stri
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * out_stride + c, _mm256_div_ps(acc[r], _mm256_set1_ps(denom[r])));
   }
+}
+
+// exp(x) of 8 lanes, the same sequence of operations for every lane (Cephes' expf: x = n ln 2 + r with
+// |r| <= ln 2 / 2, a degree-7 polynomial for e^r, n added to the exponent): within 2 ulp of expf, exact
+// 0 below -87 (where expf is denormal or 0) and for -inf. The softmax takes one exp per visible key and
+// query head; a call of the C library's expf each was most of a one-token step's attention.
+inline __m256 exp8(__m256 x) {
+  const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.3762626647949f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), zero_below);
+}
+
+// A query row's softmax weights in place: p[i] = exp(p[i] - max p) over its n scores; returns their sum
+// (8 lanes, each summing its keys in order, then the lanes in one fixed order). Every key goes through
+// the same vector operations (the last partial vector padded with -inf, whose exp is 0), so a query's
+// weights depend on its own scores only.
+inline float softmax_weights(float* p, int64_t n) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, p[i]);
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + i), shift));
+    _mm256_storeu_ps(p + i, w);
+    sum = _mm256_add_ps(sum, w);
+  }
+  if (i < n) {
+    alignas(32) float tail[kLanes];
+    for (int64_t j = 0; j < kLanes; ++j) tail[j] = i + j < n ? p[i + j] : -std::numeric_limits<float>::infinity();
+    const __m256 w = exp8(_mm256_sub_ps(_mm256_load_ps(tail), shift));
+    _mm256_store_ps(tail, w);
+    for (int64_t j = 0; i + j < n; ++j) p[i + j] = tail[j];
+    sum = _mm256_add_ps(sum, w);
+  }
+  return hsum(sum);
 }
 
 // f(std::integral_constant<int, R>) for R = rows (1 <= rows <= Most)
@@ -138,14 +188,7 @@ at::Tensor fixed(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& 
           constexpr int R = decltype(rt)::value;
           scores<R>(qt, kb, k.stride(2), keys, d, scale, p.data());
           for (int r = 0; r < R; ++r) {
-            float* pr = p.data() + r * n;
-            float top = -std::numeric_limits<float>::infinity();
-            for (int64_t i = 0; i < n; ++i) top = std::max(top, pr[i]);
-            float sum = 0.f;
-            for (int64_t i = 0; i < n; ++i) {
-              pr[i] = std::exp(pr[i] - top);
-              sum += pr[i];
-            }
+            const float sum = softmax_weights(p.data() + r * n, n);
             denom[r] = sum > 0.f ? sum : 1.f;  // no visible key: zeros out
           }
           weighted<R>(p.data(), denom, vb, v.stride(2), keys, d, orow, t * d);
