@@ -319,10 +319,12 @@ def finish_output(result: GenerationResult, method: str, lm: LoadedModel | None 
 
 
 def weights_of(lm: LoadedModel) -> str:
-    """The target's weight format and, for the batch-invariant ones, the kernel path this process runs."""
+    """The target's weight format and, for the batch-invariant ones, the kernel path this process runs
+    (and whether its blocks ran as one native call: models/native_decoder.py)."""
     from specstack.models.quant import weights_label
 
-    return weights_label(lm.fmt, lm.model.device)
+    label = weights_label(lm.fmt, lm.model.device)
+    return label[:-1] + ", native blocks)" if getattr(lm.model, "native_blocks", False) else label
 
 
 def print_logprobs(lm: LoadedModel, result: GenerationResult) -> None:

@@ -272,6 +272,12 @@ class Transformer(Extends, nn.Module):
         return KVCache(self.config, batch_size, cap, self.kv_dtype, self.device, window, max_rows=max_rows,
                        max_capacity=most)
 
+    @property
+    def native_blocks(self) -> bool:
+        """Whether the blocks run as one native call a forward (models/native_decoder.py; decided at the
+        first forward)."""
+        return self._native is not None
+
     def invariant_attention(self) -> InvariantAttention | None:
         """The batch-invariant formats' attention (models/fixed_attention.py: fixed-order sums over an fp32
         cache, or torch's over a float64 one), chosen once per model and handed to its blocks; None in

@@ -21,13 +21,20 @@ def test_tiny_model_generates(run_cli, tiny_model, stats_line):
     assert r.err.rstrip("\n").endswith("; weights fp32")
 
 
-def test_the_stats_line_names_the_kernel_path_of_a_batch_invariant_format(run_cli, tiny_model, stats_line):
+def test_the_stats_line_names_the_kernel_path_of_a_batch_invariant_format(run_cli, tiny_model, stats_line,
+                                                                           monkeypatch):
+    """...and whether the blocks ran as one native call (where the layer library builds, unless forced off)."""
     import torch
 
-    from specstack.models import w4a8
+    from specstack.models import native, native_decoder, w4a8
 
+    monkeypatch.delenv(native_decoder.FORCE_ENV, raising=False)
     r = run_cli("generate", "--model", tiny_model, "--prompt", "hello", "--max-new-tokens", "3", "--dtype", "w4a8")
     path = w4a8.kernel_for(torch.device("cpu")).name
+    blocks = ", native blocks" if path != "reference" and native.supported("layer") else ""
+    assert stderr_stats(r.err, stats_line).endswith(f"; weights w4a8 ({path} kernels{blocks})")
+    monkeypatch.setenv(native_decoder.FORCE_ENV, "eager")
+    r = run_cli("generate", "--model", tiny_model, "--prompt", "hello", "--max-new-tokens", "3", "--dtype", "w4a8")
     assert stderr_stats(r.err, stats_line).endswith(f"; weights w4a8 ({path} kernels)")
 
 
