@@ -150,6 +150,7 @@ class Decoder : public torch::CustomClassHolder {
     L.q_norm = optional_tensor(norms[4]);
     L.k_norm = optional_tensor(norms[5]);
     layers_.push_back(std::move(L));
+    if (!attention_) attention_ = find_op("specstack_attention::fixed");  // here, not in forward: no race
   }
 
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
@@ -163,9 +164,10 @@ class Decoder : public torch::CustomClassHolder {
       std::vector<int64_t> hidden) {
     TORCH_CHECK(write_idx.has_value() || (rows.has_value() && slots.has_value()),
                 "Decoder.forward: the cache's write slots (write_idx, or rows and slots)");
+    TORCH_CHECK(attention_.has_value(), "Decoder.forward: no layers");
     Step s{cos.value_or(at::Tensor()), sin.value_or(at::Tensor()), std::move(k_all), std::move(v_all),
            write_idx.value_or(at::Tensor()), rows.value_or(at::Tensor()), slots.value_or(at::Tensor()), one_row,
-           b, t, s_used, mask.value_or(at::Tensor()), is_causal, find_attention()};
+           b, t, s_used, mask.value_or(at::Tensor()), is_causal, *attention_};
     std::vector<at::Tensor> out;
     for (int64_t i = 0; i < size(); ++i) {
       x = block(layers_[i], i, std::move(x), s);
@@ -175,11 +177,6 @@ class Decoder : public torch::CustomClassHolder {
   }
 
  private:
-  c10::OperatorHandle find_attention() {
-    if (!attention_) attention_ = find_op("specstack_attention::fixed");
-    return *attention_;
-  }
-
   std::vector<Layer> layers_;
   std::optional<c10::OperatorHandle> attention_;
 };
