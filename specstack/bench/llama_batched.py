@@ -14,12 +14,12 @@ import json
 import math
 import os
 import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specstack.bench import children
 from specstack.errors import SpecstackError
 
 BINARY = "llama-batched-bench"
@@ -75,7 +75,7 @@ class LlamaBatched:
 
     def run(self) -> list[dict[str, Any]]:
         """Its records (one per batch size it ran), or SpecstackError with the end of its output."""
-        proc = subprocess.run(self.command(), capture_output=True, text=True, check=False)
+        proc = children.run(self.command())
         records = parse_records(proc.stdout)
         if proc.returncode != 0 or not records:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]

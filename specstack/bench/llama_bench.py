@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specstack.bench import children
 from specstack.bench.llama_batched import find_binary
 from specstack.errors import SpecstackError
 
@@ -51,7 +52,7 @@ class LlamaBench:
     def run(self, timeout_s: float = 1800) -> list[LlamaForward]:
         """Its forwards, or SpecstackError with the end of its output (it is a peer: our run goes on)."""
         try:
-            proc = subprocess.run(self.command(), capture_output=True, text=True, check=False, timeout=timeout_s)
+            proc = children.run(self.command(), timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise SpecstackError(f"{BINARY} did not finish in {timeout_s:.0f} s") from None
         except OSError as e:

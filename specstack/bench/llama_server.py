@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specstack.bench import children
 from specstack.bench.llama_batched import find_binary
 from specstack.config import SamplingParams
 from specstack.errors import SpecstackError
@@ -58,8 +59,8 @@ class LlamaServer:
         argv = [str(self.binary), "-m", str(self.gguf), "-t", str(self.threads), "-tb", str(self.threads),
                 "-c", str(self.n_ctx), "-np", "1", "--no-cache-prompt", "--host", "127.0.0.1", "--port", str(port),
                 "--no-webui", *self.extra]
-        with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+        with open(self.log, "wb") as f:  # its own process group, gone with the bench (bench/children.py)
+            self.proc = children.start(argv, stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -102,13 +103,8 @@ class LlamaServer:
         return [int(t) for t in doc.get("tokens") or []][:n]
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            children.stop(self.proc)
         self.proc = None
 
 

@@ -1,0 +1,109 @@
+"""The processes the bench starts (bench/children.py): a process group of their own, stopped with the whole
+group, gone when the bench is killed with SIGKILL (no `finally` runs then); a real bench killed while its
+llama-server runs leaves no server behind. Real processes throughout (sleep, sh, the CLI, llama-server);
+the orphan tests need Linux's setpriv, the last the binary benchmarks/build_llama_cpp.sh builds."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specstack.bench import children
+from specstack.bench.llama_server import server_binary
+
+linux_guard = pytest.mark.skipif(shutil.which("setpriv") is None or not Path("/proc").is_dir(),
+                                 reason="no setpriv or /proc here (not Linux): children die with the bench only "
+                                        "through its finally blocks")
+
+
+def pids_running(marker: str) -> list[int]:
+    """Processes whose command line holds `marker` (read from /proc; zombies count as gone)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z" and int(entry.name) != os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+def wait_gone(marker: str, timeout: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := pids_running(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@linux_guard
+def test_a_child_dies_with_a_parent_killed_by_sigkill(tmp_path):
+    marker = f"61.{os.getpid()}"  # a sleep no other process runs
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from specstack.bench import children\n"
+        f"children.start(['sleep', '{marker}']); print('started', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "started"
+        assert pids_running(marker), "the child never ran"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert wait_gone(marker) == [], "the child outlived its killed parent"
+    finally:
+        parent.kill()
+        subprocess.run(["pkill", "-f", marker], check=False)
+
+
+@linux_guard
+def test_stop_and_a_timeout_take_the_whole_group():
+    marker = f"62.{os.getpid()}"  # sleeps no other process runs
+    proc = children.start(["sh", "-c", f"sleep {marker} & sleep {marker} & wait"])
+    deadline = time.monotonic() + 5
+    while len(pids_running(marker)) < 3 and time.monotonic() < deadline:  # sh and its two sleeps
+        time.sleep(0.05)
+    assert len(pids_running(marker)) == 3
+    try:
+        children.stop(proc, grace_s=2)
+        assert wait_gone(marker) == [], "a grandchild outlived stop()"
+    finally:
+        subprocess.run(["pkill", "-f", marker], check=False)
+    with pytest.raises(subprocess.TimeoutExpired):
+        children.run(["sh", "-c", f"sleep {marker} & sleep {marker}"], timeout=0.5)
+    assert wait_gone(marker) == [], "a timed-out run left its group behind"
+    done = children.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"])
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+
+
+@linux_guard
+@pytest.mark.skipif(server_binary(None)[0] is None, reason="llama-server not built (benchmarks/build_llama_cpp.sh)")
+def test_a_bench_killed_with_sigkill_leaves_no_llama_server(tmp_path):
+    """`specstack bench` with llama-server's n-gram peer, killed while the server is up: no server remains."""
+    from specstack.models.registry import resolve
+
+    gguf = str(resolve("smollm2-135m").path)
+    before = set(pids_running(gguf))
+    bench = subprocess.Popen([sys.executable, "-m", "specstack.cli", "bench", "--model", "smollm2-135m",
+                              "--methods", "llamacpp-ngram;ar", "--prompts", "humaneval", "--limit", "8",
+                              "--max-new-tokens", "256", "--threads", "1", "--out", str(tmp_path / "run")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (servers := [p for p in pids_running(gguf) if p not in before and p != bench.pid]):
+            assert bench.poll() is None, "the bench ended before its llama-server started"
+            assert time.monotonic() < deadline, "no llama-server started"
+            time.sleep(0.2)
+        bench.send_signal(signal.SIGKILL)
+        bench.wait()
+        left = wait_gone(gguf)
+        assert [p for p in left if p in servers] == [], "llama-server outlived the killed bench"
+    finally:
+        bench.kill()
