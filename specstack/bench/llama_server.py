@@ -12,6 +12,8 @@ included, as it times ours. Its maintainers' advice for a draft model: draft max
 """
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -28,6 +30,13 @@ from specstack.errors import SpecstackError
 
 BINARY = "llama-server"
 STARTUP_S = 180.0  # loading two GGUFs (mmap) and warming up
+TIMEOUT_ENV = "SPECSTACK_PEER_TIMEOUT_S"
+REQUEST_TIMEOUT_S = 900.0  # one generation: a peer that takes longer is taken for hung
+
+
+def request_timeout() -> float:
+    """Seconds a peer's generation may take (TIMEOUT_ENV overrides REQUEST_TIMEOUT_S)."""
+    return float(os.environ.get(TIMEOUT_ENV) or REQUEST_TIMEOUT_S)
 
 
 def _free_port() -> int:
@@ -64,7 +73,7 @@ class LlamaServer:
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise SpecstackError(f"llama-server exited ({self.proc.returncode}): {self._tail()}")
+                raise SpecstackError(f"llama-server {self._ended()} at start: {self._tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
                     return
@@ -73,6 +82,15 @@ class LlamaServer:
             time.sleep(0.5)
         self.close()
         raise SpecstackError(f"llama-server did not answer /health within {STARTUP_S:.0f} s: {self._tail()}")
+
+    def _ended(self) -> str | None:
+        """How the process ended ("was killed by SIGSEGV", "exited with 1"), or None while it runs."""
+        code = None if self.proc is None else self.proc.poll()
+        if code is None:
+            return None
+        if code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with {code}"
 
     def _tail(self) -> str:
         try:
@@ -93,7 +111,14 @@ class LlamaServer:
                      "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0}
             if sampling.seed is not None:
                 body["seed"] = sampling.seed
-        r = httpx.post(self.url + "/completion", json=body, timeout=None)
+        try:
+            r = httpx.post(self.url + "/completion", json=body, timeout=request_timeout())
+        except httpx.TimeoutException:
+            raise SpecstackError(f"llama-server did not answer within {request_timeout():.0f} s "
+                                 f"({TIMEOUT_ENV} sets the limit)") from None
+        except httpx.HTTPError as e:
+            raise SpecstackError(f"llama-server {self._ended() or 'dropped the request'} ({type(e).__name__}): "
+                                 f"{self._tail()}") from None
         if r.status_code != 200:
             raise SpecstackError(f"llama-server answered {r.status_code}: {r.text[:200]}")
         doc = r.json()

@@ -212,9 +212,14 @@ def build_runners(plan: Plan, targets: dict[str, LoadedModel], peers: Peers, sou
                 continue
             if m.name.startswith("hf") and hf_dtype(m.dtype) != m.dtype:
                 out.notes.append(f"{m.label}: transformers cannot run {m.dtype} weights: it ran {hf_dtype(m.dtype)}")
+            try:
+                out.ready[m.label] = peers.runner(m, n_ctx)
+            except SpecstackError as e:  # a peer that cannot start is a line of the report, not the run's end
+                out.skipped[m.label] = f"failed: {e}"
+                print(f"{m.label}: failed ({e}); the run goes on without it", file=sys.stderr)
+                continue
             if m.name.startswith("llamacpp"):
                 out.notes.append(f"{m.label}: llama.cpp runs the GGUF's own quantization, on the CPU")
-            out.ready[m.label] = peers.runner(m, n_ctx)
         else:
             target = targets[m.dtype]
             drafter = build_drafter(m.spec, target, sources, plan.settings.device)
@@ -312,7 +317,9 @@ def _run_single(plan: Plan, command: str, prompts: Sequence[EncodedPrompt], targ
     todo = [(p, r, m) for p in prompts for r in range(s.repeats) for m in active
             if (p.task_id, m.label, r) not in results.done]
     if todo:
-        measure(todo, active, runners.ready, results, targets, plan)
+        failed = measure(todo, active, runners.ready, results, targets, plan)
+        runners.notes += [f"{label}: failed ({why}); its rows stop there, the other methods ran on"
+                          for label, why in failed.items()]
     write_report(plan.out, results.rows, _meta(plan, runners, threads, command), list(s.methods), tok)
     print((plan.out / "summary.md").read_text(encoding="utf-8"))
 
@@ -360,8 +367,25 @@ def output_row(task: str, label: str, repeat: int, out: Output, seconds: float) 
 
 
 def measure(todo: Sequence[tuple[Prompt, int, BenchMethod]], methods: Sequence[BenchMethod],
-            runners: dict[str, Runner], results: Results, targets: dict[str, LoadedModel], plan: Plan) -> None:
+            runners: dict[str, Runner], results: Results, targets: dict[str, LoadedModel], plan: Plan
+            ) -> dict[str, str]:
+    """Warm-up, then the rows; returns the peers that failed on the way (label -> why): a peer that crashes,
+    hangs past its timeout or exits loses its remaining generations, the other methods go on."""
     new_tokens, sampling = plan.settings.max_new_tokens, plan.settings.sampling
+    failed: dict[str, str] = {}
+
+    def call(m: BenchMethod, ids: list[int], n: int) -> Output | None:
+        if m.label in failed:
+            return None
+        if not m.peer:
+            return runners[m.label](ids, n)
+        try:
+            return runners[m.label](ids, n)
+        except SpecstackError as e:
+            failed[m.label] = str(e)
+            print(f"\n{m.label}: failed ({e}); the run goes on without it", file=sys.stderr)
+            return None
+
     ar_of = {}  # weight format -> label of the list's `ar` in it (the identical_to_ar reference)
     for m in methods:
         if m.name == "ar":
@@ -376,7 +400,7 @@ def measure(todo: Sequence[tuple[Prompt, int, BenchMethod]], methods: Sequence[B
     first_ids = todo[0][0].ids
     for m in methods:
         interrupt.check()  # Ctrl-C stops the run between generations (peers have no steps we see)
-        runners[m.label](first_ids, min(new_tokens, WARMUP_TOKENS))
+        call(m, first_ids, min(new_tokens, WARMUP_TOKENS))
 
     totals = {m.label: [0, 0.0] for m in methods}
     bar = tqdm(total=len(todo), desc="bench", unit="gen", file=sys.stderr)
@@ -392,8 +416,12 @@ def measure(todo: Sequence[tuple[Prompt, int, BenchMethod]], methods: Sequence[B
         for p, r, m in items:
             interrupt.check()
             t0 = time.perf_counter()
-            out = runners[m.label](p.ids, new_tokens)
+            got = call(m, p.ids, new_tokens)
             seconds = time.perf_counter() - t0
+            if got is None:  # a failed peer: no row
+                bar.update()
+                continue
+            out = got
             row = output_row(task, m.label, r, out, seconds)
             if sampling.greedy and ar_of.get(m.dtype) == m.label:
                 refs.setdefault((task, m.dtype), out.tokens)
@@ -414,3 +442,4 @@ def measure(todo: Sequence[tuple[Prompt, int, BenchMethod]], methods: Sequence[B
             bar.update()
         assert not pending, "every reference is known by the end of a prompt"
     bar.close()
+    return failed
