@@ -30,15 +30,14 @@ from tqdm import tqdm
 from specstack import interrupt
 from specstack.bench.batched import build_batch_methods, measure_batches, single_label
 from specstack.bench.datasets import SHAREGPT_MAX_PROMPT_TOKENS, EncodedPrompt, Prompt, iter_prompts, select_prompts
+from specstack.bench.llama_cpp_child import LlamaCppChild
 from specstack.bench.llama_server import LlamaServer, server_binary, spec_flags
 from specstack.bench.peers import (
     ForwardCounter,
     hf_dtype,
     hf_generate,
-    llama_cpp_generate,
     llama_cpp_unavailable,
     load_hf,
-    load_llama_cpp,
 )
 from specstack.bench.plan import SERVER_PEERS, BenchMethod, Plan
 from specstack.bench.report import write_report
@@ -111,7 +110,7 @@ class Peers:
         self.threads, self.pad_id, self.bin_dir = threads, pad_id, bin_dir
         self.hf: dict[str, tuple[Any, ForwardCounter]] = {}
         self.assistants: dict[str, Any] = {}
-        self.llama: dict[int, Any] = {}
+        self.llama: dict[int, LlamaCppChild] = {}
         self.servers: list[LlamaServer] = []
 
     def unavailable(self, m: BenchMethod) -> str | None:
@@ -145,6 +144,8 @@ class Peers:
     def close(self) -> None:
         for server in self.servers:
             server.close()
+        for child in self.llama.values():
+            child.close()
 
     def runner(self, m: BenchMethod, n_ctx: int) -> Runner:
         if m.name in SERVER_PEERS:
@@ -166,12 +167,12 @@ class Peers:
                               origins={"draft": a, "target": forwards}, drafted=d)
 
             return go_server
-        if m.name.startswith("llamacpp"):
+        if m.name.startswith("llamacpp"):  # llama-cpp-python, in a process of its own (bench/llama_cpp_child.py)
             lookup = m.params.get("tokens", 0)
             if lookup not in self.llama:
-                self.llama[lookup] = load_llama_cpp(self.src, self.threads, n_ctx, prompt_lookup=lookup)
-            llm = self.llama[lookup]
-            return lambda ids, n: Output(llama_cpp_generate(llm, ids, n, self.sampling), "gguf")
+                self.llama[lookup] = LlamaCppChild(self.src.path, self.threads, n_ctx, prompt_lookup=lookup)
+            child = self.llama[lookup]
+            return lambda ids, n: Output(child.generate(ids, n, self.sampling), "gguf")
         dt = hf_dtype(m.dtype)
         model, counter = self.hf_model(dt)
         extra: dict[str, Any] = {}

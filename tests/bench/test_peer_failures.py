@@ -71,3 +71,45 @@ def test_a_failing_peer_is_one_line_and_the_run_finishes(bench, fake_bin, tmp_pa
     assert len(lines) == 1 and says in lines[0], summary
     assert "| ar |" in summary
     assert pids_running(str(fake_bin)) == [], "the fake server outlived the run"
+
+
+def _has_llama_cpp() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@linux_guard
+@pytest.mark.skipif(not _has_llama_cpp(), reason="llama-cpp-python is not installed (the `peers` extra)")
+def test_llama_cpp_python_crashing_in_its_process_is_one_line(bench, tmp_path, monkeypatch):
+    """The `llamacpp` peer runs llama-cpp-python in a process of its own (bench/llama_cpp_child.py): that
+    process killed by SIGSEGV after its warm-up (as a crashing native build would be) fails the peer, and
+    the bench finishes with the engine's rows."""
+    import os
+    import signal
+
+    from specstack.bench.llama_cpp_child import LlamaCppChild
+
+    real = LlamaCppChild.generate
+    calls = []
+
+    def crash_on_the_second(self, ids, n, sampling):
+        calls.append(self.proc.pid)
+        if len(calls) == 2:
+            os.kill(self.proc.pid, signal.SIGSEGV)
+        return real(self, ids, n, sampling)
+
+    monkeypatch.setattr(LlamaCppChild, "generate", crash_on_the_second)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(2)))
+    out = tmp_path / "run"
+    code, _, err = bench("--model", "smollm2-135m", "--prompts", str(prompts), "--max-new-tokens", "8",
+                         "--threads", "1", "--out", str(out), "--methods", "ar;llamacpp")
+    assert code == 0, err
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["method"] for r in rows) == ["ar", "ar"], "the peer lost its rows from the crash on"
+    summary = (out / "summary.md").read_text()
+    assert any(x.startswith("- llamacpp: failed") and "killed by SIGSEGV" in x for x in summary.splitlines()), summary
+    assert pids_running("specstack.bench.llama_cpp_child") == [], "the peer's process outlived the run"
