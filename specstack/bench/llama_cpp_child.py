@@ -29,6 +29,11 @@ from specstack.config import SamplingParams
 from specstack.errors import SpecstackError
 
 LOAD_TIMEOUT_S = 300.0
+# a native build that crashes: most often one that turned AMX on (llama.cpp's AMX code segfaults on some
+# of our Xeons) or an instruction set the CPU lacks
+REBUILD_HINT = ("; rebuild llama-cpp-python for this CPU with AMX off: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON "
+                "-DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" pip install "
+                "--force-reinstall --no-cache-dir llama-cpp-python (docs/BENCHMARKS.md has the AVX-512 flags)")
 
 
 class LlamaCppChild:
@@ -82,7 +87,8 @@ class LlamaCppChild:
             tail = " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-3:])
         except OSError:
             tail = ""
-        return SpecstackError(f"llama-cpp-python's process {how}" + (f": {tail}" if tail else ""))
+        hint = REBUILD_HINT if code is not None and -code in (signal.SIGSEGV, signal.SIGILL, signal.SIGBUS) else ""
+        return SpecstackError(f"llama-cpp-python's process {how}" + (f": {tail}" if tail else "") + hint)
 
 
 def serve() -> None:

@@ -111,5 +111,6 @@ def test_llama_cpp_python_crashing_in_its_process_is_one_line(bench, tmp_path, m
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["method"] for r in rows) == ["ar", "ar"], "the peer lost its rows from the crash on"
     summary = (out / "summary.md").read_text()
-    assert any(x.startswith("- llamacpp: failed") and "killed by SIGSEGV" in x for x in summary.splitlines()), summary
+    assert any(x.startswith("- llamacpp: failed") and "killed by SIGSEGV" in x and "rebuild llama-cpp-python" in x
+               for x in summary.splitlines()), summary
     assert pids_running("specstack.bench.llama_cpp_child") == [], "the peer's process outlived the run"
