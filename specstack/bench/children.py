@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 GRACE_S = 10.0  # from SIGTERM to SIGKILL
@@ -54,6 +55,22 @@ def stop(proc: subprocess.Popen[Any], grace_s: float = GRACE_S) -> None:
     except subprocess.TimeoutExpired:
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
+
+
+def ended(proc: subprocess.Popen[Any]) -> str | None:
+    """How proc ended, as a report says it ("was killed by SIGSEGV", "exited with 3"); None while it runs."""
+    code = proc.poll()
+    if code is None:
+        return None
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+
+
+def log_tail(path: Path, lines: int = 3) -> str:
+    """The last lines of a child's log, joined for one line of a report ("" when unreadable)."""
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def _signal_group(proc: subprocess.Popen[Any], sig: signal.Signals) -> None:

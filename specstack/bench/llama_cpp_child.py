@@ -76,19 +76,13 @@ class LlamaCppChild:
         return reply
 
     def _failure(self, what: str) -> SpecstackError:
-        code = self.proc.poll()
         deadline = time.monotonic() + 5
-        while code is None and time.monotonic() < deadline:  # the pipe closes just before the exit is seen
+        while self.proc.poll() is None and time.monotonic() < deadline:  # the pipe closes just before the exit
             time.sleep(0.05)
-            code = self.proc.poll()
-        how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
-               else f"exited with {code}" if code is not None else what)
-        try:
-            tail = " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-3:])
-        except OSError:
-            tail = ""
+        code, tail = self.proc.poll(), children.log_tail(self.log)
         hint = REBUILD_HINT if code is not None and -code in (signal.SIGSEGV, signal.SIGILL, signal.SIGBUS) else ""
-        return SpecstackError(f"llama-cpp-python's process {how}" + (f": {tail}" if tail else "") + hint)
+        return SpecstackError(f"llama-cpp-python's process {children.ended(self.proc) or what}"
+                              + (f": {tail}" if tail else "") + hint)
 
 
 def serve() -> None:

@@ -13,7 +13,6 @@ included, as it times ours. Its maintainers' advice for a draft model: draft max
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import tempfile
@@ -84,19 +83,10 @@ class LlamaServer:
         raise SpecstackError(f"llama-server did not answer /health within {STARTUP_S:.0f} s: {self._tail()}")
 
     def _ended(self) -> str | None:
-        """How the process ended ("was killed by SIGSEGV", "exited with 1"), or None while it runs."""
-        code = None if self.proc is None else self.proc.poll()
-        if code is None:
-            return None
-        if code < 0:
-            return f"was killed by {signal.Signals(-code).name}"
-        return f"exited with {code}"
+        return None if self.proc is None else children.ended(self.proc)
 
     def _tail(self) -> str:
-        try:
-            return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-3:])
-        except OSError:
-            return ""
+        return children.log_tail(self.log)
 
     def generate(self, ids: Sequence[int], n: int, sampling: SamplingParams) -> list[int]:
         """Exactly n new token ids for the prompt ids (EOS ignored)."""
