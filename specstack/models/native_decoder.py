@@ -50,7 +50,7 @@ def _linear(lin: QLinear, device: torch.device) -> tuple[str, list[torch.Tensor]
     op = w4a8.op_name(lin.fmt, device)
     assert op is not None
     tensors = [t for t in lin.method.tensors(lin) if t is not None]
-    return op, tensors, _EMPTY if lin.bias is None else lin.bias
+    return op, tensors, _or_empty(lin.bias)
 
 
 def _or_empty(t: torch.Tensor | None) -> torch.Tensor:
