@@ -54,6 +54,7 @@ from specstack.files import atomic_write_text
 from specstack.machine import cpu_model
 from specstack.models.base import LoadedModel
 from specstack.models.loading import cache_root
+from specstack.models.quant import weights_label
 from specstack.validate import MAX_TREE
 
 STORE_NAME = "batch_costs.json"
@@ -260,11 +261,12 @@ def batch_costs(lm: LoadedModel, context: int = DEFAULT_CONTEXT, repeats: int | 
 
 
 def machine_key(lm: LoadedModel, *more: object) -> str:
-    """A store key for a measured cost of `lm`'s forwards: the model's shape and weight format, the
-    device, the thread count, the torch version, the CPU (not the weights' values: a forward's time
-    does not depend on them), then `more` (JSON values: the measurement's version and settings)."""
-    what = [repr(lm.config), lm.fmt, lm.model.device.type, torch.get_num_threads(), torch.__version__, cpu_model(),
-            *more]
+    """A store key for a measured cost of `lm`'s forwards: the model's shape and weight format with the
+    kernel path that runs it, the device, the thread count, the torch version, the CPU (not the weights'
+    values: a forward's time does not depend on them), then `more` (JSON values: the measurement's
+    version and settings)."""
+    what = [repr(lm.config), weights_label(lm.fmt, lm.model.device), lm.model.device.type, torch.get_num_threads(),
+            torch.__version__, cpu_model(), *more]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from specstack.errors import SpecstackError
-from specstack.models import quantizers, w4a8
+from specstack.models import quantizers, w4a8_codes
 from specstack.models.bound import Forward
 from specstack.models.coded import CodedWeight, Q4Weight
 from specstack.models.linear_methods import LinearMethod, QLinear, native_bf16
@@ -179,7 +179,7 @@ class Int4Method(DenseCopyMethod):
     scales in the activation dtype)."""
 
     step_tensors = ("weight", "scales_zeros")
-    # the cache stores the codes as `w4a8.pack_codes` lays them out, the same [N, K / 2] bytes on every
+    # the cache stores the codes as `w4a8_codes.pack_codes` lays them out, the same [N, K / 2] bytes on every
     # CPU; torch's CPU layout blocks rows by the CPU's vector width, so a load repacks for its own CPU
 
     def create(self, layer: QLinear, n: int, k: int, device: torch.device | str | None) -> None:
@@ -245,13 +245,13 @@ class Int4Method(DenseCopyMethod):
 
     def to_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
         if layer.weight.device.type == "cpu":
-            state[prefix + "weight"] = torch.cat([w4a8.pack_codes(unpack_int4(part))
+            state[prefix + "weight"] = torch.cat([w4a8_codes.pack_codes(unpack_int4(part))
                                                   for part in layer.weight.split(ROW_CHUNK)])
 
     def from_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
         stored = state.get(prefix + "weight")
         if layer.weight.device.type == "cpu" and stored is not None and stored.shape == layer.weight.shape:
-            state[prefix + "weight"] = torch.cat([_pack_int4(w4a8.unpack_codes(part))
+            state[prefix + "weight"] = torch.cat([_pack_int4(w4a8_codes.unpack_codes(part))
                                                   for part in stored.split(ROW_CHUNK)])
 
     def kernel(self, layer: QLinear) -> Forward:

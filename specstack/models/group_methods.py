@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specstack.errors import SpecstackError
-from specstack.models import w4a8
+from specstack.models import w4a8, w4a8_codes, w4a8_wide
 from specstack.models.bound import Forward
 from specstack.models.coded import CodedWeight, Q4Weight, Q5Weight, Q6Weight
 from specstack.models.linear_methods import QLinear, W8A8Method
@@ -29,18 +29,92 @@ class GroupMethod(W8A8Method):
         if k % self.block:
             raise SpecstackError(f"{self.spec.name} needs in_features divisible by {self.block}, got {k}")
         self.create_tensors(layer, n, k, device)
+        layer.wide_layout = False  # whether the tensors are in the wide layout now (models/w4a8_wide.py)
 
     def create_tensors(self, layer: QLinear, n: int, k: int, device: torch.device | str | None) -> None:
         raise NotImplementedError
 
-    def tensors(self, layer: QLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    # -- filling: the layers' own layout first, then the running path's (`after_load`) -------------------
+    def set_float(self, layer: QLinear, w: torch.Tensor) -> None:
+        layer.wide_layout = False
+        self.fill_float(layer, w)
+        self.after_load(layer)
+
+    def set_codes(self, layer: QLinear, coded: CodedWeight) -> None:
+        layer.wide_layout = False
+        self.fill_codes(layer, coded)
+        self.after_load(layer)
+
+    def fill_float(self, layer: QLinear, w: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def fill_codes(self, layer: QLinear, coded: CodedWeight) -> None:
+        self.fill_float(layer, coded.dequantize().to(layer.weight.device))
+
+    def after_load(self, layer: QLinear) -> None:
+        """Rearrange the tensors into the wide layout where this process's path keeps them so."""
+        if layer.wide_layout or not self._wide_here(layer):
+            return
+        self._put(layer, w4a8_wide.to_wide(self.spec.name, *self.stored(layer)))
+        layer.wide_layout = True
+        layer.unbind()
+
+    def _wide_here(self, layer: QLinear) -> bool:
+        dev = layer.weight.device
+        return (dev.type == "cpu" and w4a8.kernel_for(dev).name in w4a8.WIDE_PATHS
+                and w4a8_wide.fits(self.spec.name, layer.out_features, layer.in_features))
+
+    def _named(self, tensors: tuple[torch.Tensor | None, ...]) -> list[tuple[str, torch.Tensor]]:
+        """(buffer name, tensor) of the format's tensors (the third is None in the formats without one)."""
+        return [(name, t) for name, t in zip(self.step_tensors, tensors, strict=False) if t is not None]
+
+    def _put(self, layer: QLinear, tensors: tuple[torch.Tensor | None, ...]) -> None:
+        for name, t in self._named(tensors):
+            getattr(layer, name).copy_(t)
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def stored(self, layer: QLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The layer's tensors as they are (the wide layout where `layer.wide_layout`)."""
         return layer.weight, layer.scales, None if self.third is None else getattr(layer, self.third)
 
+    def tensors(self, layer: QLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The layer's tensors in the layers' own layout (models/w4a8.py), whatever the running path's."""
+        if not layer.wide_layout:
+            return self.stored(layer)
+        return w4a8_wide.from_wide(self.spec.name, *self.stored(layer), layer.in_features)
+
+    def op(self, layer: QLinear) -> tuple[str | None, list[torch.Tensor]]:
+        """The qualified name of the C++ op that runs this layer here and its tensors (None: no one op does,
+        the reference or a wide path's padded copy)."""
+        tensors = [t for t in self.stored(layer) if t is not None]
+        if layer.wide_layout:
+            return w4a8_wide.op_name(self.spec.name), tensors
+        if w4a8.kernel_for(layer.weight.device).name in w4a8.WIDE_PATHS:
+            return None, tensors
+        return w4a8.op_name(self.spec.name, layer.weight.device), tensors
+
     def kernel(self, layer: QLinear) -> Forward:
-        return w4a8.kernel_for(layer.weight.device).build(self.spec.name, *self.tensors(layer))
+        if layer.wide_layout:
+            return w4a8_wide.kernel(self.spec.name, *self.stored(layer))
+        return w4a8.kernel_for(layer.weight.device).build(self.spec.name, *self.stored(layer))
 
     def float_weight(self, layer: QLinear) -> torch.Tensor:
         return w4a8.dequantize(self.spec.name, *self.tensors(layer))
+
+    def take_rows(self, layer: QLinear, out: QLinear, rows: torch.Tensor) -> None:
+        out.wide_layout = False
+        self._put(out, tuple(None if t is None else t.index_select(0, rows) for t in self.tensors(layer)))
+        self.after_load(out)
+
+    # -- the built-model cache stores the layers' own layout ----------------------------------------------
+    def to_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
+        if layer.wide_layout:
+            for name, t in self._named(self.tensors(layer)):
+                state[prefix + name] = t
+
+    def from_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
+        if prefix + "weight" in state:
+            layer.wide_layout = False  # the load writes the layers' own layout; after_load rearranges it
 
 
 class W4A8Method(GroupMethod):
@@ -56,14 +130,14 @@ class W4A8Method(GroupMethod):
         layer.register_buffer("scales", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device))
         layer.register_buffer("mins", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device))
 
-    def set_float(self, layer: QLinear, w: torch.Tensor) -> None:
-        self.set_codes(layer, Q4Weight(*w4a8.quantize_weight(w)))
+    def fill_float(self, layer: QLinear, w: torch.Tensor) -> None:
+        self.fill_codes(layer, Q4Weight(*w4a8.quantize_weight(w)))
 
-    def set_codes(self, layer: QLinear, coded: CodedWeight) -> None:
+    def fill_codes(self, layer: QLinear, coded: CodedWeight) -> None:
         if not isinstance(coded, Q4Weight):
-            return super().set_codes(layer, coded)
+            return super().fill_codes(layer, coded)
         # the codes as they are, d and m in fp32 (exact for GGUF's fp16 and 6-bit scales)
-        layer.weight.copy_(w4a8.pack_codes(coded.q.to(layer.weight.device)))
+        layer.weight.copy_(w4a8_codes.pack_codes(coded.q.to(layer.weight.device)))
         layer.scales.copy_(coded.d.float())
         layer.mins.copy_(coded.m.float())
 
@@ -75,7 +149,7 @@ class Q8A8Method(GroupMethod):
         layer.register_buffer("weight", torch.empty(n, k, dtype=torch.int8, device=device))
         layer.register_buffer("scales", torch.empty(n, k // w4a8.GROUP, dtype=torch.float32, device=device))
 
-    def set_float(self, layer: QLinear, w: torch.Tensor) -> None:
+    def fill_float(self, layer: QLinear, w: torch.Tensor) -> None:
         codes, d = w4a8.quantize_weight8(w)
         layer.weight.copy_(codes)
         layer.scales.copy_(d)
@@ -86,16 +160,16 @@ class Q5A8Method(GroupMethod):
 
     def create_tensors(self, layer: QLinear, n: int, k: int, device: torch.device | str | None) -> None:
         groups = k // w4a8.GROUP
-        layer.register_buffer("weight", torch.empty(n, w4a8.five_row_bytes(groups), dtype=torch.uint8, device=device))
+        layer.register_buffer("weight", torch.empty(n, w4a8_codes.five_row_bytes(groups), dtype=torch.uint8, device=device))
         layer.register_buffer("scales", torch.empty(n, groups, dtype=torch.float32, device=device))
 
-    def set_float(self, layer: QLinear, w: torch.Tensor) -> None:
-        self.set_codes(layer, Q5Weight(*w4a8.quantize_weight5(w)))
+    def fill_float(self, layer: QLinear, w: torch.Tensor) -> None:
+        self.fill_codes(layer, Q5Weight(*w4a8.quantize_weight5(w)))
 
-    def set_codes(self, layer: QLinear, coded: CodedWeight) -> None:
+    def fill_codes(self, layer: QLinear, coded: CodedWeight) -> None:
         if not isinstance(coded, Q5Weight):
             raise ValueError("q5a8 takes 5-bit codes with their scales (GGUF Q5_0)")
-        layer.weight.copy_(w4a8.pack_codes5(coded.q.to(layer.weight.device)))
+        layer.weight.copy_(w4a8_codes.pack_codes5(coded.q.to(layer.weight.device)))
         layer.scales.copy_(coded.d.float())
 
 
@@ -110,14 +184,14 @@ class K4A8Method(GroupMethod):
         layer.register_buffer("scales", torch.empty(n, k // self.block, 2, dtype=torch.float32, device=device))
         layer.register_buffer("subscales", torch.empty(n, 2, k // w4a8.GROUP, dtype=torch.uint8, device=device))
 
-    def set_float(self, layer: QLinear, w: torch.Tensor) -> None:
+    def fill_float(self, layer: QLinear, w: torch.Tensor) -> None:
         codes, sup, sub = w4a8.quantize_weight_k(w)
-        self.set_codes(layer, Q4Weight(codes, *w4a8.expand_scales(sup, sub), sup, sub))
+        self.fill_codes(layer, Q4Weight(codes, *w4a8.expand_scales(sup, sub), sup, sub))
 
-    def set_codes(self, layer: QLinear, coded: CodedWeight) -> None:
+    def fill_codes(self, layer: QLinear, coded: CodedWeight) -> None:
         if not isinstance(coded, Q4Weight) or coded.sup is None or coded.sub is None:
             raise ValueError("k4a8 takes 4-bit codes with their super-blocks (GGUF Q4_K)")
-        layer.weight.copy_(w4a8.pack_codes(coded.q.to(layer.weight.device)))
+        layer.weight.copy_(w4a8_codes.pack_codes(coded.q.to(layer.weight.device)))
         layer.scales.copy_(coded.sup.float())
         layer.subscales.copy_(coded.sub)
 
@@ -133,13 +207,13 @@ class K6A8Method(GroupMethod):
         layer.register_buffer("scales", torch.empty(n, k // self.block, dtype=torch.float32, device=device))
         layer.register_buffer("subscales", torch.empty(n, k // w4a8.SIX_SUB, dtype=torch.int8, device=device))
 
-    def set_float(self, layer: QLinear, w: torch.Tensor) -> None:
+    def fill_float(self, layer: QLinear, w: torch.Tensor) -> None:
         codes, big, s16 = w4a8.quantize_weight6(w)
-        self.set_codes(layer, Q6Weight(codes, s16, big))
+        self.fill_codes(layer, Q6Weight(codes, s16, big))
 
-    def set_codes(self, layer: QLinear, coded: CodedWeight) -> None:
+    def fill_codes(self, layer: QLinear, coded: CodedWeight) -> None:
         if not isinstance(coded, Q6Weight):
             raise ValueError("k6a8 takes 6-bit codes with their scales (GGUF Q6_K)")
-        layer.weight.copy_(w4a8.pack_codes6(coded.q.to(layer.weight.device)))
+        layer.weight.copy_(w4a8_codes.pack_codes6(coded.q.to(layer.weight.device)))
         layer.scales.copy_(coded.d)
         layer.subscales.copy_(coded.s)

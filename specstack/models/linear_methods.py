@@ -35,8 +35,10 @@ class QLinear(Protocol):
     mins: torch.Tensor
     subscales: torch.Tensor
     dense: torch.Tensor | None
+    wide_layout: bool
     act_dtype: torch.dtype
     out_features: int
+    in_features: int
 
     @property
     def wide_rows(self) -> int | None: ...
@@ -44,6 +46,8 @@ class QLinear(Protocol):
     def register_buffer(self, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None: ...
 
     def dequantized(self) -> torch.Tensor: ...
+
+    def unbind(self) -> None: ...
 
 
 

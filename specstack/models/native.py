@@ -11,6 +11,7 @@ failed build is reported once and the caller falls back to its reference path.
 from __future__ import annotations
 
 import functools
+import hashlib
 import shutil
 import sys
 import time
@@ -23,7 +24,7 @@ from specstack.files import cache_root
 SOURCES = Path(__file__).parent / "kernels"
 # the instructions each kernel is compiled for, as torch names the CPU's capability
 CPU_FLAGS: dict[str, tuple[str, ...]] = {"w4a8": ("AVX2", "AVX512"), "attention": ("AVX2", "AVX512"),
-                                      "layer": ("AVX2", "AVX512")}
+                                      "layer": ("AVX2", "AVX512"), "w4a8_wide": ("AVX512",)}
 # -fopenmp: at::parallel_for is inlined from ATen's headers and runs on one thread without it; the
 # library then asks for libgomp.so.1, which resolves to the copy torch has already loaded (one pool)
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
@@ -47,6 +48,13 @@ def supported(name: str) -> bool:
     return cpu_capability() in CPU_FLAGS[name] and shutil.which("c++") is not None
 
 
+def _headers_flag() -> str:
+    """A define whose value is the hash of kernels/*.h: torch's builder rebuilds a library when its
+    source or flags change, not when a header it includes does, so the header's content is a flag."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(SOURCES.glob("*.h")))).hexdigest()[:16]
+    return f"-DSPECSTACK_HEADERS={digest}"
+
+
 @functools.cache
 def load(name: str) -> bool:
     """Build (or reuse) kernel `name` and register its torch ops; False when it cannot be had here."""
@@ -65,7 +73,7 @@ def load(name: str) -> bool:
     t0 = time.perf_counter()
     try:
         cpp_extension.load(name=f"specstack_{name}", sources=[str(SOURCES / f"{name}.cpp")],
-                           extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), build_directory=str(build),
+                           extra_cflags=[*CFLAGS, _headers_flag()], extra_ldflags=list(LDFLAGS), build_directory=str(build),
                            is_python_module=False, verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # no ninja, a compiler error, a failed link
         print(f"specstack: the {name} kernel could not be built ({str(e).splitlines()[0][:200]}); "

@@ -17,7 +17,7 @@ import torch
 from specstack.attention import AttentionBatch
 from specstack.cache import KVCache
 from specstack.errors import SpecstackError
-from specstack.models import native, w4a8
+from specstack.models import native
 from specstack.models.group_methods import GroupMethod
 from specstack.models.quant import QLinear
 from specstack.weight_formats import weight_format
@@ -38,18 +38,17 @@ def unfit(model: Any) -> str | None:
         return "the fixed-order attention kernel is not in use"
     for blk in model.blocks():
         for lin in (blk.qkv, blk.o, blk.up, blk.down):
-            if not isinstance(lin.method, GroupMethod) or w4a8.op_name(lin.fmt, model.device) is None:
+            if not isinstance(lin.method, GroupMethod) or lin.method.op(lin)[0] is None:
                 return f"layer {blk.layer} has a {lin.fmt} linear that has no w4a8 kernel op here"
     if not native.load("layer"):
         return "the layer library did not build"
     return None
 
 
-def _linear(lin: QLinear, device: torch.device) -> tuple[str, list[torch.Tensor], torch.Tensor]:
+def _linear(lin: QLinear) -> tuple[str, list[torch.Tensor], torch.Tensor]:
     assert isinstance(lin.method, GroupMethod)
-    op = w4a8.op_name(lin.fmt, device)
+    op, tensors = lin.method.op(lin)
     assert op is not None
-    tensors = [t for t in lin.method.tensors(lin) if t is not None]
     return op, tensors, _or_empty(lin.bias)
 
 
@@ -70,7 +69,7 @@ class NativeDecoder:
         for blk in model.blocks():
             ops, tensors, counts, biases = [], [], [], []
             for lin in (blk.qkv, blk.o, blk.up, blk.down):
-                op, ts, bias = _linear(lin, model.device)
+                op, ts, bias = _linear(lin)
                 ops.append(op)
                 tensors += ts
                 counts.append(len(ts))

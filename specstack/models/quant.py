@@ -61,6 +61,7 @@ class QLinear(BoundModule):
     mins: torch.Tensor  # w4a8's group minimums
     subscales: torch.Tensor  # k4a8's 6-bit (sc, mn) [out, 2, in / 32], k6a8's int8 scales [out, in / 16]
     dense: torch.Tensor | None  # int8/int4: the dequantised copy wide inputs multiply by
+    wide_layout: bool  # w4a8's formats: the tensors are in the wide layout (models/w4a8_wide.py)
     bias: torch.Tensor | None
 
     def __init__(self, in_features: int, out_features: int, fmt: str, bias: bool = False,

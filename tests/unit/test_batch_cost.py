@@ -136,6 +136,14 @@ def test_a_damaged_store_or_curve_is_measured_again(tiny_llama, counted, tmp_pat
     assert counted == [2, 2, 4]
 
 
+def test_curves_are_kept_per_kernel_path(tiny_llama, counted, monkeypatch):
+    """A forward's time is its kernel path's (w4a8's wide512 against vnni512: several times at 16 rows)."""
+    batch_cost.batch_costs(tiny_llama.lm).cost(1, 1)
+    monkeypatch.setattr(batch_cost, "weights_label", lambda fmt, device: f"{fmt} (another kernels)")
+    batch_cost.batch_costs(tiny_llama.lm).cost(1, 1)
+    assert counted == [1, 1]
+
+
 def test_curves_are_kept_per_context(tiny_llama, counted):
     batch_cost.batch_costs(tiny_llama.lm, context=64).cost(1, 1)
     batch_cost.batch_costs(tiny_llama.lm, context=128).cost(1, 1)

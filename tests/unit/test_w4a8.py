@@ -10,7 +10,7 @@ import torch
 from activations import kernel_inputs
 
 from specstack.errors import SpecstackError
-from specstack.models import native, w4a8
+from specstack.models import native, w4a8, w4a8_codes
 from specstack.models.quant import QLinear
 
 SHAPES = [(64, 48), (576, 1536), (1536, 2048), (896, 4864), (8960, 1536), (96, 40)]  # (in, out); 96: 3 groups
@@ -36,7 +36,7 @@ def layer(k: int, n: int, seed: int = 0, bits: int = 4) -> tuple[torch.Tensor, t
     c = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
     m = (torch.rand(n, k // 32, generator=g) - 0.7) * 0.1
     d[0, 0], m[0, 0] = 0.0, 0.0  # an all-zero group
-    return w4a8.pack_codes(c), d, m
+    return w4a8_codes.pack_codes(c), d, m
 
 
 inputs = kernel_inputs
@@ -82,14 +82,14 @@ def reference(packed: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, sub
 
 def test_codes_pack_and_unpack_and_float_weights_round_trip():
     c = torch.randint(0, 16, (24, 96), dtype=torch.uint8)
-    packed = w4a8.pack_codes(c)
-    assert packed.shape == (24, 48) and torch.equal(w4a8.unpack_codes(packed), c)
+    packed = w4a8_codes.pack_codes(c)
+    assert packed.shape == (24, 48) and torch.equal(w4a8_codes.unpack_codes(packed), c)
     assert int(packed[0, 0]) == int(c[0, 0]) | int(c[0, 16]) << 4  # the kernel's nibble order
     w = torch.randn(24, 96)
     codes, d, m = w4a8.quantize_weight(w)
     assert int(codes.max()) <= 15
     step = d.repeat_interleave(32, dim=1)
-    assert (dequantize(w4a8.pack_codes(codes), d, m) - w).abs().le(step / 2 + 1e-6).all()
+    assert (dequantize(w4a8_codes.pack_codes(codes), d, m) - w).abs().le(step / 2 + 1e-6).all()
     c8, d8 = w4a8.quantize_weight8(w)
     assert c8.dtype == torch.int8 and int(c8.abs().max()) == 127
     assert (dequantize(c8, d8, None) - w).abs().le(d8.repeat_interleave(32, dim=1) / 2 + 1e-6).all()
@@ -150,7 +150,7 @@ def test_super_blocks_compute_what_their_groups_do_bit_for_bit(name, k, n):
     codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
     sup = torch.stack([torch.rand(n, k // 256, generator=g) * 1e-3, -torch.rand(n, k // 256, generator=g) * 1e-3], -1)
     sub = torch.randint(0, 64, (n, 2, k // 32), generator=g, dtype=torch.uint8)
-    packed = w4a8.pack_codes(codes)
+    packed = w4a8_codes.pack_codes(codes)
     d, m = w4a8.expand_scales(sup, sub)
     assert torch.equal(d, sup[..., 0].repeat_interleave(8, 1) * sub[:, 0].float())
     run, groups = kernel(name, packed, sup, None, sub), kernel(name, packed, d, m)
@@ -180,16 +180,16 @@ def six_layer(k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     big = torch.rand(n, k // 256, generator=g) * 1e-4
     s16 = torch.randint(-128, 128, (n, k // 16), generator=g, dtype=torch.int8)
     s16[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
-    return w4a8.pack_codes6(codes), big, s16
+    return w4a8_codes.pack_codes6(codes), big, s16
 
 
 def test_six_bit_codes_pack_and_unpack_in_the_kernels_order():
     c = torch.randint(0, 64, (6, 512), dtype=torch.uint8)
-    packed = w4a8.pack_codes6(c)
-    assert packed.shape == (6, 384) and torch.equal(w4a8.unpack_codes6(packed), c)
+    packed = w4a8_codes.pack_codes6(c)
+    assert packed.shape == (6, 384) and torch.equal(w4a8_codes.unpack_codes6(packed), c)
     # a chunk: the 4 groups' nibbles as pack_codes packs them, then byte j of the plane holding the top
     # bits of group 0's code j, group 2's code j, group 0's code 16 + j and group 2's code 16 + j
-    assert torch.equal(packed[:, :64], w4a8.pack_codes(c[:, :128] & 15))
+    assert torch.equal(packed[:, :64], w4a8_codes.pack_codes(c[:, :128] & 15))
     top = c[:, :128] >> 4
     want = top[:, 3] | top[:, 64 + 3] << 2 | top[:, 16 + 3] << 4 | top[:, 64 + 16 + 3] << 6
     assert torch.equal(packed[:, 64 + 3], want)
@@ -225,7 +225,7 @@ def test_six_bit_extreme_products_stay_exact(name):
     codes[n // 2 :] = 63
     s16 = torch.full((n, k // 16), -128, dtype=torch.int8)
     s16[::2] = 127
-    packed, big = w4a8.pack_codes6(codes), torch.ones(n, k // 256)
+    packed, big = w4a8_codes.pack_codes6(codes), torch.ones(n, k // 256)
     x = torch.ones(3, k)
     x[1] *= -1
     x[2, ::2] *= -1
@@ -252,7 +252,7 @@ def test_extreme_products_do_not_saturate(name, bits):
     exactly."""
     k, n, top = 1024, 8, 15 if bits == 4 else 127
     if bits == 4:
-        stored, m = w4a8.pack_codes(torch.full((n, k), top, dtype=torch.uint8)), torch.zeros(n, k // 32)
+        stored, m = w4a8_codes.pack_codes(torch.full((n, k), top, dtype=torch.uint8)), torch.zeros(n, k // 32)
     else:
         stored, m = torch.full((n, k), top, dtype=torch.int8), None
         stored[n // 2 :] *= -1
@@ -270,7 +270,7 @@ def test_gguf_codes_are_kept_exactly_and_the_layer_adds_its_bias():
     n, k = 40, 64
     packed, d, m = layer(k, n, seed=3)
     lin = QLinear(k, n, "w4a8", bias=True)
-    lin.set_int4(w4a8.unpack_codes(packed), d, m)
+    lin.set_int4(w4a8_codes.unpack_codes(packed), d, m)
     assert torch.equal(lin.weight, packed) and torch.equal(lin.scales, d) and torch.equal(lin.mins, m)
     assert lin.step_bytes() == n * k // 2 + 2 * n * (k // 32) * 4 + n * 4  # codes, fp32 d and m, fp32 bias
     lin.bias.copy_(torch.randn(n))
@@ -293,7 +293,7 @@ def test_the_kernel_is_chosen_from_the_cpu_and_a_forced_one_is_used(monkeypatch)
     cpu = torch.device("cpu")
     has_avx2 = native.cpu_capability() in native.CPU_FLAGS["w4a8"]
     built = has_avx2 and native.load("w4a8")
-    want = ("vnni512" if native.has_vnni512() else "avx2") if built else "reference"
+    want = ("wide512" if native.has_vnni512() else "avx2") if built else "reference"
     assert w4a8.kernel_for(cpu).name == want
     assert w4a8.kernel_for(torch.device("meta")).name == "reference"  # not a CPU: never the C++ kernel
     monkeypatch.setattr(native, "cpu_capability", lambda: "DEFAULT")  # a CPU without AVX2
@@ -305,13 +305,14 @@ def test_the_kernel_is_chosen_from_the_cpu_and_a_forced_one_is_used(monkeypatch)
     monkeypatch.setenv(w4a8.FORCE_ENV, "reference")
     assert w4a8.kernel_for(cpu).name == "reference"
     monkeypatch.setenv(w4a8.FORCE_ENV, "amx")
-    with pytest.raises(SpecstackError, match="amx.*vnni512, avx2, reference"):
+    with pytest.raises(SpecstackError, match="amx.*wide512, vnni512, avx2, reference"):
         w4a8.kernel_for(cpu)
     # a path forced where it cannot run is refused, never run (its instructions would kill the process)
-    monkeypatch.setenv(w4a8.FORCE_ENV, "vnni512")
     monkeypatch.setattr(native, "has_vnni512", lambda: False)
-    with pytest.raises(SpecstackError, match="vnni512.*cannot run it"):
-        w4a8.kernel_for(cpu)
+    for path in ("wide512", "vnni512"):
+        monkeypatch.setenv(w4a8.FORCE_ENV, path)
+        with pytest.raises(SpecstackError, match=f"{path}.*cannot run it"):
+            w4a8.kernel_for(cpu)
     monkeypatch.setenv(w4a8.FORCE_ENV, "avx2")
     with pytest.raises(SpecstackError, match="avx2.*cannot run it; here: reference"):
         w4a8.kernel_for(torch.device("meta"))
@@ -412,20 +413,20 @@ def five_layer(k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tenso
     codes = torch.randint(0, 32, (n, k), generator=g, dtype=torch.uint8)
     d = (torch.rand(n, k // 32, generator=g) - 0.3) * 0.01
     d[0, 0] = 0.0
-    return w4a8.pack_codes5(codes), d
+    return w4a8_codes.pack_codes5(codes), d
 
 
 def test_five_bit_codes_pack_and_unpack_in_the_kernels_order():
     for k in (512, 96, 160, 224):  # whole chunks of 4 groups, and a last chunk of 3, 1 and 3 groups
         c = torch.randint(0, 32, (6, k), dtype=torch.uint8)
-        packed = w4a8.pack_codes5(c)
-        assert packed.shape == (6, w4a8.five_row_bytes(k // 32)) and torch.equal(w4a8.unpack_codes5(packed), c)
-    assert w4a8.five_row_bytes(16) == 4 * 80 and w4a8.five_row_bytes(5) == 80 + 32
+        packed = w4a8_codes.pack_codes5(c)
+        assert packed.shape == (6, w4a8_codes.five_row_bytes(k // 32)) and torch.equal(w4a8_codes.unpack_codes5(packed), c)
+    assert w4a8_codes.five_row_bytes(16) == 4 * 80 and w4a8_codes.five_row_bytes(5) == 80 + 32
     c = torch.randint(0, 32, (6, 512), dtype=torch.uint8)
-    packed = w4a8.pack_codes5(c)
+    packed = w4a8_codes.pack_codes5(c)
     # a chunk: two little-endian 64-bit words of fifth bits, then the 4 groups' nibbles as pack_codes packs
     # them; bit p of the first word is code p % 16 of group p / 16, of the second code 16 + p % 16
-    assert torch.equal(packed[:, 16:80], w4a8.pack_codes(c[:, :128] & 15))
+    assert torch.equal(packed[:, 16:80], w4a8_codes.pack_codes(c[:, :128] & 15))
     words = packed[:, :16].view(6, 2, 8).to(torch.int64)
     lo, hi = (sum(words[:, h, b] << (8 * b) for b in range(8)) for h in (0, 1))
     top = (c[:, :128] >> 4).view(6, 4, 2, 16).to(torch.int64)
@@ -463,7 +464,7 @@ def test_five_bit_extreme_products_stay_exact(name):
     k, n = 1056, 8  # 33 groups
     codes = torch.zeros(n, k, dtype=torch.uint8)
     codes[n // 2 :] = 31
-    packed, d = w4a8.pack_codes5(codes), torch.ones(n, k // 32)
+    packed, d = w4a8_codes.pack_codes5(codes), torch.ones(n, k // 32)
     x = torch.ones(3, k)
     x[1] *= -1
     x[2, ::2] *= -1

@@ -113,11 +113,11 @@ def test_a_new_format_is_one_row_and_one_method(half_format, tiny_llama):
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 def test_the_cache_stores_what_any_cpu_loads_and_a_load_derives_the_rest(fmt, tiny_llama, tmp_path, monkeypatch):
-    """int4's codes are stored as w4a8.pack_codes lays them out (torch's CPU layout follows the CPU's vector
+    """int4's codes are stored as w4a8_codes.pack_codes lays them out (torch's CPU layout follows the CPU's vector
     width) and repacked at load; neither format stores its dense copy, which a load derives exactly."""
     from safetensors.torch import load_file
 
-    from specstack.models import w4a8
+    from specstack.models import w4a8_codes
     from specstack.models.dense_copy_methods import unpack_int4
 
     monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path))
@@ -130,7 +130,7 @@ def test_the_cache_stores_what_any_cpu_loads_and_a_load_derives_the_rest(fmt, ti
     assert {m.fmt for _, m, _ in pairs} >= {fmt}
     for name, a, b in pairs:
         if a.fmt == "int4":
-            assert torch.equal(stored[name + ".weight"], w4a8.pack_codes(unpack_int4(a.weight)))
+            assert torch.equal(stored[name + ".weight"], w4a8_codes.pack_codes(unpack_int4(a.weight)))
         assert torch.equal(a.weight, b.weight) and a.dense is not None and b.dense is not None
         assert torch.equal(a.dense, b.dense)
     prompt = torch.tensor([[5, 17, 33, 2, 90, 41, 7, 120, 3, 9, 11, 200]])  # wide enough for the dense copy

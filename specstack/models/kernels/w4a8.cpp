@@ -35,24 +35,18 @@
 #include <utility>
 #include <vector>
 
+#include "w4a8_round.h"
+
 namespace {
 
-constexpr int64_t kGroup = 32;
+using specstack_w4a8::kGroup;
+using specstack_w4a8::prefetch_ahead;
 constexpr int64_t kRowTile = 8;   // rows whose accumulators stay in registers together
 constexpr int64_t kRowBlock = 16;  // rows whose codes stay in cache while a chunk of outputs is swept
-// Software prefetch of the weight stream this many bytes ahead of the chunk being multiplied (0: off).
-// A one-token matmul is a read of the weights at the memory's pace, and a core's hardware prefetchers
-// alone keep too few lines in flight to reach it (docs/BENCHMARKS.md, "Prefetching the weight stream");
-// `set_prefetch` changes it for A/B runs (benchmarks/prefetch_ab.py).
-int64_t g_prefetch = 8192;
-
-inline void prefetch_ahead(const uint8_t* p) {
-  if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(p) + g_prefetch, _MM_HINT_T0);
-}
 
 int64_t set_prefetch(int64_t bytes) {
   TORCH_CHECK(bytes >= 0, "w4a8: the prefetch distance is a byte count >= 0");
-  return std::exchange(g_prefetch, bytes);
+  return std::exchange(specstack_w4a8::prefetch_distance(), bytes);
 }
 
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* q, float* dx, float* sx) {
@@ -390,44 +384,9 @@ void check_codes(const at::Tensor& codes, bool four) {
 // - a row's output is the same sequence of operations whatever other rows share the call (rows are
 //   tiled, never mixed), so this path is batch-invariant as the avx2 one is. Its fp32 rounding differs
 //   from avx2's: a process uses one path (w4a8.py), so a model's numbers are that path's.
-#define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 constexpr int64_t kVnniTile = 4;
   // rows a tile keeps in registers while a weight row streams
-
-// Round one row to 8 bits per group of 32 (the reference's operations: amax, 127 / amax, x * inv,
-// round half to even, clamp), vectorised; q in natural order, or, with `interleave`, each chunk of 4
-// whole groups as [low halves of groups 0..3 | high halves of groups 0..3] (the mm4 layout; the
-// groups past the last whole chunk stay in natural order).
-VNNI_FN void quantize_row_vnni(const float* x, int64_t k, int8_t* q, float* dx, float* sx, bool interleave) {
-  const int64_t groups = k / kGroup, chunked = interleave ? groups / 4 * 4 : 0;
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  const __m512 hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
-  for (int64_t g = 0; g < groups; ++g) {
-    const __m512 a = _mm512_loadu_ps(x + g * kGroup), b = _mm512_loadu_ps(x + g * kGroup + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(a, absmask), _mm512_and_ps(b, absmask)));
-    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-    const __m512 ra = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_mul_ps(a, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-    const __m512 rb = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_mul_ps(b, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-    const __m512i ia = _mm512_cvtps_epi32(ra), ib = _mm512_cvtps_epi32(rb);
-    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib));
-    int8_t* qa;
-    int8_t* qb;
-    if (g < chunked) {
-      int8_t* base = q + (g / 4) * 128 + (g % 4) * 16;
-      qa = base;
-      qb = base + 64;
-    } else {
-      qa = q + g * kGroup;
-      qb = qa + 16;
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qa), _mm512_cvtsepi32_epi8(ia));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtsepi32_epi8(ib));
-    const float d = amax / 127.f;
-    dx[g] = d;
-    sx[g] = d * static_cast<float>(sum);
-  }
-}
 
 // sum_g m[g] * sx[g] in 16 lanes (masked tail), added to `acc` lane-wise
 VNNI_FN inline __m512 min_lanes(const RowScales& s, const float* sx, int64_t groups, __m512 acc) {
@@ -685,7 +644,7 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
   int32_t* negw = neg.data_ptr<int32_t>();
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // the rows' rounding, each row on its own
     for (int64_t r = r0; r < r1; ++r) {
-      quantize_row_vnni(xp + r * k, k, qw + r * k, dxw + r * groups, sxw + r * groups, !kEight);
+      specstack_w4a8::quantize_row_vnni(xp + r * k, k, qw + r * k, dxw + r * groups, sxw + r * groups, !kEight);
       if (B != Bits::kFour) lane_offsets(qw + r * k, k, kEight ? -128 : B == Bits::kSix ? -32 : -16, negw + r * (k / 4));
     }
   });
@@ -712,7 +671,7 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
 // A path's rounding of the activations alone, in natural order (the tests hold each to the reference's,
 // bit for bit)
 void round_avx2(const float* x, int64_t k, int8_t* q, float* dx, float* sx) { quantize_rows(x, 1, k, q, dx, sx); }
-void round_vnni(const float* x, int64_t k, int8_t* q, float* dx, float* sx) { quantize_row_vnni(x, k, q, dx, sx, false); }
+void round_vnni(const float* x, int64_t k, int8_t* q, float* dx, float* sx) { specstack_w4a8::quantize_row_vnni(x, k, q, dx, sx, false); }
 
 template <void (*Round)(const float*, int64_t, int8_t*, float*, float*)>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_op(const at::Tensor& x) {
