@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from functools import partial
 from typing import Any
 
@@ -335,7 +336,9 @@ def run_forward_bench(settings: ForwardSettings, command: str) -> None:
         gen = run_generation(fns, prompts, s.new_tokens)
 
     md, png = report_paths(s.out)
-    results = {"machine": info, "settings": asdict(s) | {"out": str(s.out)},
+    # the settings as JSON values (its paths: --out, --llama-bin-dir, as strings)
+    settings_json = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(s).items()}
+    results = {"machine": info, "settings": settings_json,
                "tree_parents": {t: tree_parents(t) for t in s.tokens},
                "limits": [asdict(lim) for lim in limits], "forward": [asdict(r) for r in fwd], "ragged": [asdict(r) for r in ragged] if s.ragged else None,
                "generation": None if gen is None else [asdict(r) for r in gen],

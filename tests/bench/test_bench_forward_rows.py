@@ -92,6 +92,14 @@ def test_default_rows_keep_the_one_row_benchmark(tiny, bench_forward, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["forward.json"]
 
 
+def test_a_llama_bin_dir_is_written_into_the_report_as_a_string(tiny, bench_forward, tmp_path):
+    """--llama-bin-dir (a path) goes into forward.json's settings like --out: the run's JSON is written."""
+    out = tmp_path / "forward.json"
+    code, _, err = bench_forward(*tiny, *FAST, "--tokens", "2", "--out", str(out), "--llama-bin-dir", str(tmp_path))
+    assert code == 0, err
+    assert json.loads(out.read_text())["settings"]["llama_bin_dir"] == str(tmp_path)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The timed forwards compute the engine's step
 # ---------------------------------------------------------------------------------------------------
