@@ -20,8 +20,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
