@@ -40,14 +40,10 @@
 namespace {
 
 using specstack_w4a8::kGroup;
+using specstack_w4a8::by_rows;
 using specstack_w4a8::prefetch_ahead;
 constexpr int64_t kRowTile = 8;   // rows whose accumulators stay in registers together
 constexpr int64_t kRowBlock = 16;  // rows whose codes stay in cache while a chunk of outputs is swept
-
-int64_t set_prefetch(int64_t bytes) {
-  TORCH_CHECK(bytes >= 0, "w4a8: the prefetch distance is a byte count >= 0");
-  return std::exchange(specstack_w4a8::prefetch_distance(), bytes);
-}
 
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* q, float* dx, float* sx) {
   const int64_t groups = k / kGroup;
@@ -280,15 +276,6 @@ void sweep(int64_t n_out, int64_t rows, int64_t grain, int64_t tile, const F& f)
         for (int64_t r = r0; r < r1; r += tile) f(n, r, std::min(tile, r1 - r));
     }
   });
-}
-
-// f(std::integral_constant<int, R>) for R = rows (1 <= rows <= Most): a tile's row count as a constant
-template <int Most, class F>
-inline void by_rows(int64_t rows, const F& f) {
-  if constexpr (Most > 1) {
-    if (rows < Most) return by_rows<Most - 1>(rows, f);
-  }
-  f(std::integral_constant<int, Most>{});
 }
 
 template <class W>
@@ -756,7 +743,7 @@ TORCH_LIBRARY(specstack_w4a8, lib) {
   lib.def("mm6k_vnni(Tensor x, Tensor codes, Tensor big, Tensor s16) -> Tensor");
   lib.def("mm5(Tensor x, Tensor codes, Tensor d) -> Tensor");
   lib.def("mm5_vnni(Tensor x, Tensor codes, Tensor d) -> Tensor");
-  lib.def("set_prefetch(int bytes) -> int", &set_prefetch);
+  lib.def("set_prefetch(int bytes) -> int", &specstack_w4a8::set_prefetch);
 }
 
 TORCH_LIBRARY_IMPL(specstack_w4a8, CPU, lib) {

@@ -1,11 +1,15 @@
 // What the w4a8 libraries share (w4a8.cpp, the layers' own layout; w4a8_wide.cpp, the wide layout):
-// the rounding of the activations, the software prefetch of the weight stream and the VNNI target.
+// the rounding of the activations, the software prefetch of the weight stream, the VNNI target and the
+// row tiles' dispatch.
 // native.py rebuilds a library when this header changes (its hash is one of the build's flags).
 #pragma once
 
 #include <immintrin.h>
 
+#include <c10/util/Exception.h>
+
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
@@ -25,6 +29,21 @@ inline int64_t& prefetch_distance() {
 
 inline void prefetch_ahead(const uint8_t* p) {
   if (const int64_t d = prefetch_distance()) _mm_prefetch(reinterpret_cast<const char*>(p) + d, _MM_HINT_T0);
+}
+
+// the `set_prefetch` op: the old distance back
+inline int64_t set_prefetch(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "w4a8: the prefetch distance is a byte count >= 0");
+  return std::exchange(prefetch_distance(), bytes);
+}
+
+// f(std::integral_constant<int, R>) for R = rows (1 <= rows <= Most): a tile's row count as a constant
+template <int Most, class F>
+inline void by_rows(int64_t rows, const F& f) {
+  if constexpr (Most > 1) {
+    if (rows < Most) return by_rows<Most - 1>(rows, f);
+  }
+  f(std::integral_constant<int, Most>{});
 }
 
 // Round one row to 8 bits per group of 32 (the reference's operations: amax, 127 / amax, x * inv,

@@ -32,6 +32,7 @@
 namespace {
 
 using specstack_w4a8::kGroup;
+using specstack_w4a8::by_rows;
 using specstack_w4a8::prefetch_ahead;
 
 constexpr int64_t kLanes = 16;  // outputs in a block
@@ -135,14 +136,6 @@ VNNI_FN inline void tile(const uint8_t* wb, const BlockScales& s, const int8_t* 
   for (int i = 0; i < R; ++i) _mm512_storeu_ps(y + i * ldy, mins ? _mm512_add_ps(acc[i], macc[i]) : acc[i]);
 }
 
-template <int Most, class Fn>
-inline void by_rows(int64_t rows, const Fn& f) {
-  if constexpr (Most > 1) {
-    if (rows < Most) return by_rows<Most - 1>(rows, f);
-  }
-  f(std::integral_constant<int, Most>{});
-}
-
 template <Form F>
 at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const BlockScales& s) {
   const int64_t rows = x.size(0), k = x.size(1), n_out = codes.size(0), groups = k / kGroup;
@@ -227,11 +220,13 @@ at::Tensor mm4k(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& 
   return matmul<Form::kFour>(x, codes, s);
 }
 
-at::Tensor mm5(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
-  const int64_t n = codes.size(0), groups = check(x, codes, kBlockBytes<Form::kFive>);
+// the formats with one float scale per group and no mins: q5a8 (kFive), q8a8 (kEight)
+template <Form F>
+at::Tensor scaled(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
+  const int64_t n = codes.size(0), groups = check(x, codes, kBlockBytes<F>);
   BlockScales s;
   s.d = part<float>(d, n * groups, "scales");
-  return matmul<Form::kFive>(x, codes, s);
+  return matmul<F>(x, codes, s);
 }
 
 at::Tensor mm6k(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& big, const at::Tensor& s16) {
@@ -243,18 +238,6 @@ at::Tensor mm6k(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& 
   return matmul<Form::kSix>(x, codes, s);
 }
 
-at::Tensor mm8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
-  const int64_t n = codes.size(0), groups = check(x, codes, kBlockBytes<Form::kEight>);
-  BlockScales s;
-  s.d = part<float>(d, n * groups, "scales");
-  return matmul<Form::kEight>(x, codes, s);
-}
-
-int64_t set_prefetch(int64_t bytes) {
-  TORCH_CHECK(bytes >= 0, "w4a8: the prefetch distance is a byte count >= 0");
-  return std::exchange(specstack_w4a8::prefetch_distance(), bytes);
-}
-
 }  // namespace
 
 TORCH_LIBRARY(specstack_w4a8_wide, lib) {
@@ -263,13 +246,13 @@ TORCH_LIBRARY(specstack_w4a8_wide, lib) {
   lib.def("mm5(Tensor x, Tensor codes, Tensor d) -> Tensor");
   lib.def("mm6k(Tensor x, Tensor codes, Tensor big, Tensor s16) -> Tensor");
   lib.def("mm8(Tensor x, Tensor codes, Tensor d) -> Tensor");
-  lib.def("set_prefetch(int bytes) -> int", &set_prefetch);
+  lib.def("set_prefetch(int bytes) -> int", &specstack_w4a8::set_prefetch);
 }
 
 TORCH_LIBRARY_IMPL(specstack_w4a8_wide, CPU, lib) {
   lib.impl("mm4", &mm4);
   lib.impl("mm4k", &mm4k);
-  lib.impl("mm5", &mm5);
+  lib.impl("mm5", &scaled<Form::kFive>);
   lib.impl("mm6k", &mm6k);
-  lib.impl("mm8", &mm8);
+  lib.impl("mm8", &scaled<Form::kEight>);
 }
