@@ -39,7 +39,8 @@ Kernels (`KERNELS`, the first that applies, chosen once per process):
 - wide512: AVX-512-VNNI on the *wide layout* (models/w4a8_wide.py): each layer repacked after load so
   that a vector's lanes are 16 outputs; a group's float work is one multiply-add for 16 outputs of a
   row and each weight is unpacked once for 8 rows, so a forward of several rows costs little more than
-  one (the layers whose outputs are not whole blocks of 16 run vnni512's ops);
+  one (a layer whose outputs are not whole blocks of 16 keeps its own layout and runs a padded wide
+  copy: the same numbers output by output);
 - vnni512: C++ for AVX-512-VNNI (same library, its own target): vpdpbusd on 64 codes at a time, a
   lane's sum in one group, so the float epilogue is one multiply-add a vector and one lane reduction
   an output (the kernel file says how the codes and activations are laid out for it).

@@ -35,16 +35,6 @@ def fits(layout: str, n: int, k: int) -> bool:
     return n % LANES == 0 and (layout != "q5a8" or k % (4 * w4a8_codes.GROUP) == 0)
 
 
-def in_features(layout: str, d: torch.Tensor, extra: torch.Tensor | None) -> int:
-    """A layer's input count from its scales: per group (d [N, K / 32]), or k4a8's sub-block scales
-    [N, 2, K / 32], or k6a8's [N, K / 16]."""
-    if layout == "k4a8" and extra is not None:
-        return extra.shape[2] * w4a8_codes.GROUP
-    if layout == "k6a8" and extra is not None:
-        return extra.shape[1] * w4a8_codes.SIX_SUB
-    return d.shape[1] * w4a8_codes.GROUP
-
-
 def _lanes(t: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """[N, ...] per output -> per block of 16 outputs, the outputs last (or back): the same shape."""
     n = t.shape[0]

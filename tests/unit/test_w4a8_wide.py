@@ -103,8 +103,9 @@ def test_the_prefetch_distance_is_one_setting_for_both_libraries():
         torch.ops.specstack_w4a8.set_prefetch(default)
 
 
-def test_a_header_change_rebuilds_the_kernels(monkeypatch, tmp_path):
-    """torch's builder hashes sources and flags, not the headers they include: the headers' hash is a flag."""
+def test_a_header_change_changes_the_build_flags(monkeypatch, tmp_path):
+    """torch's builder rebuilds when a source or a flag changes, not a header the source includes: so the
+    headers' hash is one of the flags (native.load passes it)."""
     (tmp_path / "a.h").write_text("// one\n")
     monkeypatch.setattr(native, "SOURCES", tmp_path)
     first = native._headers_flag()
