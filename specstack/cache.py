@@ -179,17 +179,22 @@ class KVCache:
             self.feat[dst, :n] = self.feat[src, :n]
         self.lengths[dst], self.next_pos[dst] = n, self.next_pos[src]
 
-    def load_prefix(self, row: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """An empty row starts from the keys/values k, v [layers, kv_heads, n, head_dim] of positions
-        0..n-1 (a cached prefix, prefix_cache.py): they become its first n committed slots."""
-        n = k.shape[2]
+    def load_prefix(self, row: int, pieces: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """An empty row starts from the keys/values of positions 0..n-1 given as consecutive pieces
+        (k, v) [layers, kv_heads, n_i, head_dim] (a cached prefix's blocks, prefix_cache.py): they become
+        its first n = sum n_i committed slots, each piece copied straight into them."""
+        n = sum(k.shape[2] for k, _ in pieces)
         if self.lengths[row] or self.next_pos[row]:
             raise ValueError(f"row {row} is not empty: a prefix is loaded before it reads anything")
         if n > self.max_capacity:
             raise SpecstackError(f"KV cache full: a {n}-token prefix, capacity {self.max_capacity}")
         self._grow(n)
-        self.k[:, row, :, :n] = k
-        self.v[:, row, :, :n] = v
+        at = 0
+        for k, v in pieces:
+            m = k.shape[2]
+            self.k[:, row, :, at : at + m] = k
+            self.v[:, row, :, at : at + m] = v
+            at += m
         self.slot_pos[row, :n] = torch.arange(n, device=self.device)
         self.lengths[row] = self.next_pos[row] = n
 

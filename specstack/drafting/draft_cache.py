@@ -74,7 +74,7 @@ class DraftCache:
             match = self.prefix.match(prompt_ids, len(prompt_ids) - 1)
             self.prefix.use(match)
             if match.tokens:
-                self.cache.load_prefix(row, *match.kv())
+                self.cache.load_prefix(row, match.pieces())
             self.pending[row] = list(prompt_ids[match.tokens:])
             self.committed[row], self._stored[row] = list(prompt_ids[: match.tokens]), False
 

@@ -44,7 +44,7 @@ def attach(prefix: PrefixCache, cache: KVCache, rows: Sequence[Row], plan: StepP
         prefix.use(match)
         if not match.tokens:
             continue
-        cache.load_prefix(i, *match.kv())
+        cache.load_prefix(i, match.pieces())
         row.pending = row.pending[match.tokens:]
         row.stats.cached_tokens = match.tokens
         if len(row.pending) == 1 and row.state is RowState.PREFILLING:  # all but its root was cached

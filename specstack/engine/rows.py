@@ -38,13 +38,21 @@ class DrafterPool:
 
     def __init__(self) -> None:
         self._free: dict[DrafterFactory, list[Drafter]] = {}
+        self.lent = 0  # drafters out with rows now: 0 whenever no row runs (a server's leak check)
 
     def lend(self, factory: DrafterFactory) -> Drafter:
         free = self._free.get(factory)
+        self.lent += 1
         return free.pop() if free else factory()
 
     def give_back(self, factory: DrafterFactory, drafter: Drafter) -> None:
         self._free.setdefault(factory, []).append(drafter)
+        self.lent -= 1
+
+    @property
+    def idle(self) -> int:
+        """Drafters made and back in the pool (at most the most rows that ever ran at once, per factory)."""
+        return sum(len(free) for free in self._free.values())
 
 
 @dataclass

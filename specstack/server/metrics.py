@@ -70,7 +70,10 @@ class ServerMetrics:
         self.prefix_hits = counter("prefix_cache_hits", "Requests that found at least one token of it")
         self.prefix_cached_tokens = counter("prefix_cache_cached_tokens",
                                             "Prompt tokens taken from the prefix cache instead of read")
-        self.prefix_bytes = Gauge(PREFIX + "prefix_cache_bytes", "Bytes the prefix cache holds", m, registry=r)
+        self.prefix_bytes = Gauge(PREFIX + "prefix_cache_bytes", "Bytes of the prefix cache's block pool its "
+                                  "blocks hold (slots in use x slot bytes)", m, registry=r)
+        self.prefix_allocated = Gauge(PREFIX + "prefix_cache_allocated_bytes", "Bytes of the prefix cache's block "
+                                      "pool allocated so far (its chunks: at most the budget, kept)", m, registry=r)
         self.prefix_capacity = Gauge(PREFIX + "prefix_cache_capacity_bytes", "The prefix cache's budget", m,
                                      registry=r)
         self.prefix_tokens = Gauge(PREFIX + "prefix_cache_tokens", "Tokens whose keys/values the prefix cache holds",
@@ -126,6 +129,7 @@ class ServerMetrics:
         self.prefix_cached_tokens.labels(self.model).inc(st.cached_tokens - seen.cached_tokens)
         self._prefix_seen = PrefixCacheStats(st.queries, st.hits, st.cached_tokens)
         self.prefix_bytes.labels(self.model).set(cache.nbytes)
+        self.prefix_allocated.labels(self.model).set(cache.allocated_bytes)
         self.prefix_capacity.labels(self.model).set(cache.max_bytes)
         self.prefix_tokens.labels(self.model).set(cache.tokens)
 

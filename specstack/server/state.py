@@ -54,7 +54,8 @@ def prefix_cache_state(worker: EngineWorker) -> dict[str, Any] | None:
     cache = worker.engine.prefix
     if cache is None:
         return None
-    return {"bytes": cache.nbytes, "capacity_bytes": cache.max_bytes, "tokens": cache.tokens,
+    return {"bytes": cache.nbytes, "allocated_bytes": cache.allocated_bytes, "capacity_bytes": cache.max_bytes,
+            "tokens": cache.tokens,
             "usage": round(cache.nbytes / cache.max_bytes, 4)}
 
 

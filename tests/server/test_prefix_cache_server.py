@@ -59,6 +59,8 @@ def test_a_prompt_sent_again_reads_only_its_new_tail(tiny_server: Server, cold_s
     assert size > 0
     health = httpx.get(tiny_server.root + "/health").json()["prefix_cache"]
     assert health["bytes"] == size and 0 < health["usage"] <= 1 and health["tokens"] >= cached
+    pool = tiny_server.metrics()["specstack:prefix_cache_allocated_bytes{}"]  # the block pool's chunks so far
+    assert size <= pool == health["allocated_bytes"] <= health["capacity_bytes"]
 
 
 def test_n_samples_read_their_prompt_once(tiny_server: Server, cold_server: Server) -> None:

@@ -200,6 +200,71 @@ def test_cancel_drops_a_waiting_job_and_a_running_one(lm, workers) -> None:
     assert sample(metrics, "request_aborted_total") == 2
 
 
+class Guess:
+    """A drafter that guesses the last token again (one node): rows lent it hold a drafter of the pool."""
+
+    target_layers = ()
+    group = None
+
+    def reset(self, prompt_ids, target_hidden=None) -> None:
+        pass
+
+    def propose(self, ctx) -> DraftTree:
+        return DraftTree(tokens=[ctx.tokens[-1]], parent=[-1])
+
+    def observe(self, tree, result, target_hidden=None) -> None:
+        pass
+
+
+def test_cancelled_refused_and_failed_jobs_give_back_everything_they_held(lm, workers) -> None:
+    """A server's long life in small: jobs that finish, are cancelled waiting or decoding, are refused by
+    the engine, or die in a step that raises (a drafter's bug), on an engine with a prefix cache and lent
+    drafters. Once all have ended nothing is held: no job in the worker's tables, no row, queue entry or
+    unread result in the engine, no KV row, every drafter back in its pool, the prefix cache's pool
+    accounting exact and within its budget; and the next requests decode as they would alone."""
+    from specstack.prefix_cache import PrefixCache
+
+    def build(name: str):
+        return (lambda: Broken("observe")) if name == "broken" else Guess
+
+    metrics = ServerMetrics("tiny")
+    engine = BatchEngine(lm, max_rows=2, max_context=CONTEXT, prefix_cache=PrefixCache(64 << 10, block_size=4))
+    worker = EngineWorker(engine, metrics, 8, "ar", build)
+    worker.prepare("guess")
+    worker.prepare("broken")
+    sinks = [Sink() for _ in range(3)]
+    worker.submit([(PROMPTS[i], SHORT, s) for i, s in enumerate(sinks)], "guess")  # finish
+    waiting = Sink()
+    [w] = worker.submit([(PROMPTS[0] * 3, LONG, waiting)], "guess")
+    worker.cancel([w])  # cancelled before it ran
+    ids: list[int] = []
+    running = Sink(on_event=lambda e: worker.cancel(ids))
+    ids += worker.submit([(PROMPTS[1] * 3, LONG, running)], "guess")  # cancelled decoding
+    refused = Sink()
+    worker.submit([([5] * (CONTEXT + 1), SHORT, refused)], "guess")
+    start(worker, workers)
+    for s in sinks:
+        assert s.last().result is not None
+    assert refused.last().error
+    wait_idle(worker)
+    failed = Sink()
+    worker.submit([(PROMPTS[2] * 2, LONG, failed)], "broken")  # its step raises: it fails
+    assert "internal error" in (failed.last().error or "")
+    wait_idle(worker)
+    after = [Sink(), Sink()]
+    worker.submit([(PROMPTS[i], SHORT, s) for i, s in enumerate(after)], "guess")
+    assert [s.last().result.tokens for s in after] == [alone(lm, p, SHORT).tokens for p in PROMPTS[:2]]
+    wait_idle(worker)
+    assert worker._jobs == {} and worker._by_handle == {}
+    assert engine.rows == [] and not engine.queue and engine._finished == {}
+    assert engine.cache.batch_size == 0 and engine.cache.lengths == []
+    assert engine.pool.lent == 0 and engine.pool.idle >= 2  # every drafter made is back
+    prefix = engine.prefix
+    assert prefix is not None and prefix.pool is not None and prefix.stats.stored_blocks > 0
+    assert prefix.nbytes == len(prefix.blocks) * prefix.pool.block_bytes <= prefix.max_bytes
+    assert sorted([b.slot for b in prefix.blocks] + prefix.pool.free) == list(range(prefix.pool.allocated))
+
+
 # ---------------------------------------------------------------------------------------------------
 # An engine step that raises
 # ---------------------------------------------------------------------------------------------------

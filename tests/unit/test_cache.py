@@ -357,6 +357,6 @@ def test_a_growing_cache_gives_the_logits_of_a_fixed_one(tiny):
     torch.testing.assert_close(model.extend(rest, small).logits, model.extend(rest, fixed).logits, atol=0, rtol=0)
     assert small.capacity < 64  # it grew only as far as it needed
     other = KVCache(model.config, 1, 1, fixed.dtype, max_capacity=64)
-    other.load_prefix(0, *fixed.committed_kv(0))  # a cached prefix longer than it holds
+    other.load_prefix(0, [fixed.committed_kv(0)])  # a cached prefix longer than it holds
     torch.testing.assert_close(model.extend(seq[:, :3], other).logits, model.extend(seq[:, :3], fixed).logits,
                                atol=0, rtol=0)
