@@ -109,12 +109,14 @@ def error_message(body: bytes | str) -> str:
     return text[:ERROR_CHARS] + ("..." if len(text) > ERROR_CHARS else "")
 
 
-_RSS = re.compile(r"^process_resident_memory_bytes(?:\{[^}]*\})?\s+(\S+)", re.MULTILINE)
-
-
 def parse_rss(metrics: str) -> int | None:
     """process_resident_memory_bytes from Prometheus text (prometheus_client's process collector)."""
-    m = _RSS.search(metrics)
+    return gauge(metrics, "process_resident_memory_bytes")
+
+
+def gauge(metrics: str, name: str) -> int | None:
+    """The first sample of metric `name` (any labels) in Prometheus text, as an int, or None."""
+    m = re.search(r"^" + re.escape(name) + r"(?:\{[^}]*\})?\s+(\S+)", metrics, re.MULTILINE)
     if not m:
         return None
     try:

@@ -44,6 +44,21 @@ forward, each prompt ~--window-chars before the cursor; TTFT and latency p50/p90
 n=1 of the same text on a fresh prefix; the TTFTs and their ratios. --max-tokens defaults to 32, 16 and 8;
 a flag of another workload is an error. Output: WORKLOAD.json (every request's row) and WORKLOAD.md (the
 table, also printed) in --out (default bench_out/serve-WORKLOAD-TIME); progress lines on stderr.
+
+The soak (issue 54) asks whether the server's memory stays flat over many requests:
+
+    --workload soak [--requests 2000] [--concurrency 8] [--sample-every N] [--long-share 0.2]
+        [--cancel-share 0.1] [--bad-share 0.05] [--whole-share 0.2] [--long-chars 6000] [--seed S]
+
+to /completions, C in flight: short prompts (HumanEval's, or --prompts [--limit], cycling) and long ones (--long-chars windows of
+standard-library files, drawn at random), streamed, whole, closed by the client after 2 chunks, or a bad
+body the server must refuse with a 4xx (not JSON, max_tokens -1, an unknown model, no prompt, a
+temperature that is not a number); --max-tokens defaults to 16. The server's resident memory and its
+prefix cache's bytes, pool and budget are read from URL/../metrics at the start and after every N
+requests. Output: soak.json (samples, every request's outcome, the verdict), soak.md (printed) and
+soak.png (memory against requests); the verdict is the RSS slope in bytes a request over the last half
+and past the first 2,000 requests (goal: at most 5 KB), the cache's pool against its budget, and any
+request that ended otherwise than expected.
 """
 from __future__ import annotations
 

@@ -71,3 +71,35 @@ def test_editor_and_prefix_probe(capsys, tiny_server, tmp_path: Path):
     assert [r["kind"] for r in doc["rows"]] == ["cold", "extended", "n1", "nN"]
     assert [r["output_tokens"] for r in doc["rows"]] == [3, 3, 3, 12]  # n=4 choices of 3 tokens
     assert len(doc["notes"]["nonce"]) == 16 and stdout.splitlines()[-1].startswith("| median |")
+
+
+def test_soak_samples_memory_and_every_request_ends_as_its_kind_should(capsys, tiny_server, tmp_path: Path):
+    """40 requests of every mode (streamed, whole, cancelled, bad bodies) with short and long prompts:
+    the good ones end ok or cancelled, every bad body is refused with a 4xx, nothing else; the server's
+    memory and its prefix cache's pool are sampled at the start and every 10 requests."""
+    prompts = tmp_path / "short.jsonl"
+    prompts.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"def add_{i}(a, b):\n    "}) + "\n"
+                               for i in range(6)))
+    out = tmp_path / "soak"
+    code, stdout, err = bench_serve(capsys, "--url", tiny_server.url, "--workload", "soak", "--requests", "40",
+                                    "--concurrency", "3", "--sample-every", "10", "--prompts", str(prompts),
+                                    "--long-chars", "300", "--long-share", "0.3", "--bad-share", "0.2",
+                                    "--cancel-share", "0.2", "--whole-share", "0.3", "--max-tokens", "4",
+                                    "--ignore-eos", "--timeout", "60", "--out", str(out))
+    assert code == 0, err
+    doc = json.loads((out / "soak.json").read_text())
+    rows, v = doc["rows"], doc["verdict"]
+    assert [r["index"] for r in rows] == list(range(40)) and v["outcomes"].get("error", 0) == 0, v["errors"]
+    for r in rows:
+        expected = {"bad": {"refused"}, "cancel": {"cancelled", "ok"}}.get(r["mode"], {"ok"})
+        assert r["outcome"] in expected, r
+        if r["mode"] == "bad":
+            assert 400 <= r["http_status"] < 500
+    assert {r["mode"] for r in rows} == {"stream", "whole", "cancel", "bad"} and {r["kind"] for r in rows} == {"short", "long"}
+    assert any(r["outcome"] == "cancelled" for r in rows)  # closed mid-stream (a 4-token answer has room for it)
+    assert [s["requests"] for s in doc["samples"]] == [0, 10, 20, 30, 40]
+    assert all(s["rss"] > 0 and s["cache_budget"] == 1024 << 20 for s in doc["samples"])
+    assert all(0 < s["cache_bytes"] <= s["cache_allocated"] <= s["cache_budget"] for s in doc["samples"][1:])
+    assert v["cache_within_budget"] is True and v["cached_tokens"] > 0  # the short prompts came back
+    assert doc["notes"]["short_prompts"] == 6 and {p.name for p in out.iterdir()} >= {"soak.json", "soak.md"}
+    assert stdout.startswith("# Soak: ") and err.count("soak: ") == 5
