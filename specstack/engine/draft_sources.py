@@ -1,13 +1,15 @@
 """Draft sources (`DraftSources`): where a method's drafts come from — a draft model (a registered or
 local model, a trained draft file, the target's own first blocks, MagicDec's window), its weight format,
 FR-Spec's restricted head, and the trigram — merged once from the command line and the model's registry
-entry, and loaded once per method (engine/methods.py builds the drafters on them). A draft spec is parsed
-once by models/drafts.py; each kind of spec has its loader in DRAFT_LOADERS."""
+entry, and loaded once per method (engine/methods.py builds the drafters on them), or once per process
+where the sources carry a `DraftShelf` (the server: requests pick methods, each loading nothing twice). A
+draft spec is parsed once by models/drafts.py; each kind of spec has its loader in DRAFT_LOADERS."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +25,29 @@ from specstack.models.quant import default_format
 from specstack.models.registry import default_ngram_path, token_rank_path
 from specstack.models.transformer import Transformer
 from specstack.prefix_cache import PrefixCache
+
+T = TypeVar("T")
+
+
+class DraftShelf:
+    """What the methods built on one DraftSources share in a long-lived process (the server, where each
+    request may pick a method): each draft model loaded once, one prefix cache per draft model (its keys
+    are the draft's, whichever method drafts with it), the trigram read once. So a server's memory holds
+    one of each however many methods its requests name. Without a shelf every method loads its own (a
+    bench measures each method from cold)."""
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[Any, ...], tuple[object, Any]] = {}
+
+    def get(self, kind: str, owner: object, key: tuple[Any, ...], make: Callable[[], T]) -> T:
+        """The `kind` item of `owner` (kept alive beside it, so its id stays its own) and `key`, made once."""
+        k = (kind, id(owner), *key)
+        if k not in self._items:
+            self._items[k] = (owner, make())
+        return self._items[k][1]
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -45,10 +70,16 @@ class DraftSources:
     # the most a draft model's prefix cache (prefix_cache.py) may keep, shared by the drafters of one
     # method; 0: each drafter runs its whole prompt through the draft
     prefix_cache_bytes: int = 0
+    shelf: DraftShelf | None = field(default=None, compare=False, repr=False)  # shared loads (DraftShelf)
 
-    def draft_prefix(self) -> PrefixCache | None:
-        """A new prefix cache for one method's draft model (None: none)."""
-        return PrefixCache(self.prefix_cache_bytes) if self.prefix_cache_bytes > 0 else None
+    def draft_prefix(self, draft: LoadedModel) -> PrefixCache | None:
+        """The prefix cache of `draft`'s keys and values (None: none): a new one per method, or the
+        draft's one on the shelf."""
+        if self.prefix_cache_bytes <= 0:
+            return None
+        if self.shelf is None:
+            return PrefixCache(self.prefix_cache_bytes)
+        return self.shelf.get("prefix", draft, (), lambda: PrefixCache(self.prefix_cache_bytes))
 
     @classmethod
     def for_model(cls, model_name: str, draft: str | None = None, draft_dtype: str | None = None,
@@ -103,7 +134,14 @@ DRAFT_LOADERS: dict[DraftKind, Callable[[LoadedModel, DraftSpec, str, str], Draf
 
 
 def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> DraftModel:
-    """The draft named by sources.draft (see DraftSources), with its window if it has one."""
+    """The draft named by sources.draft (see DraftSources), with its window if it has one (loaded once
+    per target and device where the sources have a shelf)."""
+    if sources.shelf is None:
+        return _resolve_draft(target, sources, device)
+    return sources.shelf.get("draft", target, (device,), lambda: _resolve_draft(target, sources, device))
+
+
+def _resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> DraftModel:
     spec = choose_draft(sources.draft, target.config.n_layers).resolved(target.name)
     drafted = DRAFT_LOADERS[spec.kind](target, spec, sources.draft_format(spec, device), device)
     if sources.draft_vocab is None:
@@ -134,6 +172,13 @@ def load_draft(target: LoadedModel, sources: DraftSources, device: str) -> Loade
 
 
 def load_ngram(target: LoadedModel, sources: DraftSources) -> KatzTrigram:
+    """The trigram of sources.ngram for `target` (read once where the sources have a shelf)."""
+    if sources.shelf is None:
+        return _load_ngram(target, sources)
+    return sources.shelf.get("ngram", target, (), lambda: _load_ngram(target, sources))
+
+
+def _load_ngram(target: LoadedModel, sources: DraftSources) -> KatzTrigram:
     path = sources.ngram
     if path in (None, "default"):
         found = default_ngram_path(target.name)

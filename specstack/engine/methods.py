@@ -216,7 +216,7 @@ def build_chain(target: LoadedModel, p: Params, sources: DraftSources, device: s
     draft step for all rows (drafting/batched_chain.py)."""
     d = resolve_draft(target, sources, device)
     k = max(p["k"], p["max"])  # with BASS's rule the drafter grows up to max, the rule's l limits it
-    return ChainGroup(d.lm, k, d.window, sources.draft_prefix()).member
+    return ChainGroup(d.lm, k, d.window, sources.draft_prefix(d.lm)).member
 
 
 def chain_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
@@ -236,7 +236,7 @@ def check_chain(p: Params) -> str | None:
 def build_tree(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
     d = resolve_draft(target, sources, device)
     shape = TreeParams(p["width"], p["budget"], p["depth"], p["expand"])
-    prefix = sources.draft_prefix()
+    prefix = sources.draft_prefix(d.lm)
     return lambda: ModelDrafter(d.lm, shape, window=d.window, prefix=prefix)
 
 
@@ -284,7 +284,7 @@ def check_ngram(p: Params) -> str | None:
 def build_staged(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
     d = resolve_draft(target, sources, device)
     trigram = load_ngram(target, sources)
-    prefix = sources.draft_prefix()
+    prefix = sources.draft_prefix(d.lm)
     return lambda: StagedDrafter(d.lm, NgramDrafter(trigram), TreeParams(p["width"], p["budget"], p["depth"]),
                                  window=d.window, widths=(1,) * p["d2"] if p["d2"] else STAGED_WIDTHS, prefix=prefix)
 

@@ -49,6 +49,11 @@ class DrafterPool:
         self._free.setdefault(factory, []).append(drafter)
         self.lent -= 1
 
+    def drop(self, factory: DrafterFactory) -> None:
+        """Forget a factory's idle drafters (a server keeping a bounded set of methods); call it only when
+        no row holds one of its drafters."""
+        self._free.pop(factory, None)
+
     @property
     def idle(self) -> int:
         """Drafters made and back in the pool (at most the most rows that ever ran at once, per factory)."""

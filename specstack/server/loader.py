@@ -23,6 +23,7 @@ def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> Non
     import torch
 
     from specstack.engine.batched import BatchEngine, BatchRequest
+    from specstack.engine.draft_sources import DraftShelf
     from specstack.engine.methods import DraftSources, describe, drafter_factory, length_rule, parse_method
     from specstack.models.loading import load_model
     from specstack.prefix_cache import PrefixCache
@@ -37,7 +38,8 @@ def load_engine(args: argparse.Namespace, dtype: str, state: ServerState) -> Non
                              f"{lm.config.max_seq_len} tokens")
     cache_bytes = 0 if args.no_prefix_cache else args.prefix_cache_mb << 20
     sources = dataclasses.replace(DraftSources.for_model(lm.name, args.draft, args.draft_dtype, args.ngram,
-                                                         args.draft_vocab), prefix_cache_bytes=cache_bytes)
+                                                         args.draft_vocab), prefix_cache_bytes=cache_bytes,
+                                  shelf=DraftShelf())  # the methods requests pick load nothing twice
     method = parse_method(args.method)
     engine = BatchEngine(lm, max_rows=args.max_batch, max_context=max_context, step_tokens=args.step_tokens,
                          length=length_rule(method, lm, args.max_batch),

@@ -14,6 +14,10 @@ Per-request methods: a job may ask for another method than the server's (`specul
 that method's factory, built by `build` on first use (`prepare`: the handler runs it off the event loop, so a
 method that cannot run here is refused before the request is queued). All rows share
 the server's draft-length rule, which sizes every drafting row's tree for the step's measured cost.
+Clients may name any number of methods over a server's life, so at most MAX_METHODS factories are kept:
+past that, the least recently used one that no job in flight uses is dropped with its idle drafters
+(its draft model and trigram stay on the server's shelf, engine/draft_sources.py); a later request for
+it builds it again.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ from specstack.engine.stopping import Span
 from specstack.errors import SpecstackError
 from specstack.processing import TokenLogprob
 from specstack.server.metrics import ServerMetrics
+
+MAX_METHODS = 8  # per-request methods whose drafter factories (and idle drafters) are kept
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ class EngineWorker:
         with self._build_lock:
             if method not in self._factories:
                 self._factories[method] = self.build(method)
+            self._factories[method] = self._factories.pop(method)  # the most recently used last
 
     def cancel(self, ids: list[int]) -> None:
         """Drop jobs that have not finished (a finished or unknown id is ignored)."""
@@ -176,6 +183,7 @@ class EngineWorker:
             if job.method not in (None, "ar"):
                 self.prepare(job.method)  # done already by the handler; here for callers that did not
                 drafters = self._factories[job.method]
+                self._trim_methods(job.method)
             request = BatchRequest(job.prompt_ids, job.gen, on_text=job.pieces.append, drafters=drafters,
                                    speculate=job.method != "ar" and (job.method is None or drafters is not None),
                                    on_spans=None if job.spans is None else job.spans.extend)
@@ -187,6 +195,20 @@ class EngineWorker:
         self._jobs[job.id] = job
         self._by_handle[job.handle] = job
         self.metrics.admitted(len(job.prompt_ids))
+
+    def _trim_methods(self, keep: str) -> None:
+        """Drop the least recently used methods' factories past MAX_METHODS, each with its idle drafters,
+        but never one that a job in flight (or `keep`, the job being added) uses: no row holds a drafter
+        of a dropped factory, and none will (a later job rebuilds it in prepare)."""
+        with self._build_lock:
+            busy = {job.method for job in self._jobs.values()} | {keep}
+            for name in list(self._factories):  # least recently used first
+                if len(self._factories) <= MAX_METHODS:
+                    break
+                if name not in busy:
+                    factory = self._factories.pop(name)
+                    if factory is not None:
+                        self.engine.pool.drop(factory)
 
     def _release(self, job: Job) -> None:
         self._jobs.pop(job.id, None)

@@ -357,3 +357,39 @@ def test_a_stop_asked_for_while_a_step_fails_still_stops_the_thread(lm) -> None:
             break
         threading.Event().wait(0.01)
     assert not worker.alive, "the stop was lost: the engine thread still runs"
+
+
+def test_the_methods_clients_name_are_kept_up_to_a_bound_never_dropping_one_in_use(lm, workers) -> None:
+    """Clients may name any number of methods over a server's life: past MAX_METHODS the least recently
+    used factory that no job in flight uses is dropped with its idle drafters; a running job's method is
+    kept while it runs, a dropped method named again is built again, and every job decodes as alone."""
+    from specstack.server.worker import MAX_METHODS
+
+    built: list[str] = []
+
+    def build(name: str):
+        built.append(name)
+        return lambda: Guess()  # a new factory per build
+
+    worker, _ = make_worker(lm, capacity=4, build=build)
+    start(worker, workers)
+    worker.prepare("busy")
+    busy = Sink()
+    worker.submit([(PROMPTS[0], LONG, busy)], "busy")
+    names = [f"m{i}" for i in range(MAX_METHODS + 4)]
+    for name in names:
+        worker.prepare(name)
+        sink = Sink()
+        worker.submit([(PROMPTS[1], SHORT, sink)], name)
+        assert sink.last().result.tokens == alone(lm, PROMPTS[1], SHORT).tokens
+        assert len(worker._factories) <= MAX_METHODS + 1  # the one just prepared may be over, until its job is added
+        assert "busy" in worker._factories or busy.final.is_set()
+    assert busy.last().result.tokens == alone(lm, PROMPTS[0], LONG).tokens
+    wait_idle(worker)
+    assert len(worker._factories) <= MAX_METHODS and "m0" not in worker._factories
+    assert worker.engine.pool.idle <= MAX_METHODS and worker.engine.pool.lent == 0  # dropped ones' drafters went too
+    worker.prepare("m0")
+    again = Sink()
+    worker.submit([(PROMPTS[2], SHORT, again)], "m0")
+    assert again.last().result.tokens == alone(lm, PROMPTS[2], SHORT).tokens
+    assert built.count("m0") == 2 and built.count(names[-1]) == 1

@@ -327,3 +327,40 @@ def test_a_draft_model_takes_the_cpus_default_format_unless_told():
     assert DraftSources().draft_format(model, "cpu") == DraftSources().draft_format(own, "cpu") == default_format("cpu")
     assert DraftSources().draft_format(trained, "cpu") == "int8"
     assert DraftSources(draft_dtype="bf16").draft_format(model, "cpu") == "bf16"
+
+
+# ---------------------------------------------------------------------------------------------------
+# DraftShelf: a server's methods load each draft once and share its prefix cache
+# ---------------------------------------------------------------------------------------------------
+def test_a_shelf_loads_each_draft_once_and_its_methods_share_its_prefix_cache(tiny_llama):
+    """With a shelf (the server's sources) two methods drafting with one draft load it once and share one
+    prefix cache of its keys; without one (a bench, the CLI) each method loads its own. Rows of both
+    methods in one batch, drafting through the shared cache, emit what the target alone does."""
+    import dataclasses
+
+    from specstack.engine.batched import BatchEngine, BatchRequest
+    from specstack.engine.draft_sources import DraftShelf
+    from specstack.engine.methods import drafter_factory
+
+    lm = tiny_llama.lm
+    plain = DraftSources("self:1", "fp32", prefix_cache_bytes=1 << 20)
+    assert resolve_draft(lm, plain, "cpu").lm is not resolve_draft(lm, plain, "cpu").lm
+    shelf = DraftShelf()
+    shared = dataclasses.replace(plain, shelf=shelf)
+    assert shared == plain  # the shelf is no part of what the sources are
+    first = resolve_draft(lm, shared, "cpu")
+    assert resolve_draft(lm, dataclasses.replace(shared), "cpu") is first
+    assert shared.draft_prefix(first.lm) is shared.draft_prefix(first.lm) is not None
+    assert plain.draft_prefix(first.lm) is not plain.draft_prefix(first.lm)
+    chain = drafter_factory(parse_method("chain:k=3"), lm, shared)
+    tree = drafter_factory(parse_method("tree:budget=6"), lm, shared)
+    assert len(shelf) == 2  # one draft, one prefix cache: nothing more for the second method
+    gen = GenerationConfig(max_new_tokens=12, stop_on_eos=False)
+    prompts = [[5, 6, 7, 8] * 12, [5, 6, 7, 8] * 12 + [9, 10], [3, 1, 4, 1, 5, 9] * 6]
+    eng = BatchEngine(lm, max_rows=3, max_context=128)
+    outs = eng.run([BatchRequest(p, gen, drafters=f) for p, f in zip(prompts, [chain, tree, chain], strict=True)])
+    outs += eng.run([BatchRequest(p, gen, drafters=f) for p, f in zip(prompts, [tree, chain, tree], strict=True)])
+    prefix = shared.draft_prefix(first.lm)
+    assert prefix is not None and prefix.stats.hits > 0  # the second round's drafts read the first's prompts
+    for p, out in zip(prompts * 2, outs, strict=True):
+        assert out.tokens == generate(lm, p, gen).tokens
