@@ -229,7 +229,10 @@ def progress_line(s: Sample, total: int, rows: Sequence[SoakRow]) -> str:
 
 
 async def run_async(url: str, model: str | None, api_key: str | None, s: LoadSettings, soak: SoakSettings,
-                    plan: Sequence[SoakRequest], progress: Progress) -> SoakResult:
+                    plan: Sequence[SoakRequest], progress: Progress,
+                    on_sample: Callable[[SoakResult], None] | None = None) -> SoakResult:
+    """Send the plan, `concurrency` in flight; after every sample `on_sample` gets the result so far (the
+    files are rewritten as the run goes, so a soak stopped after hours keeps what it measured)."""
     target = Target(url, "", api_key)
     async with client(target, soak.concurrency + 1, s.timeout) as http:
         target = Target(url, await resolve_model(http, url, model, min(s.timeout, 30.0)), api_key)
@@ -248,16 +251,24 @@ async def run_async(url: str, model: str | None, api_key: str | None, s: LoadSet
                     async with lock:  # one sample at a time
                         samples.append(await sample(http, target, n, t0))
                         progress(progress_line(samples[-1], len(plan), rows))
+                        if on_sample is not None:
+                            on_sample(partial(target, s, soak, rows, samples, time.perf_counter() - t0))
                 interrupt.check()
 
         await asyncio.gather(*(worker() for _ in range(soak.concurrency)))
         if samples[-1].requests != len(rows):
             samples.append(await sample(http, target, len(rows), t0))
-    rows.sort(key=lambda r: r.index)
-    samples.sort(key=lambda x: x.requests)
-    return SoakResult(target, s, soak, rows, samples, time.perf_counter() - t0)
+    return partial(target, s, soak, rows, samples, time.perf_counter() - t0, done=True)
+
+
+def partial(target: Target, s: LoadSettings, soak: SoakSettings, rows: Sequence[SoakRow], samples: Sequence[Sample],
+            wall_s: float, done: bool = False) -> SoakResult:
+    """The result of the requests ended so far (rows by index, samples by count)."""
+    return SoakResult(target, s, soak, sorted(rows, key=lambda r: r.index), sorted(samples, key=lambda x: x.requests),
+                      wall_s, notes={} if done else {"partial": True})
 
 
 def run(url: str, model: str | None, api_key: str | None, s: LoadSettings, soak: SoakSettings,
-        plan: Sequence[SoakRequest], progress: Progress) -> SoakResult:
-    return asyncio.run(run_async(url, model, api_key, s, soak, plan, progress))
+        plan: Sequence[SoakRequest], progress: Progress,
+        on_sample: Callable[[SoakResult], None] | None = None) -> SoakResult:
+    return asyncio.run(run_async(url, model, api_key, s, soak, plan, progress, on_sample))

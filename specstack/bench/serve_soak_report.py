@@ -121,6 +121,8 @@ def render_md(doc: Mapping[str, Any]) -> str:
              f"{s['requests']:,} requests, {s['concurrency']} in flight, {doc['wall_s']:,.0f} s; "
              f"{doc['machine']['cpu']}, {doc['machine']['cores']} cores; {doc['machine']['date']}", "",
              verdict_table(v), "", f"Verdict: memory {flat}."]
+    if doc["notes"].get("partial"):
+        lines[4:4] = [f"**Partial**: the run so far ({v['requests']:,} of {s['requests']:,} requests ended).", ""]
     if v["cache_within_budget"] is False:
         lines.append("The prefix cache's pool went over its budget.")
     if v["errors"]:
@@ -166,12 +168,15 @@ def plot_soaks(series: Mapping[str, Mapping[str, Any]], path: Path, title: str =
     plt.close(fig)
 
 
-def write_soak(out: Path, doc: Mapping[str, Any]) -> list[Path]:
-    """soak.json, soak.md and soak.png in `out` (created); the paths written (no figure without matplotlib)."""
+def write_soak(out: Path, doc: Mapping[str, Any], figure: bool = True) -> list[Path]:
+    """soak.json, soak.md and (figure) soak.png in `out` (created); the paths written (no figure without
+    matplotlib)."""
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "soak.json", out / "soak.md"]
     atomic_write_text(written[0], json.dumps(doc, indent=1) + "\n")
     atomic_write_text(written[1], render_md(doc))
+    if not figure:
+        return written
     try:
         plot_soaks({doc["label"]: doc}, out / "soak.png", f"Server memory under a soak: {doc['label']}")
     except ImportError:

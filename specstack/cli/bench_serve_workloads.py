@@ -200,10 +200,14 @@ def _run_soak(args: argparse.Namespace, url: str, prep: Prepared, s: Any, comman
               progress: Any) -> int:
     from specstack.bench import serve_soak, serve_soak_report
 
-    result = serve_soak.run(url, args.model, args.api_key, s, prep.settings, prep.plan, progress)
-    result.notes.update(prep.notes)
-    label = args.label or result.target.model
-    doc = serve_soak_report.soak_document(result, command, label)
+    def document(result: serve_soak.SoakResult) -> dict[str, Any]:
+        result.notes.update(prep.notes)
+        return serve_soak_report.soak_document(result, command, args.label or result.target.model)
+
+    def on_sample(so_far: serve_soak.SoakResult) -> None:  # stopped early, the soak keeps its numbers
+        serve_soak_report.write_soak(out, document(so_far), figure=False)
+
+    doc = document(serve_soak.run(url, args.model, args.api_key, s, prep.settings, prep.plan, progress, on_sample))
     written = serve_soak_report.write_soak(out, doc)
     print(serve_soak_report.render_md(doc))
     print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)

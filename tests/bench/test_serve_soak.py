@@ -94,6 +94,12 @@ def test_the_report_files_and_the_verdict_line(tmp_path: Path):
     assert [p.name for p in written][:2] == ["soak.json", "soak.md"]
     md = (tmp_path / "o" / "soak.md").read_text()
     assert "Verdict: memory flat" in md and "#2 whole: HTTP 500: boom" in md and "| no cache |" in md
+    assert "Partial" not in md
+    so_far = serve_soak.partial(result.target, result.settings, result.soak, rows[:2], result.samples[:3], 1.0)
+    written = serve_soak_report.write_soak(tmp_path / "p", serve_soak_report.soak_document(so_far, "c", "ours"),
+                                           figure=False)
+    assert [p.name for p in written] == ["soak.json", "soak.md"]
+    assert "**Partial**: the run so far (2 of 4 requests ended)" in (tmp_path / "p" / "soak.md").read_text()
 
 
 @pytest.mark.parametrize("argv, phrase", [
