@@ -257,6 +257,13 @@ def test_workload_report(tmp_path):
     (("--workload", "prefix-probe", "--repeats", "9"), "--repeats must be <= 8"),
     (("--workload", "prefix-probe", "--probe-chars", "9000000"), "is too short"),
     (("--workload", "prompts"), "invalid choice: 'prompts'"),
+    (("--workload", "soak", "--concurrency", "2,4"), "--workload soak takes one --concurrency"),
+    (("--workload", "soak", "--bad-share", "0.6", "--whole-share", "0.6"), "add up to 1.2, over 1"),
+    (("--workload", "soak", "--long-share", "1.5"), "--long-share must be in [0, 1], got 1.5"),
+    (("--workload", "soak", "--turns", "2"), "--turns does not apply to --workload soak (it is for chat)"),
+    (("--workload", "chat", "--long-chars", "100"), "--long-chars does not apply to --workload chat (it is for soak)"),
+    (("--sample-every", "5",), "--sample-every does not apply to --workload load (it is for soak)"),
+    (("--workload", "soak", "--long-chars", "9000000"), "lower --long-chars"),
 ])
 def test_workload_argument_errors_send_nothing(capsys, tmp_path, argv, phrase):
     out = tmp_path / "out"
