@@ -15,8 +15,6 @@ from __future__ import annotations
 import collections
 import sys
 
-import memray
-
 
 def live_at(intervals: list, i: int) -> int:
     """Bytes of a site's allocations made before snapshot i and not freed by then."""
@@ -27,6 +25,11 @@ def live_at(intervals: list, i: int) -> int:
 def main(argv: list[str]) -> int:
     if len(argv) < 3:
         print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        import memray  # a profiler, not a dependency of specstack: `pip install memray`
+    except ImportError:
+        print("memray_sites.py needs memray: pip install memray", file=sys.stderr)
         return 2
     reader = memray.FileReader(argv[0])
     top = int(argv[3]) if len(argv) > 3 else 25
