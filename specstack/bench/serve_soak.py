@@ -168,12 +168,9 @@ async def _whole(http: httpx.AsyncClient, url: str, body: dict[str, Any], row: S
 
 
 async def _bad(http: httpx.AsyncClient, url: str, body: dict[str, Any] | bytes, row: SoakRow, timeout: float) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body)
     try:
-        if isinstance(body, bytes):
-            r = await http.post(url, content=body, headers={"content-type": "application/json"}, timeout=timeout)
-        else:
-            r = await http.post(url, content=json.dumps(body), headers={"content-type": "application/json"},
-                                timeout=timeout)
+        r = await http.post(url, content=content, headers={"content-type": "application/json"}, timeout=timeout)
     except httpx.HTTPError as e:
         row.error = f"{type(e).__name__}: {' '.join(str(e).split())}"[:ERROR_CHARS]
         return
@@ -201,9 +198,7 @@ async def one(http: httpx.AsyncClient, target: Target, s: LoadSettings, req: Soa
                        cancel_after=CANCEL_AFTER if req.mode == "cancel" else None)
         row.http_status, row.error = r.http_status, r.error
         row.prompt_tokens, row.cached_tokens = r.prompt_tokens, r.cached_tokens
-        row.outcome = r.status if r.status in ("ok", "cancelled") else "error"
-        if req.mode == "cancel" and r.status == "ok":  # ended before its second chunk: nothing to cancel
-            row.outcome = "ok"
+        row.outcome = r.status if r.status in ("ok", "cancelled") else "error"  # a cancel may end first: ok
     row.seconds = time.perf_counter() - t
     return row
 

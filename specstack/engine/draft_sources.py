@@ -40,7 +40,8 @@ class DraftShelf:
         self._items: dict[tuple[Any, ...], tuple[object, Any]] = {}
 
     def get(self, kind: str, owner: object, key: tuple[Any, ...], make: Callable[[], T]) -> T:
-        """The `kind` item of `owner` (kept alive beside it, so its id stays its own) and `key`, made once."""
+        """The `kind` item of `owner` (kept alive beside it, so its id stays its own) for `key` (what else
+        the item depends on: the sources, the budget), made once."""
         k = (kind, id(owner), *key)
         if k not in self._items:
             self._items[k] = (owner, make())
@@ -79,7 +80,7 @@ class DraftSources:
             return None
         if self.shelf is None:
             return PrefixCache(self.prefix_cache_bytes)
-        return self.shelf.get("prefix", draft, (), lambda: PrefixCache(self.prefix_cache_bytes))
+        return self.shelf.get("prefix", draft, (self.prefix_cache_bytes,), lambda: PrefixCache(self.prefix_cache_bytes))
 
     @classmethod
     def for_model(cls, model_name: str, draft: str | None = None, draft_dtype: str | None = None,
@@ -135,10 +136,10 @@ DRAFT_LOADERS: dict[DraftKind, Callable[[LoadedModel, DraftSpec, str, str], Draf
 
 def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> DraftModel:
     """The draft named by sources.draft (see DraftSources), with its window if it has one (loaded once
-    per target and device where the sources have a shelf)."""
+    per target, sources and device where the sources have a shelf)."""
     if sources.shelf is None:
         return _resolve_draft(target, sources, device)
-    return sources.shelf.get("draft", target, (device,), lambda: _resolve_draft(target, sources, device))
+    return sources.shelf.get("draft", target, (sources, device), lambda: _resolve_draft(target, sources, device))
 
 
 def _resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> DraftModel:
@@ -175,7 +176,7 @@ def load_ngram(target: LoadedModel, sources: DraftSources) -> KatzTrigram:
     """The trigram of sources.ngram for `target` (read once where the sources have a shelf)."""
     if sources.shelf is None:
         return _load_ngram(target, sources)
-    return sources.shelf.get("ngram", target, (), lambda: _load_ngram(target, sources))
+    return sources.shelf.get("ngram", target, (sources.ngram,), lambda: _load_ngram(target, sources))
 
 
 def _load_ngram(target: LoadedModel, sources: DraftSources) -> KatzTrigram:

@@ -350,11 +350,13 @@ def test_a_shelf_loads_each_draft_once_and_its_methods_share_its_prefix_cache(ti
     assert shared == plain  # the shelf is no part of what the sources are
     first = resolve_draft(lm, shared, "cpu")
     assert resolve_draft(lm, dataclasses.replace(shared), "cpu") is first
+    other = resolve_draft(lm, dataclasses.replace(shared, draft="self:2"), "cpu")  # the same shelf, another draft
+    assert other is not first and other.lm.config.n_layers == 2 and first.lm.config.n_layers == 1
     assert shared.draft_prefix(first.lm) is shared.draft_prefix(first.lm) is not None
     assert plain.draft_prefix(first.lm) is not plain.draft_prefix(first.lm)
     chain = drafter_factory(parse_method("chain:k=3"), lm, shared)
     tree = drafter_factory(parse_method("tree:budget=6"), lm, shared)
-    assert len(shelf) == 2  # one draft, one prefix cache: nothing more for the second method
+    assert len(shelf) == 3  # two drafts, one prefix cache: nothing more for the second method
     gen = GenerationConfig(max_new_tokens=12, stop_on_eos=False)
     prompts = [[5, 6, 7, 8] * 12, [5, 6, 7, 8] * 12 + [9, 10], [3, 1, 4, 1, 5, 9] * 6]
     eng = BatchEngine(lm, max_rows=3, max_context=128)
