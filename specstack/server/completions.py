@@ -24,7 +24,7 @@ from specstack.server.logprobs import TokenText, chat_logprobs, completion_logpr
 from specstack.server.protocol import DEFAULT_COMPLETION_TOKENS, CompletionRequest, Prompt, Route, bad, parse_request
 from specstack.server.responses import DONE, Choice, Reply, cached_tokens, sse
 from specstack.server.state import ServerState, authorize, check_model, fim_budget, fim_template, loaded, read_json
-from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls
+from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls, tag_terminals
 from specstack.server.worker import EngineWorker, Event, finish_reason
 
 
@@ -117,7 +117,7 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
     tools = req.tools if req.tool_choice != "none" else None
     encoded = [encode(state, p, req.max_tokens, tools) for p in req.prompts]
     limits = [new_tokens(state, req, len(ids)) for ids in encoded]
-    grammar = forced_call_grammar(tools, req.tool_choice) if tools else None
+    grammar = forced_call_grammar(tools, req.tool_choice, tag_terminals(state.tokenizer)) if tools else None
     await check_rules(state, worker, req, grammar or req.grammar)
     # a FIM middle also ends at its template's end tokens (the model would go on to another file)
     stops = fim_template(state, "suffix").end_ids(state.tokenizer) if req.prompts[0].suffix is not None else ()

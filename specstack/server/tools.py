@@ -27,8 +27,20 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
-def forced_call_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any]) -> GrammarSpec | None:
-    """The grammar of one call to a named function, or to any of `tools` ("required"); None otherwise."""
+def tag_terminals(tokenizer: Any) -> tuple[str, str]:
+    """OPEN and CLOSE as a grammar names them for this tokenizer. Where the vocabulary holds a tag as one
+    added token (Qwen2.5's `<tool_call>` is 151657), the grammar names that token (`<[id]>`): the
+    tokenizer writes the tag's text as it, and llguidance matches an added token by its id, never by its
+    text (a text literal would allow the token in the mask and refuse it when it is emitted)."""
+    added = getattr(tokenizer, "added_tokens_encoder", {})
+    return tuple(f"<[{added[tag]}]>" if tag in added and tokenizer.encode(tag, add_special_tokens=False) == [added[tag]]
+                 else json.dumps(tag) for tag in (OPEN, CLOSE))  # type: ignore[return-value]
+
+
+def forced_call_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any],
+                        tags: tuple[str, str] = (json.dumps(OPEN), json.dumps(CLOSE))) -> GrammarSpec | None:
+    """The grammar of one call to a named function, or to any of `tools` ("required"); None otherwise.
+    `tags`: the grammar's terminals for OPEN and CLOSE (`tag_terminals` of the model's tokenizer)."""
     if isinstance(choice, dict):
         fns = [t["function"] for t in tools if t["function"]["name"] == choice["function"]["name"]]
     elif choice == "required":
@@ -38,7 +50,7 @@ def forced_call_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any
     schema = {"anyOf": [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
                          "required": ["name", "arguments"], "additionalProperties": False} for f in fns],
               "x-guidance": JSON_LAYOUT}
-    return GrammarSpec("lark", f'start: "{OPEN}\\n" call "\\n{CLOSE}"\ncall: %json {json.dumps(schema)}')
+    return GrammarSpec("lark", f'start: {tags[0]} "\\n" call "\\n" {tags[1]}\ncall: %json {json.dumps(schema)}')
 
 
 @dataclass(frozen=True)

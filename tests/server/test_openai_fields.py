@@ -47,6 +47,7 @@ def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("tools")
     tok = load_tokenizer(resolve(DEFAULT_MODEL), None)
     tok.chat_template = TOOLS_TEMPLATE
+    tok.add_tokens(["<tool_call>", "</tool_call>"])  # as Qwen2.5's vocabulary holds them: one added token each
     Tiny("llama", 3, vocab=len(tok), hidden=64, layers=2, ff=128, max_pos=512, init=None, tie=True,
          bos=tok.bos_token_id, eos=tok.eos_token_id).save(root / "model", tok)
     server = start_server(root / "model", root, "--max-batch", "4", "--method", "chain:k=3", "--draft", "self:1")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls
+from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls, tag_terminals
 
 TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n' \
        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
@@ -61,7 +61,31 @@ def test_forced_call_grammar_names_the_functions():
     named = forced_call_grammar(tools, {"type": "function", "function": {"name": "g"}})
     assert required.kind == named.kind == "lark"
     assert '"const": "f"' in required.text and '"const": "g"' in required.text
-    assert '"const": "f"' not in named.text and required.text.startswith('start: "<tool_call>\\n"')
+    assert '"const": "f"' not in named.text and required.text.startswith('start: "<tool_call>" "\\n" call')
+
+
+def test_tags_the_vocabulary_holds_as_one_token_are_named_by_id():
+    """Qwen2.5 holds `<tool_call>` as one added token: the forced call's grammar must name that token, or
+    llguidance allows it in the mask (the tokenizer writes the tag as it) and refuses it once emitted."""
+    from specstack.config import GrammarSpec
+    from specstack.grammar import compiler_for
+    from specstack.models.loading import load_tokenizer
+    from specstack.models.registry import DEFAULT_MODEL, resolve
+
+    tok = load_tokenizer(resolve(DEFAULT_MODEL), None)
+    assert tag_terminals(tok) == ('"<tool_call>"', '"</tool_call>"')  # no such tokens: the tags are text
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    open_id, close_id = tok.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
+    assert tag_terminals(tok) == (f"<[{open_id}]>", f"<[{close_id}]>")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    grammar = forced_call_grammar(tools, "required", tag_terminals(tok))
+    matcher = compiler_for(tok, len(tok), [tok.eos_token_id]).matcher(GrammarSpec(grammar.kind, grammar.text))
+    forced = matcher.forced()
+    assert forced[0] == open_id
+    matcher.commit(forced)  # what the engine drafts and then emits: accepted
+    rest = '\n{"name": "f", "arguments": {}}\n'[len(tok.decode(forced[1:])):]  # the call, less what was forced
+    matcher.commit(tok.encode(rest, add_special_tokens=False) + [close_id])
+    assert matcher.done
 
 
 NAMES = frozenset({"get_weather", "convert_currency"})
