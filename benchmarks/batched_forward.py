@@ -1,6 +1,6 @@
 """Milliseconds of one forward of B rows x T tokens at context 256 (median of 7 after 2 warm-ups),
 for the source tree on sys.path: run it with PYTHONPATH=OLD_TREE to time an older commit the same way
-(the before/after of docs/BENCHMARKS.md, "Batched decoding"; `specstack bench-forward --rows` is the
+(the before/after of docs/bench-history, "Batched decoding"; `specstack bench-forward --rows` is the
 full curve of the current code).
 
     python benchmarks/batched_forward.py [FORMAT] [B1,B2,...] [T1,T2,...]     (default int4 1,4,8,16,32 1)

@@ -1,8 +1,8 @@
-"""The small costs the code's comments reason about, measured again (docs/BENCHMARKS.md, "Small costs
+"""The small costs the code's comments reason about, measured again (docs/bench-history, "Small costs
 behind the code's choices"): each is a micro-benchmark of one operation the code avoids or batches,
 timed alone on this machine, the fastest of its repeats (a micro-benchmark's cost without the
 interference of whatever else shares the two cores). The comments keep the reason in words; the numbers
-live in BENCHMARKS, where they carry a date and a machine.
+live in docs/bench-history, where they carry a date and a machine.
 
     python benchmarks/comment_costs.py [--threads 2] [--repeats 7]
 """

@@ -1,4 +1,4 @@
-"""How far each weight format's model is from the GGUF's own numbers (issue 30, docs/BENCHMARKS.md
+"""How far each weight format's model is from the GGUF's own numbers (issue 30, docs/bench-history
 "The batch-invariant format"): teacher-forced next-token distributions over a held-out text (this
 repository's own source and an English paragraph, never a benchmark's prompts) against the fp32
 model of the same file, per format: the mean KL(fp32 || format) and how often the argmax agrees.

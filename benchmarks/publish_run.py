@@ -1,5 +1,5 @@
 """Copy a finished `specstack bench` run from bench_out/ into docs/bench/ the way the docs keep runs
-(docs/BENCHMARKS.md, top): summary.md, summary.json and run.json; the figures the docs link; and,
+(docs/bench-history, top): summary.md, summary.json and run.json; the figures the docs link; and,
 where a claim needs more than the summary (a `--ratios` or `--phases` table, prompts won,
 `throughput-check`), the rows as results.jsonl.gz without their per-token arrays (the token ids,
 their origins, the accepted count per step: four fifths of a rows file, read by no table).
@@ -11,6 +11,11 @@ results.jsonl; `specstack bench-ties` needs the token ids, so it runs on bench_o
 
 The gzip file is byte-for-byte the same for the same rows (no time stamp, no name in its header), so
 publishing a run again adds nothing to the history unless its rows changed.
+
+    python benchmarks/publish_run.py --tables README.md docs/benchmarks.md [--check]
+
+renders every table those pages mark (`<!-- table {...} -->`, specstack/report/doc_tables.py) again from
+the committed runs it names; `--check` changes nothing and fails if a page differs from its rendering.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import shutil
 from pathlib import Path
 
 from specstack.bench.rows import read_rows
+from specstack.report.doc_tables import TableError, render_page
 
 KEPT = ("summary.md", "summary.json", "run.json")
 PER_TOKEN = ("tokens", "token_origins", "accepted_per_step")  # row fields with one entry per token or step
@@ -54,13 +60,41 @@ def publish(src: Path, dst: Path, rows: bool, figures: list[str]) -> list[Path]:
     return written
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def render_tables(pages: list[Path], check: bool) -> list[Path]:
+    """The pages whose tables differ from their rendering (rewritten unless `check`)."""
+    stale = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        try:
+            rendered = render_page(text, ROOT, page.resolve().parent)
+        except TableError as e:
+            raise SystemExit(f"{page}: {e}") from None
+        if rendered != text:
+            stale.append(page)
+            if not check:
+                page.write_text(rendered, encoding="utf-8")
+    return stale
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("src", type=Path, help="a finished `specstack bench` output folder (bench_out/...)")
-    p.add_argument("dst", type=Path, help="its folder under docs/bench")
+    p.add_argument("src", type=Path, nargs="?", help="a finished `specstack bench` output folder (bench_out/...)")
+    p.add_argument("dst", type=Path, nargs="?", help="its folder under docs/bench")
     p.add_argument("--rows", action="store_true", help="also results.jsonl.gz, the rows without per-token arrays")
     p.add_argument("--figures", nargs="*", default=[], help="files of the run the docs link (png, html)")
+    p.add_argument("--tables", nargs="+", type=Path, metavar="PAGE", help="render the tables these pages mark")
+    p.add_argument("--check", action="store_true", help="with --tables: change nothing, fail if a page is stale")
     args = p.parse_args()
+    if args.tables:
+        stale = render_tables(args.tables, args.check)
+        for page in stale:
+            print(f"{page}: {'differs from its runs' if args.check else 'tables rendered again'}")
+        raise SystemExit(1 if stale and args.check else 0)
+    if args.src is None or args.dst is None:
+        p.error("give SRC and DST, or --tables PAGE...")
     for path in publish(args.src, args.dst, args.rows, args.figures):
         print(f"{path} ({path.stat().st_size / 1024:.0f} KiB)")
 

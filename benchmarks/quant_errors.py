@@ -1,4 +1,4 @@
-"""What each GGUF quant type becomes, and the error of that choice (issue 29, docs/BENCHMARKS.md "Quant
+"""What each GGUF quant type becomes, and the error of that choice (issue 29, docs/bench-history "Quant
 types"): for every linear layer of a GGUF model, the relative error ||W_kernel - W_gguf|| / ||W_gguf||
 of the weight the chosen format computes with (its dense copy, as the kernel dequantises) against the
 file's own dequantised fp32 weight, grouped by (source types -> format). Beside int4's choice for the

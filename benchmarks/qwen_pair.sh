@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29's measurements on the real pair (docs/BENCHMARKS.md, "The real pair"), in one go, in this
+# Issue 29's measurements on the real pair (docs/bench-history, "The real pair"), in one go, in this
 # order: every method on HumanEval and on ShareGPT beside llama.cpp
 # (plain, prompt lookup, its n-gram speculation and its own speculative decoding with the same 0.5B
 # draft), the 1.5B's forward-cost curve, MagicDec and self-drafts, top-k sampling, FR-Spec's

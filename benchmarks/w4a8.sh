@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30's measurements of the batch-invariant 4-bit format (docs/BENCHMARKS.md, "w4a8: the GGUF's
+# Issue 30's measurements of the batch-invariant 4-bit format (docs/bench-history, "w4a8: the GGUF's
 # 4-bit codes on a kernel of our own"): the low-bit kernels side by side on the 1.5B's linears, both
 # registered targets' forward curves in int4, w8a8 and w4a8 beside the physical limit, every method in
 # w4a8 on held-out prompts beside llama.cpp (identical_to_ar), in a batch, and the format's distance

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30's measurements of the batch-invariant format (docs/BENCHMARKS.md, "The batch-invariant
+# Issue 30's measurements of the batch-invariant format (docs/bench-history, "The batch-invariant
 # format"): both registered targets' forward curves (rows x tokens) in int4 and w8a8 beside the
 # physical limit, every method in both formats on held-out prompts (identical_to_ar per format) beside
 # llama.cpp, in a batch, Inductor on a block's fixed-shape part, and each format's distance from the

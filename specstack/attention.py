@@ -339,7 +339,7 @@ PAD_RUN_TOKENS = 4
 
 # Queries per row up to which CPU attention runs as two batched matmuls (grouped-query heads folded
 # into the query rows) rather than SDPA's flash kernel, which tiles for long query blocks: short
-# queries over a few hundred keys make whole forwards of the default model faster (docs/BENCHMARKS.md,
+# queries over a few hundred keys make whole forwards of the default model faster (docs/bench-history,
 # "Batched decoding").
 MATMUL_QUERIES = 4
 

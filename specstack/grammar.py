@@ -12,7 +12,7 @@ tokenizer would (llguidance's `compute_ff_tokens`: a key of a schema, a closing 
 offers them as drafts (origin `grammar`), which the target verifies like any other (SGLang's jump-forward
 as speculation, so it stays lossless).
 
-llguidance was chosen over xgrammar (docs/BENCHMARKS.md, "Structured output"): a dependency-free wheel
+llguidance was chosen over xgrammar (docs/bench-history, "Structured output"): a dependency-free wheel
 (xgrammar pulls triton and a TVM runtime), masks in microseconds on this CPU, Lark grammars with
 embedded JSON schemas (a tool call's `<tool_call>{...}</tool_call>` in one grammar), rollback, and forced
 tokens as tokens.

@@ -24,8 +24,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # generation loops (propose -> score -> verify -> commit), the method registry, cost curves
     ("engine", ("specstack.engine",)),
     # tools built on the engine, never imported by it: reports, benchmarks, draft training, the
-    # analytic throughput model
-    ("tools", ("specstack.report", "specstack.bench", "specstack.training", "specstack.throughput")),
+    # analytic throughput model, the machine's report (`specstack doctor`: it reads every layer below)
+    ("tools", ("specstack.report", "specstack.bench", "specstack.training", "specstack.throughput",
+               "specstack.doctor")),
     # thin adapters: the command line (and, to come, the server and the cluster deployment)
     ("adapters", ("specstack.cli", "specstack.server", "specstack.cluster")),
 )

@@ -47,7 +47,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
     The inverse CDF at a uniform draw, in float64: torch.multinomial over one row of a large vocabulary
     costs a visible share of a CPU decode step, a cumsum and one search a small fraction of that
-    (docs/BENCHMARKS.md, "The same with top-k 50, temperature 1, and a faster sampler"). A token of
+    (docs/bench-history, "The same with top-k 50, temperature 1, and a faster sampler"). A token of
     probability 0 has an empty CDF interval, and the draw is kept below the total, so it is never
     drawn."""
     flat = probs.reshape(-1, probs.shape[-1]).double()

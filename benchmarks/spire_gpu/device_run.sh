@@ -1,7 +1,7 @@
 #!/bin/bash
 # specstack on one GPU: SPIRe and vanilla drafts trained on CUDA with the online teacher, held-out
 # acceptance by context (drafts and MagicDec), the engine on CUDA (bench). Results under $OUT
-# (default bench_out/spire_gpu). docs/BENCHMARKS.md, "Drafts trained on a GPU"; its log is
+# (default bench_out/spire_gpu). docs/bench-history, "Drafts trained on a GPU"; its log is
 # docs/bench/spire_gpu/device_log.txt. Run from the repository root; on the GPU machine it expects .xfer/
 # (the wheels of its dependencies, the second part of the xz-compressed GGUF, the xz-compressed sequences
 # file of `specstack train-draft --prepare-only`, humaneval.jsonl, sha256 sums) and /tmp/stash/model_a.

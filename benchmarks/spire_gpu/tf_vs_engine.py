@@ -1,4 +1,4 @@
-"""The engine's chain τ beside the teacher-forced count on the same text (docs/BENCHMARKS.md, "Drafts
+"""The engine's chain τ beside the teacher-forced count on the same text (docs/bench-history, "Drafts
 trained on a GPU"): the first N HumanEval prompts, 128 greedy tokens each, bf16 target.
 
     PYTHONPATH=. python benchmarks/spire_gpu/tf_vs_engine.py DRAFT.safetensors N K DRAFT_DTYPE

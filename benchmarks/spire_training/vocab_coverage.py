@@ -1,6 +1,6 @@
 """How often the target's greedy token lies in a draft's reduced vocabulary: the ceiling a reduced
 vocabulary puts on the draft's acceptance (a token outside it can never be proposed);
-docs/BENCHMARKS.md, "The reduced vocabulary: a 4-6 % ceiling".
+docs/bench-history, "The reduced vocabulary: a 4–6 % ceiling".
 
     python benchmarks/spire_training/vocab_coverage.py DRAFT.safetensors \
         [--teacher DIR/heldout] [--bench bench_out/RUN/results.jsonl]

@@ -1,5 +1,5 @@
 #!/bin/bash
-# A/B of the stored width-cost curve (docs/BENCHMARKS.md, "The width-cost curve, measured again"): 20
+# A/B of the stored width-cost curve (docs/bench-history, "The width-cost curve, measured again"): 20
 # HumanEval problems, `ar;staged:cost=1,d2=3;tree:cost=1`, with the curve measured the old way (widths in
 # a fixed order, T = 1 inflated) and the new way, alternating old, new, old2, new2.
 # OLD and NEW are the key prefixes of the two curves in SPECSTACK_CACHE's width_costs.json (on the machine

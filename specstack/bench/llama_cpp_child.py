@@ -33,7 +33,7 @@ LOAD_TIMEOUT_S = 300.0
 # of our Xeons) or an instruction set the CPU lacks
 REBUILD_HINT = ("; rebuild llama-cpp-python for this CPU with AMX off: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON "
                 "-DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" pip install "
-                "--force-reinstall --no-cache-dir llama-cpp-python (docs/BENCHMARKS.md has the AVX-512 flags)")
+                "--force-reinstall --no-cache-dir llama-cpp-python (docs/benchmarks.md, 'Peers', has the flags)")
 
 
 class LlamaCppChild:

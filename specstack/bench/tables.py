@@ -59,7 +59,7 @@ def compare(dir1: Path, dir2: Path) -> str:
 
 def ratio_table(folder: Path, pairs: Sequence[str]) -> str:
     """Per-prompt ratios of tokens/s, `A/B` for each pair, over the prompts both methods ran: mean,
-    geometric mean, median, range and the prompts A won (the tables of docs/BENCHMARKS.md)."""
+    geometric mean, median, range and the prompts A won (the tables of docs/bench-history)."""
     rows = read_rows(folder / "results.jsonl")
     if not rows:
         raise SpecstackError(f"{folder} has no results.jsonl rows")

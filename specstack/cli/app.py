@@ -24,6 +24,7 @@ from specstack.cli import (
     bench_forward,
     bench_serve,
     bench_ties,
+    doctor,
     draft_acceptance,
     generate,
     ngram,
@@ -36,7 +37,7 @@ from specstack.errors import SpecstackError
 
 # in the order `specstack --help` lists them
 COMMANDS: tuple[ModuleType, ...] = (generate, serve, bench_serve, bench_forward, bench, bench_ties, ngram, throughput,
-                                    train_draft, draft_acceptance)
+                                    train_draft, draft_acceptance, doctor)
 
 
 class VersionAction(argparse.Action):

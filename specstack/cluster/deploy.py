@@ -32,7 +32,7 @@ RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch: "0" keep
 # What Ray's processes read from the environment (a local instance takes ours; a cluster, `ray start`'s):
 # the proxy's failover middleware (failover.py), and the user's code on the replica's own event loop and
 # the proxy's router on the proxy's, not on second threads: a thread hop less each way, a visible part
-# of a short request's time through the proxy (docs/BENCHMARKS.md, "Replicas").
+# of a short request's time through the proxy (docs/bench-history, "Replicas").
 RAY_ENV: dict[str, str] = {PROXY_CALLBACK_ENV: PROXY_CALLBACK, "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
                            "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 

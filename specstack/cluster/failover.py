@@ -18,7 +18,7 @@ middleware, run inside every proxy, makes the requests' side of it clean:
 
 Ray Serve installs proxy middlewares from the function named by RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH
 in the proxy's environment (`proxy_middlewares` below): deploy.py sets it for the Ray instance it
-starts; a cluster started with `ray start` needs it set there (README: Deployment).
+starts; a cluster started with `ray start` needs it set there (docs/server.md, "Replicas").
 """
 from __future__ import annotations
 

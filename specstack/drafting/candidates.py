@@ -118,7 +118,7 @@ def children_of(probs: torch.Tensor, width: int, sampling: SamplingParams,
     columns. Sampling: `width` draws without replacement from each row (Gumbel top-k), in draw
     order, as recursive rejection sampling expects. Zero-probability columns are never children.
     One top-k call for the whole block: a staged step has tens of rows, and a call per row paid its
-    dispatch for each (docs/BENCHMARKS.md, "Small costs behind the code's choices"); the probabilities
+    dispatch for each (docs/bench-history, "Small costs behind the code's choices"); the probabilities
     come from one gather, not an index per child."""
     k = min(width, probs.shape[-1])
     if sampling.greedy:

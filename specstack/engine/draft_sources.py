@@ -60,7 +60,7 @@ class DraftSources:
     file, `default`, `self:N`, `magicdec:W`), None for the target's first eighth of blocks; draft_dtype:
     the weight format of a loaded draft; ngram: a trained trigram file, or `default`/None for the one
     shipped for the target. draft_dtype None: int8 for a trained draft (faster than bf16 at one row,
-    where int4 costs it acceptance: docs/BENCHMARKS.md, "The draft's weight format"), and for a model or
+    where int4 costs it acceptance: docs/bench-history, "The draft's weight format"), and for a model or
     self:N draft the format a target gets by default on the device (quant.default_format: w4a8 where
     its kernels build, whose one-token step is the fastest there; int4 elsewhere)."""
 

@@ -318,7 +318,7 @@ register(Method("tree", "a best-first tree from the draft model (Spector & Ré 2
                 (WIDTH, BUDGET, DEPTH, size("expand", 4, "nodes the draft expands in one forward"), COST),
                 sources=DRAFT, measures=tree_measures, length=tree_length))
 # a 3-token chain suits the default int4 target, whose forward cost grows with every token; on a bf16
-# target (wide forwards nearly free) width=12,depth=6 accepts more (docs/BENCHMARKS.md)
+# target (wide forwards nearly free) width=12,depth=6 accepts more (docs/bench-history)
 register(Method("ngram", "proposals from the trigram and the context (prompt lookup), no draft model", build_ngram, (
     size("width", 1, "candidates at the first level (a chain below it)"),
     size("depth", 3, "the proposal's length"),
@@ -332,10 +332,10 @@ register(Method("ngram", "proposals from the trigram and the context (prompt loo
           why="longer suffixes cost match² per token to index"),
 ), check_ngram, sources=TRIGRAM, measures=ngram_measures, length=ngram_length))
 # `auto`, the default: the fastest lossless choice measured on these CPUs, for one row and many
-# (docs/BENCHMARKS.md): the cost-aware n-gram chain. Its drafts cost no target time, and its rules verify only
+# (docs/bench-history): the cost-aware n-gram chain. Its drafts cost no target time, and its rules verify only
 # the tokens that pay (CostAwareLength over the forward's measured cost, one row's width curve or a batch's),
 # so it falls back to plain decoding by itself where speculation does not pay. The
-# draft-model methods run below `ar` at one row here (docs/BENCHMARKS.md) and are not chosen.
+# draft-model methods run below `ar` at one row here (docs/bench-history) and are not chosen.
 AUTO = "ngram:max=8,cost=1,match=6"
 
 
@@ -369,7 +369,7 @@ def describe(method: MethodSpec, model_name: str | None = None) -> str:
 register(Method("staged", "the draft's tree with draft2 (the trigram) speculating the draft (Spector & Ré 2023)",
                 build_staged, (WIDTH, BUDGET, DEPTH, COST, size(
                     "d2", 0, "N: draft2's proposal under each spine token is a chain of N tokens (a narrower "
-                    "draft forward: on the 2-core CPU it pays, docs/BENCHMARKS.md)", low=0,
+                    "draft forward: on the 2-core CPU it pays, docs/bench-history)", low=0,
                     zero="the paper's tree (widths 12, 7, 4, 1, 1, 1)")),
                 sources=DRAFT | TRIGRAM, measures=tree_measures, length=tree_length))
 register(Method("auto", f"the fastest lossless choice measured here: {AUTO} (the trigram and context lookup, "

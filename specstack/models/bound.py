@@ -3,7 +3,7 @@
 A one-token decode step of the default model calls ~120 linears and 61 norms. Through nn.Module each
 call looks its weights up in `_parameters` / `_buffers` (`Module.__getattr__`, microseconds each) and
 re-decides its kernel; bound once, a linear's call costs only its kernel, which took a visible share
-off a one-token step (docs/BENCHMARKS.md, "Wide forwards on dense weights, bound layers"). The
+off a one-token step (docs/bench-history, "Wide forwards on dense weights, bound layers"). The
 closure is dropped whenever the tensors may be replaced: `.to()` / `.float()` / `.cuda()` (`_apply`),
 `load_state_dict`, copying and pickling; a subclass calls `unbind()` when a setting the closure
 captured changes. In-place writes to the tensors (`copy_`) need nothing: the closure holds the

@@ -2,15 +2,15 @@
 their policy for wide inputs (methods of models/linear_methods.py).
 
 Wide inputs: these kernels unpack every weight once per row block, so their cost grows with the rows,
-and a prefill through them costs several times a bf16 matmul of the same weights (docs/BENCHMARKS.md,
+and a prefill through them costs several times a bf16 matmul of the same weights (docs/bench-history,
 "Wide forwards on dense weights"). Their rows therefore say from how many rows on a layer multiplies by a
 dense copy of its weight (`WeightFormat.wide_rows`): prefill, wide trees and batches of rows run at
 matmul speed, the one-token step keeps the small format's bandwidth. The copy is resident beside the
 codes (QLinear.resident_bytes counts it; step_bytes does not) and not in the built-model cache: a load
-derives it from the codes, a block of rows at a time (docs/BENCHMARKS.md, "The target step (issue 48,
+derives it from the codes, a block of rows at a time (docs/bench-history, "The target step (issue 48,
 third session)": a cache a third the size, a load 1.6 x longer). On a CPU without native bf16 (AVX2 only)
 a bf16 GEMM is emulated and slower than fp32, so there the wide path multiplies in fp32 by a copy oneDNN
-has laid out for its GEMM once (docs/BENCHMARKS.md, "Batched decoding").
+has laid out for its GEMM once (docs/bench-history, "Batched decoding").
 """
 from __future__ import annotations
 

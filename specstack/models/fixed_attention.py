@@ -37,7 +37,7 @@ def _fixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 KERNELS: tuple[KernelChoice[Callable[[], InvariantAttention]], ...] = (
-    KernelChoice("fixed", lambda dev: dev.type == "cpu" and native.load("attention"),
+    KernelChoice("fixed", lambda dev: dev.type == "cpu" and native.available("attention"),
                  lambda: InvariantAttention("fixed", torch.float32, _fixed)),
     KernelChoice("float64", lambda dev: True, lambda: InvariantAttention("float64", torch.float64, None)),
 )

@@ -15,7 +15,7 @@ Q4_K's with their super-block form (the layer format k4a8: D, M per 256, sc and 
 Every other type (Q5_1, Q5_K, Q8_0, the rest gguf can dequantise, and Q5_0 and Q6_K under int4) holds
 more than 4 bits of precision, so the int4 format gives its layers int8 (per output channel), and
 w4a8 gives them its 8-bit groups (q8a8): more bytes than int4, far less error than requantising 5-8
-bits into 4 (docs/BENCHMARKS.md, "Quant types", measures each choice). bf16 and fp32 take every type
+bits into 4 (docs/bench-history, "Quant types", measures each choice). bf16 and fp32 take every type
 dequantised. A fused layer (q|k|v, gate|up) takes the widest format any of its parts needs; a format
 only its own type fills (k6a8, q5a8) gives way to q8a8 when the other parts are of another type, and
 where the kernel path runs it slowly (w4a8.NARROW_PATHS).

@@ -57,7 +57,7 @@ ACTIVATION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 @functools.cache
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX512-BF16 / AMX). Without it (AVX2), a bf16 GEMM
-    is emulated and costs several times fp32 (docs/BENCHMARKS.md, "Batched decoding"): wide inputs
+    is emulated and costs several times fp32 (docs/bench-history, "Batched decoding"): wide inputs
     then multiply in fp32."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 

@@ -7,14 +7,22 @@ Nothing is downloaded: the source ships with specstack, the compiler is the mach
 
 A kernel is built only where the CPU reports the instructions it is compiled for (`CPU_FLAGS`); a
 failed build is reported once and the caller falls back to its reference path.
+
+The kernel tables ask for a kernel through `available`, which is `load` except inside `planning()`: there
+it answers whether `load` would succeed and builds nothing, so `specstack doctor` can say what a run
+would choose without compiling for tens of seconds or writing to the cache.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
+import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -30,6 +38,9 @@ CPU_FLAGS: dict[str, tuple[str, ...]] = {"w4a8": ("AVX2", "AVX512"), "attention"
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 _LOADED: set[str] = set()  # kernels whose ops this process has registered (a library registers once)
+# inside `planning()`: `available` predicts instead of building (a context variable, so a planning thread
+# never changes what another thread's tables get)
+_PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("specstack_native_planning", default=False)
 
 
 def cpu_capability() -> str:
@@ -43,9 +54,71 @@ def has_vnni512() -> bool:
     return cpu_capability() == "AVX512" and bool(torch.cpu._is_vnni_supported())
 
 
+def compiler() -> tuple[str, str | None]:
+    """(the C++ compiler torch's extension builder runs, its path or None when it is not there): $CXX,
+    else `c++`, looked up on PATH as torch.utils.cpp_extension looks it up."""
+    name = os.environ.get("CXX", "c++")
+    return name, shutil.which(name) if name else None
+
+
+def ninja() -> str | None:
+    """The path of ninja, which torch's builder runs for every load, a build or not (None: not there)."""
+    return shutil.which("ninja")
+
+
 def supported(name: str) -> bool:
     """Whether this CPU runs kernel `name` and a compiler is there to build it."""
-    return cpu_capability() in CPU_FLAGS[name] and shutil.which("c++") is not None
+    return cpu_capability() in CPU_FLAGS[name] and compiler()[1] is not None
+
+
+def build_dir(name: str) -> Path:
+    """Where kernel `name` is built and kept for this torch (SPECSTACK_CACHE/kernels/<torch version>/name)."""
+    return cache_root() / "kernels" / torch.__version__ / name
+
+
+def built(name: str) -> Path | None:
+    """The library of kernel `name` in the cache, if a build left one (read only: nothing is built)."""
+    return next(iter(sorted(build_dir(name).glob("*.so"))), None)
+
+
+def sources(name: str) -> list[Path]:
+    """The files kernel `name` is compiled from: its .cpp and the shared headers."""
+    return [SOURCES / f"{name}.cpp", *sorted(SOURCES.glob("*.h"))]
+
+
+def out_of_date(name: str) -> bool:
+    """Whether the next `load` rebuilds kernel `name` (read only): a source newer than its library (ninja
+    compares the same times), or headers whose hash is not the one it was built with (torch rewrites the
+    build file when a flag changes, and the headers' hash is one: `_headers_flag`)."""
+    library = built(name)
+    if library is None:
+        return True
+    at = library.stat().st_mtime
+    if any(p.is_file() and p.stat().st_mtime > at for p in sources(name)):
+        return True
+    try:
+        return _headers_flag() not in (build_dir(name) / "build.ninja").read_text()
+    except OSError:  # no build file: torch's builder writes one, and builds
+        return True
+
+
+@contextmanager
+def planning() -> Iterator[None]:
+    """Within it, `available` says whether a kernel would load and builds nothing (`specstack doctor`)."""
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
+def available(name: str) -> bool:
+    """Whether kernel `name` can be used in this process: `load` (built on first use), except inside
+    `planning()`, where it is whether `load` would succeed: loaded already, or the CPU, the compiler and
+    ninja are there (a build that would fail for another reason is not foreseen)."""
+    if _PLANNING.get():
+        return name in _LOADED or (supported(name) and ninja() is not None)
+    return load(name)
 
 
 def _headers_flag() -> str:
@@ -64,7 +137,7 @@ def load(name: str) -> bool:
         return True
     from torch.utils import cpp_extension
 
-    build = cache_root() / "kernels" / torch.__version__ / name
+    build = build_dir(name)
     build.mkdir(parents=True, exist_ok=True)
     fresh = not any(build.glob("*.so"))
     if fresh:

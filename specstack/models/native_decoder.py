@@ -91,12 +91,18 @@ class NativeDecoder:
         return x, dict(zip(wanted, hidden, strict=True))
 
 
-def native_decoder(model: Any) -> NativeDecoder | None:
-    """The native decoder of `model`, or None where it runs eagerly (forced by SPECSTACK_DECODER=eager, or
-    unfit); a forced `native` the model cannot run is refused with the reason."""
+def forced_decoder() -> str | None:
+    """The decoder SPECSTACK_DECODER names (None: not set); SpecstackError for a name not in DECODERS."""
     forced = os.environ.get(FORCE_ENV) or None
     if forced is not None and forced not in DECODERS:
         raise SpecstackError(f"{FORCE_ENV}={forced!r}: choose from {', '.join(DECODERS)}")
+    return forced
+
+
+def native_decoder(model: Any) -> NativeDecoder | None:
+    """The native decoder of `model`, or None where it runs eagerly (forced by SPECSTACK_DECODER=eager, or
+    unfit); a forced `native` the model cannot run is refused with the reason."""
+    forced = forced_decoder()
     if forced == "eager":
         return None
     reason = unfit(model)

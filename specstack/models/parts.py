@@ -70,14 +70,29 @@ class ChunkedGGUF:
     def parts(self) -> list[Path]:
         return [self.part_path(i) for i in range(1, self.count + 1)]
 
+    def _cache_files(self, root: Path | None) -> tuple[Path, Path]:
+        """(the assembled file, its stamp) in the cache folder `root` (None: cache_root())."""
+        folder = (root or cache_root()) / "weights"
+        return folder / self.file, folder / (self.file + ".parts.json")
+
+    def _fresh(self, stamp: list[list[object]], root: Path | None) -> bool:
+        """Whether the cache holds the file assembled from the parts `stamp` names (size and stamp: no hashing)."""
+        path, stamp_file = self._cache_files(root)
+        return path.is_file() and path.stat().st_size == self.size and _read_stamp(stamp_file) == stamp
+
+    def cached(self, root: Path | None = None) -> Path | None:
+        """The assembled GGUF if the cache already holds it for the installed parts, else None: nothing is
+        assembled or hashed (`specstack doctor`). SpecstackError, as `parts`, when a part is missing."""
+        return self._cache_files(root)[0] if self._fresh(_stamp(self.parts()), root) else None
+
     def assembled(self, root: Path | None = None, progress: Callable[[int, int], None] | None = None) -> Path:
         """The assembled GGUF in the cache, built from the installed parts on first use (progress(done,
         total) in bytes while it is)."""
         parts = self.parts()
-        folder = (root or cache_root()) / "weights"
-        path, stamp_file = folder / self.file, folder / (self.file + ".parts.json")
+        path, stamp_file = self._cache_files(root)
+        folder = path.parent
         stamp = _stamp(parts)
-        if path.is_file() and path.stat().st_size == self.size and _read_stamp(stamp_file) == stamp:
+        if self._fresh(stamp, root):
             return path
         total = sum(p.stat().st_size for p in parts)
         if total != self.size:

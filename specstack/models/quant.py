@@ -36,13 +36,13 @@ def default_format(device: str) -> str:
     """The weight format when none is asked for, a target's or a draft model's: on CPU the exact format
     this CPU has a native path for, w4a8 (batch-invariant, so every method's greedy output equals ar's;
     its AVX-512-VNNI or AVX2 kernel, built once per machine on first use; its one-token step beat
-    int4's where measured: docs/BENCHMARKS.md, "The target step"), and int4 where there is none (no
+    int4's where measured: docs/bench-history, "The target step"), and int4 where there is none (no
     AVX2, no compiler, a build that failed); bf16 on CUDA."""
     if device != "cpu":
         return FALLBACK_FORMAT[device]
     from specstack.models import native
 
-    return "w4a8" if native.load("w4a8") else FALLBACK_FORMAT["cpu"]
+    return "w4a8" if native.available("w4a8") else FALLBACK_FORMAT["cpu"]
 
 
 def layout_variant(fmt: str) -> str:

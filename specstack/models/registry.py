@@ -44,7 +44,7 @@ class RegisteredModel:
     package: str  # the Python package holding the weights (found without importing it)
     gguf: str  # the weights' file name inside the package
     install: str  # how to install the package
-    draft: str | None = None  # the trained draft (`--draft default`) in DATA_DIR; docs/BENCHMARKS.md made it
+    draft: str | None = None  # the trained draft (`--draft default`) in DATA_DIR; docs/bench-history made it
     trigram: str | None = None  # the trigram (`--ngram default`) in DATA_DIR; docs/NGRAM.md made it
     chunked: ChunkedGGUF | None = None  # the GGUF ships in parts (then package and gguf are unused)
     draft_model: str | None = None  # a registered model that drafts for this one (`--draft default`)
@@ -84,7 +84,7 @@ MODELS: dict[str, RegisteredModel] = {
     "qwen2.5-coder-1.5b": RegisteredModel(
         "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz", draft_model="qwen2.5-coder-0.5b",
         token_rank="qwen2.5-coder-token-rank.npy",
-        # measured fastest of our methods on code and on chat (docs/BENCHMARKS.md, "The real pair"): the
+        # measured fastest of our methods on code and on chat (docs/bench-history, "The real pair"): the
         # 0.5B's chains and trees lose while one of its tokens costs a large share of a target step and a
         # verified chain more than a step
         auto="ngram:max=8,cost=1,match=6", fim="qwen",

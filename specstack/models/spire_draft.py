@@ -226,7 +226,7 @@ class SpireDraft(Extends, nn.Module):
         n = len(self.layers)
         if self.spire.feedback:
             # one fp32 matmul [layers, levels] @ [levels, B*T*d]: cheaper than bf16's at any T on CPU
-            # (docs/BENCHMARKS.md, "Cost per forward: SPIRe's extra work is not free at one token")
+            # (docs/bench-history, "Cost per forward: SPIRe's extra work is not free at one token")
             w = torch.softmax(torch.stack([blk.mix for blk in self.blocks()]).float(), -1)
             stacked = torch.stack(list(levels))
             memories = torch.mm(w, stacked.view(len(levels), -1).float()).to(stacked.dtype).view(n, *stacked.shape[1:])
@@ -280,7 +280,7 @@ class SpireDraft(Extends, nn.Module):
     def quantize_(self, fmt: str) -> SpireDraft:
         """For inference: the blocks' linears, the feature projection and the (attached) unembedding
         in a small weight format: at one row the int8/int4 kernels stream the weights faster than the
-        CPU's bf16 matmul (docs/BENCHMARKS.md, "Cheaper draft forwards, trees sized by cost"); from
+        CPU's bf16 matmul (docs/bench-history, "Cheaper draft forwards, trees sized by cost"); from
         QLinear's wide_rows on they multiply by the dense copy (full bf16 speed)."""
         if not self.head.numel():
             raise ValueError("attach the target's embeddings before quantising the draft")

@@ -50,7 +50,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm through LayerNorm's fused kernel: [x, -x] has mean 0 and variance mean(x^2), so its
     first half normalised is x / sqrt(mean(x^2) + eps). On CPU F.rms_norm is a composite of ~8
-    kernels; this is 4 (cat, neg, layer_norm, mul), and a norm runs twice a block (docs/BENCHMARKS.md,
+    kernels; this is 4 (cat, neg, layer_norm, mul), and a norm runs twice a block (docs/bench-history,
     "A faster decode step and a cost-aware chain length")."""
     d = x.shape[-1]
     return F.layer_norm(torch.cat([x, x.neg()], dim=-1), (2 * d,), None, None, eps)[..., :d] * w
@@ -156,7 +156,7 @@ class Transformer(Extends, nn.Module):
         self.norm = Norm(cfg.d_model, cfg.norm_eps, cfg.block.norm == "rms", act)
         # int4 keeps the unembedding in int8 and w4a8 in w8a8, as GGUF files do (Q8_0 embeddings): a
         # 4-bit head costs visible logit fidelity. (fp32 activations would give fp32 logits, fewer bf16
-        # ties, but the int8 kernel is several times slower with them: docs/BENCHMARKS.md, "Small costs
+        # ties, but the int8 kernel is several times slower with them: docs/bench-history, "Small costs
         # behind the code's choices".)
         head_fmt = self.formats.get("head", head_format(fmt))
         self.head = QLinear(cfg.d_model, cfg.vocab_size, head_fmt, activation=act)
@@ -294,7 +294,7 @@ class Transformer(Extends, nn.Module):
     def kv_dtype(self) -> torch.dtype:
         """bf16 activations keep fp32 keys/values on a CPU without native bf16: attention over an
         emulated bf16 cache costs many times fp32 for one-token queries, and a step of one row is
-        faster with it (docs/BENCHMARKS.md, "Batched decoding").
+        faster with it (docs/bench-history, "Batched decoding").
         The batch-invariant formats (w8a8, w4a8) keep what their attention needs (`invariant_attention`)."""
         invariant = self.invariant_attention()
         if invariant is not None:
@@ -308,7 +308,7 @@ class Transformer(Extends, nn.Module):
                 hidden_layers: Sequence[int] = (), logit_rows: slice | torch.Tensor = slice(None)) -> ModelOutput:
         """tokens [B, T] ([1, N] packed) -> logits [B, T, V] (fp32). hidden_layers: 0 = embeddings, i =
         output of block i. logit_rows: the positions of the block whose logits are wanted (a prefill
-        needs one or none: unembedding every prompt token costs many decode steps, docs/BENCHMARKS.md,
+        needs one or none: unembedding every prompt token costs many decode steps, docs/bench-history,
         "Wide forwards on dense weights"); a tensor of indices into the flattened B * T tokens gives
         logits [1, len, V]."""
         pos = batch.positions

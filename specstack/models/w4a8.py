@@ -14,7 +14,7 @@ The layers a GGUF keeps in more than 4 bits (Q6_K, Q8_0, ...) and the unembeddin
 groups* instead (the layer format `q8a8`): w = d[n, g] c[n, k] with c in -127..127, no m (GGUF
 Q8_0's layout, re-derived from the file's weights), times the same activation groups. Without them
 (those layers in `w8a8`'s per-row arithmetic) the model sits far further from the file's fp32
-numbers (docs/BENCHMARKS.md, the w4a8 section's "Distance from the GGUF").
+numbers (docs/bench-history, the w4a8 section's "Distance from the GGUF").
 
 GGUF Q4_K layers take *super-blocks* (the layer format `k4a8`): the same 4-bit codes, with each
 group's d and m kept as Q4_K keeps them, 6-bit multiples sc, mn of one (D, M) per 8 groups:
@@ -240,17 +240,18 @@ WIDE_PATHS = frozenset({"wide512"})
 
 
 KERNELS: tuple[LinearKernels, ...] = (
-    KernelChoice("wide512", lambda dev: dev.type == "cpu" and native.has_vnni512() and native.load("w4a8")
-                 and native.load("w4a8_wide"), wide512),
-    KernelChoice("vnni512", lambda dev: dev.type == "cpu" and native.has_vnni512() and native.load("w4a8"), vnni512),
-    KernelChoice("avx2", lambda dev: dev.type == "cpu" and native.load("w4a8"), avx2),
+    KernelChoice("wide512", lambda dev: dev.type == "cpu" and native.has_vnni512() and native.available("w4a8")
+                 and native.available("w4a8_wide"), wide512),
+    KernelChoice("vnni512", lambda dev: dev.type == "cpu" and native.has_vnni512() and native.available("w4a8"),
+                 vnni512),
+    KernelChoice("avx2", lambda dev: dev.type == "cpu" and native.available("w4a8"), avx2),
     KernelChoice("reference", lambda dev: True, reference),
 )
 FORCE_ENV = "SPECSTACK_W4A8_KERNEL"  # a kernel's name: use it (tests run each path this CPU has)
 # The layer formats narrower than q8a8 that a path may lack speed for, and the paths that run each at
 # least as fast as q8a8 runs the same weights; elsewhere their GGUF types' layers are q8a8. The avx2
 # path unpacks a 6-bit group with about twice the instructions per byte of an 8-bit one, more than the
-# 27 % fewer bytes give back (docs/BENCHMARKS.md, "Q6_K's 6-bit groups"); its 5-bit groups cost 2 x
+# 27 % fewer bytes give back (docs/bench-history, "Q6_K's 6-bit groups"); its 5-bit groups cost 2 x
 # q8a8's on the same weights at one row, where vnni512's cost 0.66 x ("The target step (issue 48,
 # third session)").
 NARROW_PATHS: dict[str, frozenset[str]] = {

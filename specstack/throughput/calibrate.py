@@ -11,7 +11,7 @@ by non-negative least squares on relative errors. A sum, not the roofline's max:
 kernels are bound by unpacking weights, which competes with the multiply for the same two cores, so
 a forward's time grows with T from the first token on (DESIGN §3 table) instead of staying flat
 until a compute roof. c0 and c_layer are dispatch: eager PyTorch launches ~25 small operators per
-block, a sizeable share of a small model's one-token step (DESIGN §3; docs/BENCHMARKS.md, "Against
+block, a sizeable share of a small model's one-token step (DESIGN §3; docs/bench-history, "Against
 the foundation targets"). Each point is the median of its repeats, the
 statistic bench-forward reports: on a shared machine the fastest repeat describes an idle machine,
 while generation (and `specstack bench`) runs at the typical speed, and longer forwards lose more

@@ -35,7 +35,7 @@ def test_help_does_not_import_torch():
     p, modules = run_entry_point("--help")
     assert p.returncode == 0, p.stderr
     for command in ("generate", "bench", "bench-forward", "bench-ties", "ngram", "throughput", "throughput-calibrate",
-                    "throughput-check", "train-draft", "draft-acceptance"):
+                    "throughput-check", "train-draft", "draft-acceptance", "doctor"):
         assert command in p.stdout
     assert torch_modules(modules) == []
 

@@ -57,3 +57,50 @@ def test_every_design_citation_resolves():
                 missing.append(f"{path.relative_to(ROOT)}:{line}: DESIGN §{s}")
     assert found >= 40, f"only {found} citations found: has the citation pattern changed?"
     assert not missing, "citations of sections docs/DESIGN.md does not have:\n" + "\n".join(missing)
+
+
+# --- the benchmark history: `docs/bench-history, "Title"` names a heading (or a bold lead-in) of one of its pages
+HISTORY = ROOT / "docs" / "bench-history"
+HISTORY_SOURCES = [*SOURCES, *(ROOT / "specstack").rglob("*.h"), *(ROOT / "benchmarks").rglob("*.sh"),
+                   ROOT / "pyproject.toml", ROOT / "benchmarks" / "README.md"]
+HISTORY_SOURCES.remove(Path(__file__).resolve())  # its examples are not citations
+# the quoted title may run on over a comment's next line (`#`, `//` or `*` continue it)
+HISTORY_CITATION = re.compile(r'bench-history,?(?: the [^"\n]{1,30}\'s)?\s*"((?:[^"\n]|\n[ \t]*(?:#|//|\*)?[ \t]*)+?)"')
+LEAD_IN = re.compile(r"^(?:#{1,6}\s+(.+)|\*\*([^*]+)\*\*)", re.MULTILINE)
+
+
+def _plain(text: str) -> str:
+    return " ".join(re.sub(r"\n[ \t]*(?:#|//|\*)?[ \t]*", " ", text).replace("`", "").split())
+
+
+def history_titles() -> list[str]:
+    return [_plain(a or b) for page in HISTORY.glob("*.md") for a, b in LEAD_IN.findall(page.read_text("utf-8"))]
+
+
+def history_citations(text: str) -> list[tuple[int, str]]:
+    return [(text.count("\n", 0, m.start()) + 1, _plain(m.group(1))) for m in HISTORY_CITATION.finditer(text)]
+
+
+def test_the_history_parsers_on_hand_written_text():
+    text = ('# (docs/bench-history, "The real pair"): x\n// docs/bench-history, "Prefetching the\n// weight stream")\n'
+            'docs/bench-history)", low=0, zero="no"; docs/bench-history, the w4a8 section\'s "Distance"')
+    assert [c for _, c in history_citations(text)] == ["The real pair", "Prefetching the weight stream", "Distance"]
+
+
+def test_every_history_citation_names_a_section():
+    titles = history_titles()
+    assert len(titles) > 100 and (HISTORY / "index.md").is_file()
+    found, missing = 0, []
+    for path in HISTORY_SOURCES:
+        for line, cited in history_citations(path.read_text(encoding="utf-8")):
+            found += 1
+            if not any(cited in t for t in titles):  # a title's start, or its part after a colon
+                missing.append(f"{path.relative_to(ROOT)}:{line}: {cited!r}")
+    assert found >= 25, f"only {found} citations found: has the citation pattern changed?"
+    assert not missing, "citations of docs/bench-history sections that no page has:\n" + "\n".join(missing)
+
+
+def test_no_reference_to_the_old_benchmarks_log():
+    """docs/BENCHMARKS.md became docs/bench-history/ (one page a piece of work) and docs/benchmarks.md."""
+    stale = [f"{p.relative_to(ROOT)}" for p in HISTORY_SOURCES if "BENCHMARKS.md" in p.read_text(encoding="utf-8")]
+    assert not stale, stale

@@ -20,7 +20,7 @@ constexpr int64_t kGroup = 32;
 
 // Software prefetch of the weight stream this many bytes ahead of the part being multiplied (0: off).
 // A one-token matmul is a read of the weights at the memory's pace, and a core's hardware prefetchers
-// alone keep too few lines in flight to reach it (docs/BENCHMARKS.md, "Prefetching the weight stream");
+// alone keep too few lines in flight to reach it (docs/bench-history, "Prefetching the weight stream");
 // each library's `set_prefetch` op changes it for A/B runs (benchmarks/prefetch_ab.py).
 inline int64_t& prefetch_distance() {
   static int64_t bytes = 8192;
