@@ -29,11 +29,16 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, Any]], what: str = "cha
         raise SpecstackError(f"{what}: this model's tokenizer has no chat template")
     for m in messages:
         check_text(m["content"])
-    if tools and "tools" not in tokenizer.chat_template:
+    if tools and not template_writes_tools(tokenizer):
         raise SpecstackError(f"{what}: this model's chat template does not write tools")
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
                                         **({"tools": tools} if tools else {}))
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def template_writes_tools(tokenizer: Any) -> bool:
+    """Whether the model's chat template writes the functions it may call (it reads a `tools` variable)."""
+    return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 
 
 def check_text(text: str) -> None:

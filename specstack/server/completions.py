@@ -18,13 +18,13 @@ from specstack.engine.stopping import Span
 from specstack.errors import SpecstackError
 from specstack.fim import encode_fim
 from specstack.processing import TokenLogprob
-from specstack.prompts import check_text, encode_chat, encode_prompt
+from specstack.prompts import check_text, encode_chat, encode_prompt, template_writes_tools
 from specstack.server.jobs import ClientGone, Events, collect, engine_failure, prepare, sink_into, submit
 from specstack.server.logprobs import TokenText, chat_logprobs, completion_logprobs, echoed
 from specstack.server.protocol import DEFAULT_COMPLETION_TOKENS, CompletionRequest, Prompt, Route, bad, parse_request
 from specstack.server.responses import DONE, Choice, Reply, cached_tokens, sse
 from specstack.server.state import ServerState, authorize, check_model, fim_budget, fim_template, loaded, read_json
-from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls, tag_terminals
+from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls, tag_terminals, tools_described
 from specstack.server.worker import EngineWorker, Event, finish_reason
 
 
@@ -36,6 +36,8 @@ def encode(state: ServerState, prompt: Prompt, new_tokens: int | None = None,
             return encode_fim(state.tokenizer, fim_template(state, "suffix"), prompt.text or "", prompt.suffix,
                               budget=fim_budget(state, new_tokens)).ids
         if prompt.messages is not None:
+            if tools and not template_writes_tools(state.tokenizer):  # described in the system message instead
+                return encode_chat(state.tokenizer, tools_described(prompt.messages, tools))
             return encode_chat(state.tokenizer, prompt.messages, tools=tools)
         if prompt.text is not None:
             return encode_prompt(state.tokenizer, prompt.text)

@@ -7,6 +7,11 @@ writes calls or text as it likes and the calls are parsed out; `"required"` or a
 the output one such call, its arguments valid for the function's JSON schema (a Lark grammar embedding
 the schema, so the engine masks and drafts it like any structured output).
 
+A model whose chat template writes no tools (the default SmolLM2) gets them the way vLLM gives them:
+described in the system message, in the same format, with its earlier calls written into its turns as
+it would write them (`tools_described`); a forced call is constrained by the same grammar, so an agent
+framework works with any model.
+
 Qwen2.5-Coder, asked with `tool_choice: "auto"`, usually writes its call without the tags, as a JSON
 object in a ```json fence (a known habit of the coder models; Ollama parses it the same way). An answer
 that is nothing but such an object (or a list of them) naming one of the request's tools is read as its
@@ -25,6 +30,40 @@ from specstack.grammar import JSON_LAYOUT
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+TOOLS_PROMPT = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+The functions you may call, one JSON signature a line, within <tools></tools>:
+<tools>
+{signatures}
+</tools>
+
+To call a function, answer with a JSON object of its name and arguments within <tool_call></tool_call>:
+<tool_call>
+{{"name": <function name>, "arguments": <its arguments as a JSON object>}}
+</tool_call>"""
+
+
+def tools_described(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation for a chat template that writes no tools: the tools described at the end of the
+    system message (one is added where there is none), each assistant turn's calls written into its text
+    as OPEN {"name", "arguments"} CLOSE, as the model is asked to write them."""
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(f"{OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}"
+                              f"\n{CLOSE}" for c in m["tool_calls"])
+            m = {"role": "assistant", "content": f"{m['content']}\n{calls}" if m["content"] else calls}
+        out.append({k: v for k, v in m.items() if k in ("role", "content")})
+    described = TOOLS_PROMPT.format(signatures="\n".join(json.dumps(t) for t in tools))
+    if out and out[0]["role"] == "system":
+        out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{described}"}
+    else:
+        out.insert(0, {"role": "system", "content": described})
+    return out
 
 
 def tag_terminals(tokenizer: Any) -> tuple[str, str]:

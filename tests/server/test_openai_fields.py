@@ -148,9 +148,24 @@ def test_a_tool_calling_round_trip(tools_server: Server) -> None:
     assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result were in the prompt
 
 
-def test_tools_on_a_template_without_them_is_400(tiny_server: Server) -> None:
-    import openai
-
-    with pytest.raises(openai.BadRequestError, match="does not write tools"):
-        tiny_server.client().chat.completions.create(model=tiny_server.model, messages=[{"role": "user", "content": "x"}],
-                                                     tools=[WEATHER], max_tokens=4)
+def test_tools_on_a_template_without_them_are_described_and_called(tiny_server: Server) -> None:
+    """The default model's template writes no tools: they are described in the system message (vLLM's
+    way) and a forced call is constrained as on any model, so an agent framework works with it."""
+    client = tiny_server.client()
+    level = {"type": "function", "function": {"name": "set_level", "parameters": {  # a call that fits a 256-token context
+        "type": "object", "properties": {"level": {"enum": [1, 2, 3]}}, "required": ["level"], "additionalProperties": False}}}
+    messages = [{"role": "user", "content": "Level 2?"}]
+    plain = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4, temperature=0)
+    args = dict(model=tiny_server.model, messages=messages, tools=[level], max_tokens=32, temperature=0)
+    forced = client.chat.completions.create(tool_choice="required", **args)
+    assert forced.usage.prompt_tokens > plain.usage.prompt_tokens + 50  # the tools' description is in the prompt
+    choice = forced.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "set_level"
+    jsonschema.validate(json.loads(call.function.arguments), level["function"]["parameters"])
+    chunks = list(client.chat.completions.create(stream=True, tool_choice="required", **args))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    auto = client.chat.completions.create(**{**args, "max_tokens": 8}).choices[0]  # tool_choice auto: text or a call
+    assert auto.finish_reason in ("stop", "length", "tool_calls")

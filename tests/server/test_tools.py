@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls, tag_terminals
+from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls, tag_terminals, tools_described
 
 TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n' \
        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
@@ -127,3 +127,18 @@ def test_a_streamed_lone_call_is_held_and_sent_as_a_call(cut):
 def test_a_stream_that_cannot_be_a_lone_call_is_released_at_once(text, released):
     stream = ToolStream(NAMES)
     assert stream.feed(text) == (released, [])
+
+
+def test_tools_described_for_a_template_without_them():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    chat = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "18 C", "tool_call_id": "call_1"}]
+    out = tools_described(chat, tools)
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "tool"]
+    assert json.dumps(tools[0]) in out[0]["content"] and "<tool_call>" in out[0]["content"]
+    assert out[2] == {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'}
+    assert out[3] == {"role": "tool", "content": "18 C"}  # fields a plain template does not read are dropped
+    with_system = tools_described([{"role": "system", "content": "Be brief."}, *chat[:1]], tools)
+    assert len(with_system) == 2 and with_system[0]["content"].startswith("Be brief.\n\n# Tools")
+    assert chat[1]["tool_calls"] == [call]  # the request's messages are not changed
