@@ -9,7 +9,6 @@ Each row has `length` committed slots; a forward writes its T new keys/values in
   no copy at all.
 - `commit_nodes(row, node_ids)`: keep an accepted root-to-leaf path of a tree; the accepted nodes are
   compacted to consecutive slots (O(accepted) copies, never the whole cache), the rest is dead.
-- `rollback(row, n)`: forget the last n committed tokens (O(1)).
 A forward may also *append* to the scratch of earlier forwards of the same round (a draft model
 growing a chain or tree token by token before anything is verified); node ids in `commit_nodes`
 then count over the whole scratch.
@@ -369,15 +368,6 @@ class KVCache:
     def commit_all(self) -> None:
         self.commit_prefix([self.scratch] * self.batch_size)
 
-    def rollback(self, row: int, n: int) -> None:
-        """Forget the last n committed tokens of a row (O(1): the slots become scratch again)."""
-        if not 0 <= n <= self.lengths[row]:
-            raise ValueError(f"row {row}: cannot roll back {n} of {self.lengths[row]} tokens")
-        if self.window is not None and self.next_pos[row] != self.lengths[row]:
-            raise ValueError("cannot roll back past an eviction of a sliding-window cache")
-        self.lengths[row] -= n
-        self.next_pos[row] -= n
-
     def reset(self, row: int | None = None) -> None:
         rows = range(self.batch_size) if row is None else [row]
         for r in rows:
@@ -400,6 +390,3 @@ class KVCache:
             self._move(row, src, torch.arange(w.sink, keep, device=self.device))
             self.slot_pos[row, keep:] = -1
             self.lengths[row] = keep
-
-    def committed_positions(self, row: int) -> list[int]:
-        return self.slot_pos[row, : self.lengths[row]].tolist()

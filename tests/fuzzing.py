@@ -1,5 +1,5 @@
 """Fuzz the `specstack` command line (issue 18): malformed inputs for every command, each run in-process
-through `specstack.cli.main`, each checked against the error contract:
+through `specstack.cli.entry.main`, each checked against the error contract:
 
 - the exit code is 0 or 2 (bench-ties may also answer 1, its documented "a divergence is no near-tie");
   130 never (no case sends a signal);
@@ -254,7 +254,7 @@ def _sequences(path: Path, vocab: int) -> Path:
 
 def _cli(argv: Sequence[str]) -> None:
     """Run a command that must succeed (what builds a fixture)."""
-    from specstack.cli import main
+    from specstack.cli.entry import main
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
@@ -1453,8 +1453,8 @@ def memory_cap(headroom: int = MEMORY_HEADROOM) -> Iterator[None]:
 
 
 def run_in_process(argv: Sequence[str], ws: Path, cache: Path, seconds: float = CASE_SECONDS) -> Outcome:
-    """`specstack ARGV` through specstack.cli.main in this process, in the folder `ws`."""
-    from specstack.cli import main
+    """`specstack ARGV` through specstack.cli.entry.main in this process, in the folder `ws`."""
+    from specstack.cli.entry import main
 
     out, err = _stream("strict"), _stream("backslashreplace")
     code, escaped, message, stopped = None, None, "", None

@@ -9,7 +9,7 @@ set -euo pipefail
 old=$(cd "$1" && pwd); new=$(cd "$2" && pwd); mkdir -p "$3"; out=$(cd "$3" && pwd)
 serve() {  # tree port (run from / so that the tree on PYTHONPATH, not the current folder, is imported)
   cd /
-  PYTHONPATH=$1 python -c "import sys; from specstack.cli import main; sys.exit(main())" serve --threads 2 \
+  PYTHONPATH=$1 python -m specstack.cli serve --threads 2 \
     --max-batch 32 --port "$2" --log-level error > "$out/server-$2.log" 2>&1 &
   echo $!
   cd - > /dev/null

@@ -1,4 +1,4 @@
 """`python -m specstack.cli`: the `specstack` command."""
-from specstack.cli import main
+from specstack.cli.entry import main
 
 raise SystemExit(main())

@@ -76,13 +76,6 @@ class RunStats:
             c.update(s.origins)
         return c
 
-    def acceptance_by_depth(self) -> list[float]:
-        """Share of steps whose accepted path reached depth d (d = 1, 2, ...)."""
-        if not self.steps:
-            return []
-        deepest = max(s.accepted for s in self.steps)
-        return [sum(s.accepted >= d for s in self.steps) / len(self.steps) for d in range(1, deepest + 1)]
-
     def phase_seconds(self) -> dict[str, float]:
         return {
             "draft": sum(s.draft_seconds for s in self.steps),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specstack.cli import main
+from specstack.cli.entry import main
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from bench.tiny_bench import save_tiny_bench_model
 
 import specstack.bench.run as bench_run
 from specstack.bench import datasets, report
-from specstack.cli import main
+from specstack.cli.entry import main
 from specstack.errors import SpecstackError
 
 ROW_FIELDS = {"task_id", "method", "repeat", "new_tokens", "seconds", "tokens_per_s", "target_forwards", "tau",

@@ -19,7 +19,7 @@ import pytest
 from specstack.bench import serve_load as sl
 from specstack.bench import serve_report, serve_settings, serve_stats, serve_wire
 from specstack.bench.datasets import Prompt
-from specstack.cli import main
+from specstack.cli.entry import main
 
 # ---------------------------------------------------------------------------------------------------
 # A fake server: /v1/models, /metrics, streamed /v1/completions and /v1/chat/completions

@@ -15,7 +15,7 @@ from specstack.bench import serve_workloads as wl
 from specstack.bench.serve_sessions import WorkloadResult
 from specstack.bench.serve_settings import LoadSettings, RequestRow, Target
 from specstack.bench.serve_workload_stats import chat_summary, editor_summary, probe_summary, request_numbers
-from specstack.cli import main
+from specstack.cli.entry import main
 from specstack.errors import SpecstackError
 
 

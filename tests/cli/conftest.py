@@ -20,7 +20,7 @@ from fuzzing import TINY_CONTEXT, build_tiny_checkpoint
 
 import specstack
 import specstack.models.loading
-from specstack.cli import main
+from specstack.cli.entry import main
 
 # a speculative run adds tau; the last line names the method (`auto` says what it ran), a batch's per-row lines do not
 STATS_LINE = re.compile(r"^\d+ tokens in \d+\.\d+ s \(\d+\.\d+ tokens/s; prefill \d+ tokens \d+\.\d+ s\)"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from specstack import interrupt
-from specstack.cli import main
+from specstack.cli.entry import main
 
 # ---------------------------------------------------------------------------------------------------
 # The flag and the handler

@@ -55,7 +55,7 @@ def test_prefill(tiny):
     assert logits.shape == (23, 257) and logits.dtype == torch.float32
     assert_close(logits, tiny.hf_logits(prompt), "prefill")
     assert cache.lengths == [23] and cache.next_pos == [23]
-    assert cache.committed_positions(0) == list(range(23))
+    assert cache.slot_pos[0, : cache.lengths[0]].tolist() == list(range(23))
 
 
 def test_decode_step_by_step(tiny):
@@ -90,7 +90,7 @@ def test_tree_forward_and_commit(tiny, accepted):
     cache.commit_nodes(0, accepted)
     n = len(prompt) + len(accepted)
     assert cache.lengths == [n] and cache.next_pos == [n]
-    assert cache.committed_positions(0) == list(range(n))
+    assert cache.slot_pos[0, : cache.lengths[0]].tolist() == list(range(n))
     seq = prompt + [tree_tokens[j] for j in accepted]
     nxt = ids(2, seed=5)
     for k, tok in enumerate(nxt):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specstack.cli import main
+from specstack.cli.entry import main
 
 MAX_TOKENS = 16
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specstack.cli import main
+from specstack.cli.entry import main
 
 
 def bench_serve(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from server.servers import start_server, stop_server
 
-from specstack.cli import main
+from specstack.cli.entry import main
 
 PROMPT = "Write a Python function that reverses a string."
 TOKENS = 48

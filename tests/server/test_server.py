@@ -17,7 +17,7 @@ import openai
 import pytest
 from server.servers import TOKENS, Server, chat, complete, start_server, stop_server, wait_ready
 
-from specstack.cli import main
+from specstack.cli.entry import main
 from specstack.server.metrics import MAX_POSITION
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "Once upon a time",

@@ -160,7 +160,7 @@ def test_window_mask_before_eviction():
 
 def test_window_mask_after_eviction_follows_slot_positions():
     cache = cache_with([7], window=WindowSpec(sink=1, window=3))
-    assert cache.committed_positions(0) == [0, 4, 5, 6]  # evicted: slots hold positions 0, 4, 5, 6
+    assert cache.slot_pos[0, : cache.lengths[0]].tolist() == [0, 4, 5, 6]  # evicted: slots hold positions 0, 4, 5, 6
     assert cache.next_pos == [7]
     batch = build_batch(cache, 1)
     assert batch.positions.tolist() == [[7]]

@@ -1,8 +1,8 @@
-"""KVCache: slot writes, commit of a prefix or a tree path (compaction), rollback, per-row lengths,
+"""KVCache: slot writes, commit of a prefix or a tree path (compaction), per-row lengths,
 sliding-window eviction, and the full-cache error (DESIGN §2.4, §3).
 
 Most tests drive the cache directly with marker values (K = 1000*layer + marker, V = -K) so every
-slot's content can be checked exactly; the window and rollback tests also run the tiny models."""
+slot's content can be checked exactly; the window tests also run the tiny models."""
 from __future__ import annotations
 
 import pytest
@@ -61,12 +61,12 @@ def test_commit_prefix_keeps_first_tokens_without_moving_data():
     assert torch.equal(cache.k, before)
     assert cache.lengths == [3] and cache.next_pos == [3]
     assert committed(cache) == [10, 11, 12]
-    assert cache.committed_positions(0) == [0, 1, 2]
+    assert cache.slot_pos[0, : cache.lengths[0]].tolist() == [0, 1, 2]
     # the two uncommitted tokens were scratch: the next block overwrites them
     put(cache, [[20, 21]])
     cache.commit_prefix([2])
     assert committed(cache) == [10, 11, 12, 20, 21]
-    assert cache.committed_positions(0) == [0, 1, 2, 3, 4]
+    assert cache.slot_pos[0, : cache.lengths[0]].tolist() == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -119,7 +119,7 @@ def test_commit_tree_path_compacts_exactly_the_accepted_nodes(path):
     assert committed(cache, 0) == [1, 2, 3, 4, 5] + [100.0 + i for i in path]
     for layer in range(CFG.n_layers):
         assert markers_at(cache, 0, range(5, 5 + n), layer) == [100.0 + i for i in path]
-    assert cache.committed_positions(0) == list(range(5 + n))
+    assert cache.slot_pos[0, : cache.lengths[0]].tolist() == list(range(5 + n))
     # nothing but the destination slots of row 0 changed (in every layer, K and V)
     changed = (cache.k != k_before).any(dim=(0, 2, 4)) | (cache.v != v_before).any(dim=(0, 2, 4))
     moved = torch.zeros_like(changed)
@@ -130,7 +130,7 @@ def test_commit_tree_path_compacts_exactly_the_accepted_nodes(path):
     # the other row keeps its own path later; row 0's commit did not disturb its scratch
     cache.commit_nodes(1, [0, 1, 4])
     assert committed(cache, 1) == [6, 7, 8, 9, 10, 200, 201, 204]
-    assert cache.committed_positions(1) == list(range(8))
+    assert cache.slot_pos[1, : cache.lengths[1]].tolist() == list(range(8))
 
 
 def test_commit_nodes_rejects_ids_outside_the_block():
@@ -141,36 +141,6 @@ def test_commit_nodes_rejects_ids_outside_the_block():
     with pytest.raises(ValueError):
         cache.commit_nodes(0, [-1])
     assert cache.lengths == [0]
-
-
-# -- rollback ----------------------------------------------------------------------------------------
-def test_rollback_is_bookkeeping_only_and_the_next_write_overwrites():
-    cache = make()
-    put(cache, [list(range(1, 11))])
-    cache.commit_prefix([10])
-    k_ptr, before = cache.k.data_ptr(), cache.k.clone()
-    cache.rollback(0, 3)
-    assert cache.lengths == [7] and cache.next_pos == [7]
-    assert cache.k.data_ptr() == k_ptr and torch.equal(cache.k, before)  # O(1): no data touched
-    put(cache, [[50, 51]])
-    cache.commit_prefix([2])
-    assert committed(cache) == [1, 2, 3, 4, 5, 6, 7, 50, 51]
-    assert cache.committed_positions(0) == list(range(9))
-    with pytest.raises(ValueError):
-        cache.rollback(0, 10)
-
-
-def test_rollback_then_forward_matches_a_fresh_run(tiny):
-    model = tiny.lm.model
-    g = torch.Generator().manual_seed(0)
-    a = torch.randint(0, 257, (1, 10), generator=g)
-    b = torch.randint(0, 257, (1, 3), generator=g)
-    cache = model.new_cache(1, capacity=32)
-    model.extend(a, cache)
-    cache.rollback(0, 3)
-    got = model.extend(b, cache).logits
-    fresh = model.extend(torch.cat([a[:, :7], b], dim=1), model.new_cache(1, capacity=32)).logits[:, 7:]
-    torch.testing.assert_close(got, fresh, atol=1e-5, rtol=1e-5)
 
 
 # -- per-row lengths ---------------------------------------------------------------------------------
@@ -187,7 +157,7 @@ def test_rows_have_their_own_lengths():
     assert committed(cache, 0) == [1, 2, 3, 4, 20, 21]
     assert committed(cache, 1) == [5, 30]
     assert committed(cache, 2) == [40, 41]
-    assert [cache.committed_positions(r) for r in range(3)] == [list(range(6)), [0, 1], [0, 1]]
+    assert [cache.slot_pos[r, : cache.lengths[r]].tolist() for r in range(3)] == [list(range(6)), [0, 1], [0, 1]]
     cache.reset(1)
     assert cache.lengths == [6, 0, 2] and cache.next_pos == [6, 0, 2]
 
@@ -217,7 +187,7 @@ def test_window_cache_evicts_physically(block):
         pos += block
         assert cache.next_pos == [pos]
         assert cache.lengths[0] <= sink + 2 * window  # bounded, however long the sequence grows
-        kept = cache.committed_positions(0)
+        kept = cache.slot_pos[0, : cache.lengths[0]].tolist()
         assert kept == sorted(set(kept)), "positions must stay ordered and unique"
         assert kept[: min(sink, pos)] == list(range(min(sink, pos))), "sink positions are kept"
         recent = list(range(max(0, pos - window), pos))
@@ -257,16 +227,6 @@ def test_window_attention_equals_masked_full_attention(tiny, sink, window):
         done += t
         assert cache.lengths[0] <= sink + 2 * window + max(blocks)
     assert cache.lengths[0] < n
-
-
-def test_rollback_is_refused_after_an_eviction():
-    cache = make(capacity=16, window=WindowSpec(1, 2))
-    for i in range(6):
-        put(cache, [[float(i)]])
-        cache.commit_prefix([1])
-    assert cache.lengths[0] < cache.next_pos[0]
-    with pytest.raises(ValueError):
-        cache.rollback(0, 1)
 
 
 def test_window_cache_with_ragged_rows(tiny):
@@ -314,7 +274,7 @@ def test_a_growable_cache_keeps_its_slots_as_it_grows():
     assert cache.lengths == [33, 13] and cache.capacity <= 40
     assert committed(cache, 0) == [1, 2, 3] + [10.0 * s + i for s in range(6) for i in range(5)]
     assert committed(cache, 1) == [4] + [100.0 + s for s in range(6) for _ in range(2)]
-    assert cache.committed_positions(0) == list(range(33))
+    assert cache.slot_pos[0, : cache.lengths[0]].tolist() == list(range(33))
     assert torch.equal(cache.feat[:, :3], torch.arange(18.0).view(2, 3, 3))
     assert cache.k.shape[3] == cache.slot_pos.shape[1] == cache.feat.shape[1] == cache.capacity
     with pytest.raises(SpecstackError, match="KV cache full"):  # past its limit it is full, as a fixed one
@@ -330,7 +290,7 @@ def test_a_growable_window_cache_stays_within_its_window():
         put(cache, [[float(pos + i) for i in range(3)]])
         cache.commit_prefix([3])
     assert cache.capacity <= 2 * (sink + 2 * window + 3)
-    kept = cache.committed_positions(0)
+    kept = cache.slot_pos[0, : cache.lengths[0]].tolist()
     assert committed(cache) == [float(p) for p in kept] and kept[-window:] == list(range(300 - window, 300))
 
 

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from unit.test_quant import _write_tiny_llama_gguf
 
 import specstack.models.loading as loading
-from specstack.cli import main
+from specstack.cli.entry import main
 from specstack.config import WindowSpec
 from specstack.drafting.katz import KatzTrigram
 from specstack.errors import SpecstackError

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import specstack.cli
+import specstack.cli.entry
 from specstack.config import SamplingParams
 from specstack.drafting.base import DraftContext
 from specstack.drafting.katz import KatzTrigram
@@ -306,7 +306,7 @@ def test_drafter_protocol_and_latency(shipped: KatzTrigram) -> None:
 # `specstack ngram train`
 # ---------------------------------------------------------------------------------------------------
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = specstack.cli.main(list(argv))
+    code = specstack.cli.entry.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 

