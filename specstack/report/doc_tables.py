@@ -16,7 +16,9 @@ after `#`). `key` (default: the first column) names the column(s) that identify 
 by key, each with the name the page shows. A column is `method` (the row's shown name), `SRC:COLUMN`
 (the cell as the run wrote it) or `SRC:COLUMN/ROW` (this row's value over row ROW's in the same
 column, two decimals: the ratios in one run that the docs compare; `SRC:COLUMN/@base` takes ROW from the
-row's own third element, `["auto@b4", "auto", "ar@b4"]`). A row a source lacks shows `–`.
+row's own third element, `["auto@b4", "auto", "ar@b4"]`). A row's third element may instead be
+`{"base": ROW, "from": SRC}`, and a column `*:COLUMN` then reads that row's SRC: one table of rows from
+several runs (one soak a row). A row a source lacks shows `–`.
 `python benchmarks/publish_run.py --tables README.md docs/benchmarks.md` rewrites every marked table;
 a test checks that the committed pages equal what this renders.
 """
@@ -96,29 +98,31 @@ def render_table(spec: dict, root: Path, page_dir: Path) -> str:
         sources[name] = (file, read_table(root / file, heading or None, spec.get("key")))
     heads = [head for _, head in spec["cols"]]
     out = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(heads))) + "|"]
-    for key, shown, *base in spec["rows"]:
+    for key, shown, *extra in spec["rows"]:
+        row = extra[0] if extra and isinstance(extra[0], dict) else {"base": extra[0]} if extra else {}
         cells = []
         for expr, _ in spec["cols"]:
             if expr == "method":
                 cells.append(shown)
                 continue
             src, _, col = expr.partition(":")
+            src = row.get("from", src) if src == "*" else src
             if src not in sources:
-                raise TableError(f"column {expr!r}: no source {src!r}")
+                raise TableError(f"column {expr!r}: no source {src!r}" + (f" (row {key!r})" if expr.startswith("*") else ""))
             table = sources[src][1]
             over = ""
             if col.endswith("/@base"):
-                if not base:
+                if "base" not in row:
                     raise TableError(f"column {expr!r}: row {key!r} names no base row")
-                col, over = col[: -len("/@base")], base[0]
+                col, over = col[: -len("/@base")], row["base"]
             elif "/" in col and col.rsplit("/", 1)[1] in table.rows:  # COLUMN/ROW; a column's name may hold "/"
                 col, over = col.rsplit("/", 1)
             value = table.cell(key, col)
             if value is None:
                 cells.append(MISSING)
             elif over:
-                base = table.cell(over, col)
-                cells.append(MISSING if base is None else f"{number(value) / number(base):.2f}")
+                denominator = table.cell(over, col)
+                cells.append(MISSING if denominator is None else f"{number(value) / number(denominator):.2f}")
             else:
                 cells.append(value)
         out.append("| " + " | ".join(cells) + " |")

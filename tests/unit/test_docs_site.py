@@ -75,7 +75,10 @@ def _page(spec: str) -> str:
 
 
 def _rows(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| method")]
+    """The rendered table's body (after its header and separator)."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|---")) + 1
+    return [line for line in lines[first:] if line.startswith("| ")]
 
 
 def test_render_picks_rows_and_columns_and_computes_ratios(tmp_path: Path):
@@ -93,6 +96,17 @@ def test_render_under_a_heading_with_a_base_row_each(tmp_path: Path):
     spec = ('{"from": {"b": "run.md#Batches"}, "rows": [["ar@b4", "ar", "ar@b4"], ["auto@b4", "auto", "ar@b4"]], '
             '"cols": [["method", "method"], ["b:tokens/s/@base", "x batched ar"]]}')
     assert _rows(render_page(_page(spec), tmp_path, tmp_path)) == ["| ar | 1.00 |", "| auto | 1.50 |"]
+    twice = spec.replace('["b:tokens/s/@base", "x batched ar"]]', '["b:tokens/s/@base", "x"], ["b:tokens/s/@base", "again"]]')
+    assert _rows(render_page(_page(twice), tmp_path, tmp_path)) == ["| ar | 1.00 | 1.00 |", "| auto | 1.50 | 1.50 |"]
+
+
+def test_render_rows_each_from_its_own_run(tmp_path: Path):
+    """One table of several runs (a soak a row): a row names its source, a `*:` column reads it."""
+    (tmp_path / "a.md").write_text("| requests | RSS |\n|---|---|\n| 10,000 | 3,246 MB |\n", encoding="utf-8")
+    (tmp_path / "b.md").write_text("| requests | RSS |\n|---|---|\n| 2,000 | 5,514 MB |\n", encoding="utf-8")
+    spec = ('{"from": {"a": "a.md", "b": "b.md"}, "rows": [["10,000", "135M", {"from": "a"}], ["2,000", "1.5B", {"from": "b"}]], '
+            '"cols": [["method", "model"], ["*:requests", "requests"], ["*:RSS", "RSS"]]}')
+    assert _rows(render_page(_page(spec), tmp_path, tmp_path)) == ["| 135M | 10,000 | 3,246 MB |", "| 1.5B | 2,000 | 5,514 MB |"]
 
 
 @pytest.mark.parametrize("spec, message", [
