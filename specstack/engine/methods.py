@@ -95,6 +95,7 @@ class Method:
     # engine/batch_cost.py), which must fit the target's context after one token of it
     measures: Callable[[Params], int] = _no_measure
     length: LengthRule = as_proposed
+    per_model: bool = False  # True: stands for what the model's registry entry measured fastest (`auto`)
 
     def defaults(self) -> dict[str, int]:
         return {p.name: p.default for p in self.params}
@@ -356,14 +357,14 @@ def resolved_auto(method: MethodSpec, model_name: str | None) -> MethodSpec:
     """`auto` as the method measured fastest for this model when its registry entry names one (else
     `auto` itself: AUTO, with its fallback for a model without a trigram); any other method as it is."""
     entry = MODELS.get(model_name or "")
-    if method.name == "auto" and entry is not None and entry.auto:
+    if lookup(method.name).per_model and entry is not None and entry.auto:
         return parse_method(entry.auto)
     return method
 
 
 def describe(method: MethodSpec, model_name: str | None = None) -> str:
     """The method as the stats line names it: `auto` says what it runs."""
-    return f"auto ({auto_text(model_name)})" if method.name == "auto" else str(method)
+    return f"{method.name} ({auto_text(model_name)})" if lookup(method.name).per_model else str(method)
 
 
 register(Method("staged", "the draft's tree with draft2 (the trigram) speculating the draft (Spector & Ré 2023)",
@@ -375,4 +376,4 @@ register(Method("staged", "the draft's tree with draft2 (the trigram) speculatin
 register(Method("auto", f"the fastest lossless choice measured here: {AUTO} (the trigram and context lookup, "
                 "each step's length by the measured forward cost)", build_auto, sources=TRIGRAM,
                 measures=lambda p: ngram_measures(parse_method(AUTO).params),
-                length=lambda target, p, rows: ngram_length(target, parse_method(AUTO).params, rows)))
+                length=lambda target, p, rows: ngram_length(target, parse_method(AUTO).params, rows), per_model=True))

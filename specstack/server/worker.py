@@ -65,7 +65,7 @@ class Job:
     id: int
     prompt_ids: list[int]
     gen: GenerationConfig
-    method: str | None  # None: the server's method; "ar": no drafting
+    method: str | None  # None: the server's method; one whose factory is None (ar): no drafting
     sink: Sink
     arrived: float = field(default_factory=time.perf_counter)
     handle: int | None = None  # the engine's, once added
@@ -117,7 +117,7 @@ class EngineWorker:
         """Build `method`'s drafter factory (a draft model loads here) before a request that picks it is
         submitted, so a method that cannot run here is the request's error (400), not the engine's. Run
         it off the event loop: it may take seconds."""
-        if method in (self.method, "ar"):
+        if method == self.method:
             return
         with self._build_lock:
             if method not in self._factories:
@@ -180,12 +180,12 @@ class EngineWorker:
     def _add(self, job: Job) -> None:
         try:
             drafters = None
-            if job.method not in (None, "ar"):
+            if job.method is not None:  # a factory of None: a method that does not draft (ar)
                 self.prepare(job.method)  # done already by the handler; here for callers that did not
                 drafters = self._factories[job.method]
                 self._trim_methods(job.method)
             request = BatchRequest(job.prompt_ids, job.gen, on_text=job.pieces.append, drafters=drafters,
-                                   speculate=job.method != "ar" and (job.method is None or drafters is not None),
+                                   speculate=job.method is None or drafters is not None,
                                    on_spans=None if job.spans is None else job.spans.extend)
             job.handle = self.engine.add(request)
         except SpecstackError as e:  # a method whose draft cannot load, a prompt over the context
