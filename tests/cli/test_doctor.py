@@ -201,7 +201,9 @@ def test_a_missing_compiler_is_a_problem_with_its_fix(tmp_path):
 
 
 def test_no_compiler_on_path(monkeypatch, tmp_path):
-    """No CXX and no `c++` on PATH (only this Python, by its absolute path): the same report, in process."""
+    """No CXX and no `c++` on PATH (only this Python, by its absolute path): the same report, in process.
+    As in a fresh process (doctor's own): a kernel this test process loaded earlier would count as available."""
+    monkeypatch.setattr(native, "_LOADED", set())
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("SPECSTACK_CACHE", str(tmp_path / "cache"))
