@@ -6,7 +6,7 @@ Five sections: the machine (CPU, the instruction sets that matter, torch), what 
 (the default --dtype, each kernel table's entry and the variable that forces one, the native kernels),
 the cache folder, the installed extras and llama.cpp peer binaries, the registered models; then one line:
 everything OK, or the problems with their fixes. Read only and fast: nothing is compiled, assembled or
-loaded (specstack/doctor.py gathers it). A report, so its exit status is 0 whatever it finds.
+loaded (the package specstack/doctor gathers it). A report, so its exit status is 0 whatever it finds.
 """
 from __future__ import annotations
 

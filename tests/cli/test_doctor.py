@@ -1,4 +1,4 @@
-"""`specstack doctor` (specstack/doctor.py, cli/doctor.py): the real command on this machine reports every
+"""`specstack doctor` (specstack/doctor/, cli/doctor.py): the real command on this machine reports every
 section, agrees with /proc/cpuinfo and with the kernel tables, names each missing piece with its fix, and
 builds, assembles and writes nothing.
 
