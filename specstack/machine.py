@@ -18,6 +18,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
+    """The instruction-set flags the kernel reports for the first CPU (None where there is no
+    /proc/cpuinfo): `specstack doctor` shows the ones that decide something."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return None
+
+
 def package_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)

@@ -18,9 +18,10 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from specstack.doctor.installed import extras, models, peer_binaries
-from specstack.doctor.probe import COMPILER_FIX, CPU_FLAGS, cache, choices, cpu_flags, machine
+from specstack.doctor.probe import COMPILER_FIX, CPU_FLAGS, cache, choices, machine
 from specstack.doctor.report import Problem, Report
 from specstack.doctor.text import render
+from specstack.machine import cpu_flags
 
 __all__ = ["COMPILER_FIX", "CPU_FLAGS", "Report", "choices", "extras", "gather", "models", "render", "to_json"]
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from specstack.errors import SpecstackError
 from specstack.files import cache_root
-from specstack.machine import cpu_model, package_version
+from specstack.machine import cpu_flags, cpu_model, package_version
 
 if TYPE_CHECKING:
     from specstack.models.kernel_table import KernelChoice
@@ -45,18 +45,6 @@ LLAMA_BUILD = "benchmarks/build_llama_cpp.sh"  # the llama.cpp peers' build (its
 # ---------------------------------------------------------------------------------------------------
 # 1. The machine
 # ---------------------------------------------------------------------------------------------------
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
-    """The flags the kernel reports for the first CPU (None where there is no /proc/cpuinfo)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return None
-
-
 def machine() -> Machine:
     import torch
 
