@@ -25,24 +25,20 @@ if [[ ! -f "$SRC/CMakeLists.txt" ]]; then
 fi
 
 # 2. Configure. Why these flags:
-#  - GGML_NATIVE=OFF + explicit ISA flags: the native build turns on AMX on some
-#    of our CPUs and crashes; pin AVX2/FMA/F16C and force AMX off.
-#  - AVX512* only if this CPU has avx512f (the binary is then not portable to
-#    hosts without it).
+#  - the instruction sets come from specstack/bench/llama_build.py (one place, unit-tested, the flags a
+#    llama-cpp-python must be built with too): GGML_NATIVE=OFF, each ISA named, AVX-512 only where this
+#    CPU has it, AMX always off (the native build turns AMX on some of our CPUs and crashes).
 #  - LLAMA_BUILD_UI=OFF, LLAMA_USE_PREBUILT_UI=OFF: otherwise the server build
 #    downloads the web UI from Hugging Face at build time (we only use the API).
 #  - LLAMA_OPENSSL=OFF, BUILD_SHARED_LIBS=OFF: no HTTPS needed; static binaries
 #    can be copied/run without libllama.so next to them.
 #  - (LLAMA_CURL is deprecated in this llama.cpp version, so it is not passed.)
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
-    isa=(-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
-    if grep -qw avx512f /proc/cpuinfo; then
-        isa+=(-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
-    fi
+    # shellcheck disable=SC2207
+    isa=($(cd "$(dirname "$0")/.." && python3 -m specstack.bench.llama_build))
     gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
     cmake -S "$SRC" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF "${isa[@]}" \
-        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+        -DBUILD_SHARED_LIBS=OFF "${isa[@]}" \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
         -DLLAMA_OPENSSL=OFF
 fi

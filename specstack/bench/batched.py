@@ -34,7 +34,8 @@ from tqdm import tqdm
 from specstack import interrupt
 from specstack.bench.datasets import EncodedPrompt
 from specstack.bench.llama_batched import LlamaBatched, find_binary, record_rows
-from specstack.bench.peers import ForwardCounter, hf_dtype, hf_generate_batch
+from specstack.bench.llama_build import binary_about
+from specstack.bench.peers import ForwardCounter, hf_about, hf_dtype, hf_generate_batch
 from specstack.bench.plan import BenchMethod, Plan
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.batch_length import BatchLength
@@ -133,6 +134,7 @@ class BatchMethods:
     skipped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     llama: tuple[BenchMethod, LlamaBatched] | None = None
+    peers: dict[str, str] = field(default_factory=dict)  # a peer's label -> what ran it
 
 
 def build_batch_methods(plan: Plan, targets: dict[str, LoadedModel], hf: HfModels, sources: DraftSources,
@@ -153,6 +155,7 @@ def build_batch_methods(plan: Plan, targets: dict[str, LoadedModel], hf: HfModel
             mean_prompt = round(sum(len(p.ids) for p in prompts) / len(prompts))
             out.llama = (m, LlamaBatched(binary, gguf.path, max(1, mean_prompt), s.max_new_tokens,
                                          tuple(sorted(s.batch_sizes or ())), threads))
+            out.peers[m.label] = binary_about(binary)
             out.notes.append(f"{m.label}: llama.cpp's llama-batched-bench on the same GGUF (its own quantization): "
                              f"random tokens, every sequence {mean_prompt} prompt tokens (the set's mean), then "
                              f"{s.max_new_tokens} new tokens each; tokens/s is its generation speed (speed_tg, prefill "
@@ -163,6 +166,7 @@ def build_batch_methods(plan: Plan, targets: dict[str, LoadedModel], hf: HfModel
                 out.notes.append(f"{m.label}: transformers cannot run {m.dtype} weights: it ran {dt}")
             model, counter = hf.hf_model(dt)
             out.ready[m.label] = hf_batch_runner(model, counter, dt, s.sampling, hf.pad_id)
+            out.peers[m.label] = hf_about(dt, s.device)
         else:
             target = targets[m.dtype]
             spec = m.spec

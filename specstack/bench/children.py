@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,16 @@ def ended(proc: subprocess.Popen[Any]) -> str | None:
     if code is None:
         return None
     return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+
+
+def ended_soon(proc: subprocess.Popen[Any], wait: float = 5.0) -> str | None:
+    """How proc ended, waiting up to `wait` seconds for it: a crashing process closes its pipes and
+    sockets just before its exit status can be read, so a peer seen to drop its connection is given
+    that moment before the report says how it ended."""
+    deadline = time.monotonic() + wait
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return ended(proc)
 
 
 def log_tail(path: Path, lines: int = 3) -> str:

@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from specstack.attention import LAYOUTS, Layout
-from specstack.bench import llama_bench
+from specstack.bench import llama_bench, llama_cpp_peer
 from specstack.bench.bandwidth import measure_bandwidth, measure_read_bandwidth, step_limits
 from specstack.bench.datasets import humaneval_prompts
 from specstack.bench.forward_report import (
@@ -42,12 +42,8 @@ from specstack.bench.forward_report import (
     write_figure,
 )
 from specstack.bench.llama_bench import LlamaForward
-from specstack.bench.peers import (
-    hf_generate,
-    llama_cpp_generate,
-    load_hf,
-    load_llama_cpp,
-)
+from specstack.bench.peer_child import PeerChild
+from specstack.bench.peers import hf_generate, load_hf
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.engine.batched import generate
 from specstack.engine.timing import (
@@ -63,7 +59,7 @@ from specstack.files import atomic_write_text
 from specstack.machine import cpu_model, now, versions
 from specstack.models.base import LoadedModel
 from specstack.models.loading import load_model
-from specstack.models.registry import resolve
+from specstack.models.registry import ModelSource, resolve
 from specstack.validate import fits_context
 
 HF_GEN_REFERENCE = "hf bf16"  # the method speed-ups and token matches of part 2 are measured against
@@ -208,11 +204,23 @@ def hf_generate_fn(model: Any, pad_id: int | None) -> GenerateFn:
     return run_one
 
 
-def llama_cpp_generate_fn(llm: Any) -> GenerateFn:
+def llama_cpp_generate_fn(child: PeerChild) -> GenerateFn:
     def run_one(ids: list[int], n: int) -> list[int]:
-        return llama_cpp_generate(llm, ids, n, SamplingParams())
+        return [int(t) for t in child.generate(ids, n, SamplingParams())["tokens"]]
 
     return run_one
+
+
+def _llama_cpp_child(src: ModelSource, threads: int, n_ctx: int, notes: list[str]) -> PeerChild | None:
+    """llama-cpp-python on the same GGUF in a process of its own, or None with the reason in `notes`."""
+    why = llama_cpp_peer.unavailable(src.kind == "gguf")
+    if why is None:
+        try:
+            return PeerChild("llama-cpp-python", gguf=str(src.path), threads=threads, n_ctx=n_ctx)
+        except SpecstackError as e:
+            why = f"failed: {e}"
+    notes.append(f"llama.cpp generation: skipped ({why})")
+    return None
 
 
 def run_generation(fns: dict[str, GenerateFn], prompts: Sequence[list[int]], new_tokens: int
@@ -330,10 +338,14 @@ def run_forward_bench(settings: ForwardSettings, command: str) -> None:
         if hf:
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
             fns[HF_GEN_REFERENCE] = hf_generate_fn(hf["bf16"], pad)
-        llm = load_llama_cpp(src, s.threads, max(map(len, prompts)) + s.new_tokens + 8)
-        if llm is not None:
-            fns["llama.cpp"] = llama_cpp_generate_fn(llm)
-        gen = run_generation(fns, prompts, s.new_tokens)
+        child = _llama_cpp_child(src, s.threads, max(map(len, prompts)) + s.new_tokens + 8, notes)
+        if child is not None:
+            fns["llama.cpp"] = llama_cpp_generate_fn(child)
+        try:
+            gen = run_generation(fns, prompts, s.new_tokens)
+        finally:
+            if child is not None:
+                child.close()
 
     md, png = report_paths(s.out)
     # the settings as JSON values (its paths: --out, --llama-bin-dir, as strings)

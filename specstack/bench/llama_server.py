@@ -107,7 +107,8 @@ class LlamaServer:
             raise SpecstackError(f"llama-server did not answer within {request_timeout():.0f} s "
                                  f"({TIMEOUT_ENV} sets the limit)") from None
         except httpx.HTTPError as e:
-            raise SpecstackError(f"llama-server {self._ended() or 'dropped the request'} ({type(e).__name__}): "
+            ended = None if self.proc is None else children.ended_soon(self.proc)
+            raise SpecstackError(f"llama-server {ended or 'dropped the request'} ({type(e).__name__}): "
                                  f"{self._tail()}") from None
         if r.status_code != 200:
             raise SpecstackError(f"llama-server answered {r.status_code}: {r.text[:200]}")

@@ -1,6 +1,6 @@
-"""What people would otherwise use, run on the same model file: Hugging Face transformers (`generate`,
-prompt lookup, assisted generation) and llama.cpp (llama-cpp-python, plain and with prompt lookup);
-the machine description every benchmark prints beside its numbers is specstack/machine.py.
+"""transformers as a peer, on the same model file: `generate`, prompt lookup, assisted generation. The
+other peers (llama.cpp's library and servers, OpenVINO GenAI) run in processes of their own: the table of
+peers is bench/peer_kinds.py.
 
 Every generate function here takes prompt token ids and returns exactly `n` new token ids: EOS does
 not stop it (as the engine with stop_on_eos=False), so tokens/s compare like with like.
@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from specstack.config import SamplingParams
+from specstack.machine import package_version
 from specstack.models.registry import ModelSource
 
 HF_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -104,54 +105,6 @@ def _sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
             "top_p": sampling.top_p}
 
 
-# ---------------------------------------------------------------------------------------------------
-# llama.cpp
-# ---------------------------------------------------------------------------------------------------
-def llama_cpp_unavailable(src: ModelSource) -> str | None:
-    """Why llama.cpp cannot run this model here (None when it can)."""
-    if src.kind != "gguf":
-        return "the model is not a GGUF file"
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return "llama-cpp-python is not installed: pip install llama-cpp-python"
-    return None
-
-
-def load_llama_cpp(src: ModelSource, threads: int, n_ctx: int, prompt_lookup: int = 0) -> Any | None:
-    """A llama.cpp model of the same GGUF (with prompt-lookup drafting of `prompt_lookup` tokens when
-    > 0), or None with a message on stderr when that is not possible."""
-    import sys
-
-    reason = llama_cpp_unavailable(src)
-    if reason is not None:
-        print(f"llama.cpp: skipped ({reason})", file=sys.stderr)
-        return None
-    from llama_cpp import Llama
-
-    draft = None
-    if prompt_lookup > 0:
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
-    return Llama(model_path=str(src.path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                 draft_model=draft, verbose=False)
-
-
-def llama_cpp_generate(llm: Any, ids: Sequence[int], n: int, sampling: SamplingParams) -> list[int]:
-    """Exactly n new tokens; the prompt is given as token ids (same vocabulary: same GGUF), and the
-    state is reset first so a repeated prompt pays its prefill again (no prefix-cache reuse)."""
-    llm.reset()
-    if sampling.seed is not None:
-        llm.set_seed(sampling.seed)
-    if sampling.greedy:
-        kw = {"temp": 0.0, "top_k": 1, "top_p": 1.0}
-    else:
-        kw = {"temp": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
-    out: list[int] = []
-    # generate() never stops by itself (EOS is the caller's business)
-    for tok in llm.generate(list(ids), min_p=0.0, typical_p=1.0, repeat_penalty=1.0, reset=True, **kw):
-        out.append(int(tok))
-        if len(out) == n:
-            break
-    return out
+def hf_about(dtype: str, device: str) -> str:
+    """What runs the transformers peers: the versions, the weights' dtype, the device."""
+    return f"transformers {package_version('transformers')}, torch {package_version('torch')}, {dtype}, {device}"

@@ -3,7 +3,7 @@
 Terms:
 - method list: methods separated by ';' ("ar;chain:k=4;hf;llamacpp"); commas separate one method's
   parameters. Engine methods take theirs (engine.methods); every method also takes `dtype=F`, the
-  target's weight format for that method. Peers (PEER_PARAMS) are transformers and llama.cpp.
+  target's weight format for that method. Peers (bench/peer_table.py): transformers, llama.cpp, OpenVINO.
 - label: a method as written in the list; rows, summaries and --resume know methods by label.
 - settings (BenchSettings): every choice that shapes the numbers; written to DIR/run.json, and a
   --resume must repeat the RESUME_KEYS of them.
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specstack.bench.peer_table import BATCH_PEERS, PEERS
 from specstack.bench.rows import read_rows, read_run
 from specstack.config import SamplingParams
 from specstack.engine.methods import METHODS, MethodSpec, parse_method
@@ -24,17 +25,6 @@ from specstack.errors import SpecstackError
 from specstack.files import check_writable_dir
 from specstack.weight_formats import WEIGHT_FORMATS
 
-PEER_PARAMS: dict[str, dict[str, int]] = {
-    "hf": {}, "hf-pld": {"tokens": 10}, "hf-assisted": {}, "llamacpp": {}, "llamacpp-pld": {"tokens": 10},
-    "llamacpp-batched": {},
-    # llama-server with the draft model (bench/llama_server.py): draft max, p-min in percent
-    "llamacpp-spec": {"max": 16, "pmin": 80},
-    # llama-server's draft-free n-gram speculation: lookup n-gram size, tokens drafted
-    "llamacpp-ngram": {"n": 3, "max": 16},
-}
-SERVER_PEERS = ("llamacpp-spec", "llamacpp-ngram")  # run through llama-server (bench/llama_server.py)
-BATCH_PEERS = ("hf", "llamacpp-batched")  # the peers that decode many sequences at once
-BATCH_ONLY = ("llamacpp-batched",)
 LAYOUTS = ("auto", "pad", "split")  # engine.batched's LAYOUT_CHOICES (plan stays importable without it)
 RESUME_KEYS = ("model", "prompts", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "dtype", "device",
                "draft", "draft_dtype", "ngram", "batch_sizes", "draft_vocab")
@@ -74,8 +64,8 @@ def parse_methods(values: Sequence[str], default_dtype: str) -> list[BenchMethod
         if "," in name:
             raise SpecstackError(f"--methods {text!r}: separate methods with ';' "
                                  "(commas separate one method's parameters)")
-        if name not in METHODS and name not in PEER_PARAMS:
-            raise SpecstackError(f"unknown method {name!r}; choose from {', '.join([*METHODS, *PEER_PARAMS])}")
+        if name not in METHODS and name not in PEERS:
+            raise SpecstackError(f"unknown method {name!r}; choose from {', '.join([*METHODS, *PEERS])}")
         dtype, layout, others = default_dtype, None, []
         for item in filter(None, (s.strip() for s in rest.split(","))):
             key, _, value = item.partition("=")
@@ -107,14 +97,14 @@ def check_batch_mode(methods: Sequence[BenchMethod], batch_sizes: Sequence[int] 
             if m.peer and m.name not in BATCH_PEERS:
                 raise SpecstackError(f"--methods {m.label!r}: not a batched method; with --batch-sizes the peers "
                                      f"are {', '.join(BATCH_PEERS)}")
-        elif m.name in BATCH_ONLY:
+        elif m.peer and PEERS[m.name].batch_only:
             raise SpecstackError(f"--methods {m.label!r}: runs batches only; give --batch-sizes, e.g. 1,4,8,16,32")
         elif m.layout is not None:
             raise SpecstackError(f"--methods {m.label!r}: layout= lays out the rows of a batch; give --batch-sizes")
 
 
 def _peer_params(name: str, items: Sequence[str]) -> dict[str, int]:
-    params = dict(PEER_PARAMS[name])
+    params = dict(PEERS[name].params)
     for item in items:
         key, _, value = item.partition("=")
         if key not in params or not value.strip().isdigit() or int(value) < 1:

@@ -141,6 +141,7 @@ def render_md(summary: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
         f"- command: `{meta['command']}`",
         f"- machine: {mach['cpu']}; {mach['threads']} threads for torch and llama.cpp; device {st['device']}",
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val),
+        *[f"- peer {label}: {about}" for label, about in meta.get("peers", {}).items()],
         f"- date: {meta['date']}",
         f"- {meta['n_prompts']} prompts x {st['max_new_tokens']} new tokens x {st['repeats']} repeats; {sampling}; "
         f"default weight format {st['dtype']}",
@@ -281,7 +282,7 @@ def write_report(out: Path, rows: Sequence[Row], meta: dict[str, Any], order: Se
     return _write_summaries(out, summary, meta)
 
 
-META_KEYS = ("baselines", "skipped", "notes", "settings", "machine", "versions", "command", "date", "n_prompts")
+META_KEYS = ("baselines", "skipped", "notes", "peers", "settings", "machine", "versions", "command", "date", "n_prompts")
 
 
 def _write_summaries(out: Path, summary: dict[str, Any], meta: dict[str, Any],

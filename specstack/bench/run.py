@@ -20,7 +20,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,11 @@ from tqdm import tqdm
 from specstack import interrupt
 from specstack.bench.batched import build_batch_methods, measure_batches, single_label
 from specstack.bench.datasets import SHAREGPT_MAX_PROMPT_TOKENS, EncodedPrompt, Prompt, iter_prompts, select_prompts
-from specstack.bench.llama_cpp_child import LlamaCppChild
-from specstack.bench.llama_server import LlamaServer, server_binary, spec_flags
-from specstack.bench.peers import (
-    ForwardCounter,
-    hf_dtype,
-    hf_generate,
-    llama_cpp_unavailable,
-    load_hf,
-)
-from specstack.bench.plan import SERVER_PEERS, BenchMethod, Plan
+from specstack.bench.outputs import Output, Runner
+from specstack.bench.peer_runners import Peers
+from specstack.bench.peer_table import PEERS
+from specstack.bench.peers import hf_dtype
+from specstack.bench.plan import BenchMethod, Plan
 from specstack.bench.report import write_report
 from specstack.bench.rows import read_rows
 from specstack.config import GenerationConfig, SamplingParams
@@ -51,9 +46,7 @@ from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text
 from specstack.machine import cpu_model, now, versions
 from specstack.models.base import LoadedModel
-from specstack.models.drafts import DraftKind, DraftSpec
 from specstack.models.loading import load_model
-from specstack.models.registry import resolve
 from specstack.prompts import encode_prompt
 from specstack.weight_formats import weight_format
 
@@ -63,20 +56,6 @@ WARMUP_TOKENS = 16
 # ---------------------------------------------------------------------------------------------------
 # Runners: prompt ids, n -> Output (one per method, everything loaded up front)
 # ---------------------------------------------------------------------------------------------------
-@dataclass
-class Output:
-    tokens: list[int]
-    dtype: str  # the weight format it ran in
-    target_forwards: int | None = None
-    tau: float | None = None
-    origins: dict[str, int] | None = None
-    phases: dict[str, float] | None = None
-    accepted_per_step: list[int] | None = None
-    token_origins: list[str] | None = None
-    drafted: int | None = None  # draft tokens proposed (a peer's acceptance rate is accepted / drafted)
-
-
-Runner = Callable[[list[int], int], Output]
 
 
 def run_method(target, drafter, ids, gen, length=None):  # indirection: tests wrap it to count or alter generations
@@ -101,97 +80,6 @@ def engine_runner(lm: LoadedModel, drafter: Drafter | None, sampling: SamplingPa
     return go
 
 
-class Peers:
-    """transformers and llama.cpp models, loaded once each (by weight format / flavour)."""
-
-    def __init__(self, model: str, sources: DraftSources, sampling: SamplingParams, device: str, threads: int,
-                 pad_id: int | None, bin_dir: Path | None = None) -> None:
-        self.src, self.sources, self.sampling, self.device = resolve(model), sources, sampling, device
-        self.threads, self.pad_id, self.bin_dir = threads, pad_id, bin_dir
-        self.hf: dict[str, tuple[Any, ForwardCounter]] = {}
-        self.assistants: dict[str, Any] = {}
-        self.llama: dict[int, LlamaCppChild] = {}
-        self.servers: list[LlamaServer] = []
-
-    def unavailable(self, m: BenchMethod) -> str | None:
-        if m.name in SERVER_PEERS:
-            if self.src.kind != "gguf":
-                return "the model is not a GGUF file"
-            if m.name == "llamacpp-spec" and self._draft_gguf() is None:
-                return "needs a GGUF draft: pass --draft MODEL (the draft the engine uses)"
-            return server_binary(self.bin_dir)[1] or None
-        if m.name.startswith("llamacpp"):
-            return llama_cpp_unavailable(self.src)
-        if m.name == "hf-assisted" and (self.sources.draft is None
-                                         or DraftSpec.parse(self.sources.draft).kind is not DraftKind.MODEL):
-            return (f"unavailable: the draft {self.sources.draft or 'self:N'} is not a model transformers can load "
-                    "as an assistant; pass --draft MODEL (a small model with the same tokenizer)")
-        return None
-
-    def hf_model(self, dtype: str) -> tuple[Any, ForwardCounter]:
-        """transformers' model in `dtype` (bf16 or fp32), loaded once, and its forward counter."""
-        if dtype not in self.hf:
-            model = load_hf(self.src, dtype, self.device)
-            self.hf[dtype] = (model, ForwardCounter(model))
-        return self.hf[dtype]
-
-    def _draft_gguf(self) -> Path | None:
-        if self.sources.draft is None or DraftSpec.parse(self.sources.draft).kind is not DraftKind.MODEL:
-            return None
-        src = resolve(self.sources.draft)
-        return src.path if src.kind == "gguf" else None
-
-    def close(self) -> None:
-        for server in self.servers:
-            server.close()
-        for child in self.llama.values():
-            child.close()
-
-    def runner(self, m: BenchMethod, n_ctx: int) -> Runner:
-        if m.name in SERVER_PEERS:
-            binary, _ = server_binary(self.bin_dir)
-            assert binary is not None  # unavailable() said so first
-            server = LlamaServer(binary, self.src.path, self.threads, n_ctx,
-                                 spec_flags(m.name, m.params, self._draft_gguf()))
-            server.start()
-            self.servers.append(server)
-
-            def go_server(ids: list[int], n: int) -> Output:
-                drafted, accepted = server.drafted, server.accepted
-                tokens = server.generate(ids, n, self.sampling)
-                d, a = server.drafted - drafted, server.accepted - accepted
-                # every target forward (the prefill's included) yields one token of its own, after the
-                # drafts it accepted: forwards = tokens - accepted, as the engine counts them
-                forwards = len(tokens) - a
-                return Output(tokens, "gguf", target_forwards=forwards, tau=len(tokens) / forwards if forwards else None,
-                              origins={"draft": a, "target": forwards}, drafted=d)
-
-            return go_server
-        if m.name.startswith("llamacpp"):  # llama-cpp-python, in a process of its own (bench/llama_cpp_child.py)
-            lookup = m.params.get("tokens", 0)
-            if lookup not in self.llama:
-                self.llama[lookup] = LlamaCppChild(self.src.path, self.threads, n_ctx, prompt_lookup=lookup)
-            child = self.llama[lookup]
-            return lambda ids, n: Output(child.generate(ids, n, self.sampling), "gguf")
-        dt = hf_dtype(m.dtype)
-        model, counter = self.hf_model(dt)
-        extra: dict[str, Any] = {}
-        if m.name == "hf-pld":
-            extra["prompt_lookup_num_tokens"] = m.params["tokens"]
-        elif m.name == "hf-assisted":
-            if dt not in self.assistants:
-                self.assistants[dt] = load_hf(resolve(self.sources.draft), dt, self.device)
-            extra["assistant_model"] = self.assistants[dt]
-
-        def go(ids: list[int], n: int) -> Output:
-            before = counter.calls
-            tokens = hf_generate(model, ids, n, self.sampling, self.pad_id, **extra)
-            calls = counter.calls - before  # the prefill forward emits the first token
-            return Output(tokens, dt, max(0, calls - 1), len(tokens) / calls if calls else None)
-
-        return go
-
-
 @dataclass
 class Runners:
     """Every method of a plan made ready, or skipped with the reason; notes for the summary."""
@@ -199,6 +87,7 @@ class Runners:
     ready: dict[str, Runner]
     skipped: dict[str, str]
     notes: list[str]
+    peers: dict[str, str] = field(default_factory=dict)  # a peer's label -> what ran it (package, version, build)
 
 
 def build_runners(plan: Plan, targets: dict[str, LoadedModel], peers: Peers, sources: DraftSources,
@@ -211,7 +100,7 @@ def build_runners(plan: Plan, targets: dict[str, LoadedModel], peers: Peers, sou
                 out.skipped[m.label] = why
                 print(f"{m.label}: skipped ({why})", file=sys.stderr)
                 continue
-            if m.name.startswith("hf") and hf_dtype(m.dtype) != m.dtype:
+            if PEERS[m.name].runs == "transformers" and hf_dtype(m.dtype) != m.dtype:
                 out.notes.append(f"{m.label}: transformers cannot run {m.dtype} weights: it ran {hf_dtype(m.dtype)}")
             try:
                 out.ready[m.label] = peers.runner(m, n_ctx)
@@ -219,8 +108,7 @@ def build_runners(plan: Plan, targets: dict[str, LoadedModel], peers: Peers, sou
                 out.skipped[m.label] = f"failed: {e}"
                 print(f"{m.label}: failed ({e}); the run goes on without it", file=sys.stderr)
                 continue
-            if m.name.startswith("llamacpp"):
-                out.notes.append(f"{m.label}: llama.cpp runs the GGUF's own quantization, on the CPU")
+            out.peers[m.label] = peers.about[m.label]
         else:
             target = targets[m.dtype]
             drafter = build_drafter(m.spec, target, sources, plan.settings.device)
@@ -247,7 +135,7 @@ def _meta(plan: Plan, runners: Runners, threads: int, command: str) -> dict[str,
     ar = next((m for m in ars if m.dtype == plan.settings.dtype), ars[0] if ars else None)
     hf = next((m for m in plan.methods if m.name == "hf"), None)
     return {"baselines": {"ar": ar and ar.label, "hf": hf and hf.label}, "skipped": runners.skipped,
-            "notes": runners.notes, "settings": asdict(plan.settings),
+            "notes": runners.notes, "peers": runners.peers, "settings": asdict(plan.settings),
             "machine": {"cpu": cpu_model(), "threads": threads}, "versions": versions(), "command": command,
             "date": now()}
 
@@ -348,7 +236,7 @@ def run_batches(plan: Plan, command: str, prompts: Sequence[EncodedPrompt], targ
         return output_row(p.task_id, single_label(dtype, s.dtype), 0, out, time.perf_counter() - t0)
 
     measure_batches(plan, prompts, methods, results, single)
-    runners = Runners({}, methods.skipped, methods.notes + tie_notes(plan))
+    runners = Runners({}, methods.skipped, methods.notes + tie_notes(plan), methods.peers)
     meta = _meta(plan, runners, threads, command)
     singles = dict.fromkeys(r["method"] for r in results.rows if "batch_size" not in r)
     ar = single_label(s.dtype, s.dtype)

@@ -18,7 +18,12 @@ target's weight format for that method (default --dtype). Peers: `hf` (transform
 `llamacpp` and `llamacpp-pld` (llama-cpp-python on the same GGUF; prompt lookup `tokens=10`),
 `llamacpp-spec` (llama-server with --draft as its draft model: `max=16,pmin=80`, p-min in percent) and
 `llamacpp-ngram` (llama-server's n-gram speculation: `n=3,max=16`); llama-server is found as
-llama-batched-bench is (--llama-bin-dir, below).
+llama-batched-bench is (--llama-bin-dir, below); `openvino` and `openvino-pld` (OpenVINO GenAI on the same
+GGUF, `pip install -e ".[openvino]"`; prompt lookup `tokens=10,n=3`), `openvino-ir` (its own int4 IR of the
+model) and `openvino-spec` (the IRs of the model and --draft: `tokens=5`), the IRs made by
+benchmarks/peers/export_openvino.sh. Every peer but transformers runs as a process of its own: one that
+crashes or hangs is one line of the summary, which also says what ran each peer (package or binary,
+version, build flags).
 transformers runs bf16 or fp32 only: asked for int4/int8 it runs bf16 (noted in the summary).
 
 Protocol: every model is loaded once and every drafter built once; one warm-up generation per method;

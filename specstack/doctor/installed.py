@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from specstack.errors import SpecstackError
-
-if TYPE_CHECKING:
-    pass
-
-from specstack.doctor.probe import LLAMA_BUILD
+from specstack.bench.llama_build import SCRIPT as LLAMA_BUILD
+from specstack.bench.llama_build import cmake_args
 from specstack.doctor.report import Extra, Model, PeerBinary
-
-# llama-cpp-python builds llama.cpp for the CPU it is installed on; these are benchmarks/build_llama_cpp.sh's
-# flags: native detection off (it turns AMX on, which crashes on some of our Xeons), each ISA named
-LLAMA_CMAKE_BASE = ("-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON")
-LLAMA_CMAKE_AVX512 = (("avx512f", "-DGGML_AVX512=ON"), ("avx512_vnni", "-DGGML_AVX512_VNNI=ON"),
-                      ("avx512_bf16", "-DGGML_AVX512_BF16=ON"))
-LLAMA_CMAKE_AMX_OFF = ("-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF")
+from specstack.errors import SpecstackError
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -85,13 +74,6 @@ def pip_install(extra: str, env: str = "", dist: str = "specstack") -> str:
     return f'{env}pip install "{dist}[{extra}]"'
 
 
-def llama_cmake_args(flags: set[str] | None) -> str:
-    """CMAKE_ARGS for a llama-cpp-python that runs on this CPU: the AVX-512 parts only where it has them
-    (a binary built for instructions the CPU lacks dies on its first one), AMX always off."""
-    isa = [flag for cpu_flag, flag in LLAMA_CMAKE_AVX512 if flags is not None and cpu_flag in flags]
-    return " ".join((*LLAMA_CMAKE_BASE, *isa, *LLAMA_CMAKE_AMX_OFF))
-
-
 def extras(requirements: dict[str, list[Requirement]] | None = None, flags: set[str] | None = None) -> list[Extra]:
     requirements = extra_requirements() if requirements is None else requirements
     out = []
@@ -101,7 +83,7 @@ def extras(requirements: dict[str, list[Requirement]] | None = None, flags: set[
         fix = None
         if missing and any(canonicalize_name(r.name) == "llama-cpp-python" for r in reqs):
             # pip builds llama.cpp from source for this CPU, and its default turns AMX on (a crash on some Xeons)
-            fix = (pip_install(name, f'CMAKE_ARGS="{llama_cmake_args(flags)}" ')
+            fix = (pip_install(name, f'CMAKE_ARGS="{cmake_args(flags)}" ')
                    + f"  (the flags of {LLAMA_BUILD}, for this CPU)")
         elif missing:
             fix = pip_install(name)

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specstack.bench.llama_build import SCRIPT as LLAMA_BUILD
 from specstack.errors import SpecstackError
 from specstack.files import cache_root
 from specstack.machine import cpu_flags, cpu_model, package_version
@@ -39,7 +40,6 @@ BUILD_TIME = "~15 s"  # a kernel's first build, roughly (native.load prints the 
 FIRST_BUILD = f"built on first use, {BUILD_TIME}"
 COMPILER_FIX = "apt install g++ (or set CXX to a C++ compiler)"
 NINJA_FIX = "pip install ninja"
-LLAMA_BUILD = "benchmarks/build_llama_cpp.sh"  # the llama.cpp peers' build (its folder in the cache)
 
 
 # ---------------------------------------------------------------------------------------------------

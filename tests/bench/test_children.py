@@ -83,27 +83,39 @@ def test_stop_and_a_timeout_take_the_whole_group():
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
 
 
-@linux_guard
-@pytest.mark.skipif(server_binary(None)[0] is None, reason="llama-server not built (benchmarks/build_llama_cpp.sh)")
-def test_a_bench_killed_with_sigkill_leaves_no_llama_server(tmp_path):
-    """`specstack bench` with llama-server's n-gram peer, killed while the server is up: no server remains."""
+def _peer_marker(method: str) -> tuple[str, str | None]:
+    """What marks a peer's process in /proc's command lines, and why the peer cannot run here (or None)."""
+    from specstack.bench import openvino_peer
     from specstack.models.registry import resolve
 
-    gguf = str(resolve("smollm2-135m").path)
-    before = set(pids_running(gguf))
+    if method == "openvino":
+        return "specstack.bench.peer_child", openvino_peer.unavailable(True)
+    why = server_binary(None)[1] or None
+    return str(resolve("smollm2-135m").path), why and f"llama-server not built ({why})"
+
+
+@linux_guard
+@pytest.mark.parametrize("method", ["llamacpp-ngram", "openvino"])
+def test_a_bench_killed_with_sigkill_leaves_no_peer_process(tmp_path, method):
+    """`specstack bench` with a peer that runs as a process (llama-server's n-gram peer; OpenVINO GenAI in
+    its child), killed while that process is up: nothing of it remains."""
+    marker, why = _peer_marker(method)
+    if why:
+        pytest.skip(why)
+    before = set(pids_running(marker))
     bench = subprocess.Popen([sys.executable, "-m", "specstack.cli", "bench", "--model", "smollm2-135m",
-                              "--methods", "llamacpp-ngram;ar", "--prompts", "humaneval", "--limit", "8",
+                              "--methods", f"{method};ar", "--prompts", "humaneval", "--limit", "8",
                               "--max-new-tokens", "256", "--threads", "1", "--out", str(tmp_path / "run")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not (servers := [p for p in pids_running(gguf) if p not in before and p != bench.pid]):
-            assert bench.poll() is None, "the bench ended before its llama-server started"
-            assert time.monotonic() < deadline, "no llama-server started"
+        while not (started := [p for p in pids_running(marker) if p not in before and p != bench.pid]):
+            assert bench.poll() is None, f"the bench ended before its {method} process started"
+            assert time.monotonic() < deadline, f"no {method} process started"
             time.sleep(0.2)
         bench.send_signal(signal.SIGKILL)
         bench.wait()
-        left = wait_gone(gguf)
-        assert [p for p in left if p in servers] == [], "llama-server outlived the killed bench"
+        left = wait_gone(marker)
+        assert [p for p in left if p in started] == [], f"{method}'s process outlived the killed bench"
     finally:
         bench.kill()

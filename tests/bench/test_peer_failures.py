@@ -73,26 +73,26 @@ def test_a_failing_peer_is_one_line_and_the_run_finishes(bench, fake_bin, tmp_pa
     assert pids_running(str(fake_bin)) == [], "the fake server outlived the run"
 
 
-def _has_llama_cpp() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+# a peer library in a child process (bench/peer_child.py): the bench method, what the crash line adds
+CHILD_PEERS = {"llama-cpp-python": ("llamacpp", "rebuild llama-cpp-python"), "openvino-genai": ("openvino", "")}
 
 
 @linux_guard
-@pytest.mark.skipif(not _has_llama_cpp(), reason="llama-cpp-python is not installed (the `peers` extra)")
-def test_llama_cpp_python_crashing_in_its_process_is_one_line(bench, tmp_path, monkeypatch):
-    """The `llamacpp` peer runs llama-cpp-python in a process of its own (bench/llama_cpp_child.py): that
+@pytest.mark.parametrize("library", list(CHILD_PEERS))
+def test_a_peer_library_crashing_in_its_process_is_one_line(bench, tmp_path, monkeypatch, library):
+    """`llamacpp` and `openvino` run their library in a process of their own (bench/peer_child.py): that
     process killed by SIGSEGV after its warm-up (as a crashing native build would be) fails the peer, and
-    the bench finishes with the engine's rows."""
+    the bench finishes with the engine's rows (and, for llama.cpp, the command that rebuilds it)."""
     import os
     import signal
 
-    from specstack.bench.llama_cpp_child import LlamaCppChild
+    from specstack.bench.peer_child import PeerChild
+    from specstack.machine import package_version
 
-    real = LlamaCppChild.generate
+    if package_version(library) is None:
+        pytest.skip(f"{library} is not installed")
+    method, hint = CHILD_PEERS[library]
+    real = PeerChild.generate
     calls = []
 
     def crash_on_the_second(self, ids, n, sampling):
@@ -101,16 +101,16 @@ def test_llama_cpp_python_crashing_in_its_process_is_one_line(bench, tmp_path, m
             os.kill(self.proc.pid, signal.SIGSEGV)
         return real(self, ids, n, sampling)
 
-    monkeypatch.setattr(LlamaCppChild, "generate", crash_on_the_second)
+    monkeypatch.setattr(PeerChild, "generate", crash_on_the_second)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"def f{i}(x):"}) + "\n" for i in range(2)))
     out = tmp_path / "run"
     code, _, err = bench("--model", "smollm2-135m", "--prompts", str(prompts), "--max-new-tokens", "8",
-                         "--threads", "1", "--out", str(out), "--methods", "ar;llamacpp")
+                         "--threads", "1", "--out", str(out), "--methods", f"ar;{method}")
     assert code == 0, err
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["method"] for r in rows) == ["ar", "ar"], "the peer lost its rows from the crash on"
     summary = (out / "summary.md").read_text()
-    assert any(x.startswith("- llamacpp: failed") and "killed by SIGSEGV" in x and "rebuild llama-cpp-python" in x
+    assert any(x.startswith(f"- {method}: failed") and "killed by SIGSEGV" in x and hint in x
                for x in summary.splitlines()), summary
-    assert pids_running("specstack.bench.llama_cpp_child") == [], "the peer's process outlived the run"
+    assert pids_running("specstack.bench.peer_child") == [], "the peer's process outlived the run"
