@@ -6,7 +6,7 @@ transformers dequantizes the GGUF (its Q4_K/Q6_K blocks to fp32) and writes the 
 numbers a peer reads are the GGUF's, rounded once more to bf16, nothing fetched from a hub.
 
     python benchmarks/peers/export_checkpoint.py qwen2.5-coder-1.5b [OUT]
-    (default OUT: ~/.cache/specstack/hf/<model>)
+    (default OUT: $SPECSTACK_CACHE/hf/<model>, ~/.cache/specstack/hf/<model>)
 """
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from specstack.files import cache_root
 from specstack.models.registry import resolve
 
-DEFAULT_ROOT = Path.home() / ".cache" / "specstack" / "hf"
+DEFAULT_ROOT = cache_root() / "hf"
 
 
 def export(model: str, out: Path) -> Path:
@@ -45,7 +46,7 @@ def export(model: str, out: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="a registry model with a GGUF, e.g. qwen2.5-coder-1.5b")
-    ap.add_argument("out", nargs="?", type=Path, help="the checkpoint's folder (default ~/.cache/specstack/hf/MODEL)")
+    ap.add_argument("out", nargs="?", type=Path, help="the checkpoint's folder (default the cache's hf/MODEL)")
     a = ap.parse_args()
     export(a.model, a.out or DEFAULT_ROOT / a.model)
 
