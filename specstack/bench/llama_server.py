@@ -1,7 +1,8 @@
-"""llama.cpp's own speculative decoding as a peer of `specstack bench`: `llama-server` on the same
-GGUF, with a draft model (`llamacpp-spec`: `-md`, the same draft file specstack uses) or with its
-draft-free n-gram speculation (`llamacpp-ngram`: `--spec-type ngram-simple`), one process per setting,
-started once on 127.0.0.1 and asked for each prompt in turn.
+"""llama.cpp as a peer of `specstack bench` through its own server: `llama-server` on the same GGUF,
+plain (`llamacpp-server`: the binaries alone, no llama-cpp-python), with a draft model (`llamacpp-spec`:
+`-md`, the same draft file specstack uses) or with its draft-free n-gram speculation (`llamacpp-ngram`:
+`--spec-type ngram-simple`), one process per setting, started once on 127.0.0.1 and asked for each
+prompt in turn.
 
 A prompt goes as token ids (same GGUF, same vocabulary) to POST /completion with `n_predict` = n and
 `ignore_eos` (exactly n tokens, as every method of the bench), `cache_prompt` false (every prompt pays
@@ -17,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,16 +125,27 @@ class LlamaServer:
         self.proc = None
 
 
-def spec_flags(name: str, params: dict[str, Any], draft_gguf: Path | None) -> list[str]:
-    """llama-server's speculation flags for a bench method (`llamacpp-spec`, `llamacpp-ngram`)."""
-    if name == "llamacpp-spec":
-        if draft_gguf is None:
-            raise SpecstackError("llamacpp-spec needs a GGUF draft: pass --draft MODEL (a .gguf or a registered "
-                                 "model), the same draft the engine uses")
-        return ["-md", str(draft_gguf), "--spec-type", "draft-simple", "--spec-draft-n-max", str(params["max"]), "--spec-draft-n-min", "0",
-                "--spec-draft-p-min", f"{params['pmin'] / 100:.2f}"]
+def _draft_flags(params: dict[str, Any], draft_gguf: Path | None) -> list[str]:
+    if draft_gguf is None:
+        raise SpecstackError("llamacpp-spec needs a GGUF draft: pass --draft MODEL (a .gguf or a registered "
+                             "model), the same draft the engine uses")
+    return ["-md", str(draft_gguf), "--spec-type", "draft-simple", "--spec-draft-n-max", str(params["max"]),
+            "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{params['pmin'] / 100:.2f}"]
+
+
+def _ngram_flags(params: dict[str, Any], draft_gguf: Path | None) -> list[str]:
     return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(params["n"]),
             "--spec-ngram-simple-size-m", str(params["max"])]
+
+
+# each llama-server peer of bench/peer_table.py -> its speculation flags (none: plain decoding)
+SPEC_FLAGS: dict[str, Callable[[dict[str, Any], Path | None], list[str]]] = {
+    "llamacpp-server": lambda params, draft_gguf: [], "llamacpp-spec": _draft_flags, "llamacpp-ngram": _ngram_flags}
+
+
+def spec_flags(name: str, params: dict[str, Any], draft_gguf: Path | None) -> list[str]:
+    """llama-server's speculation flags for a bench method (`llamacpp-server`, `llamacpp-spec`, `llamacpp-ngram`)."""
+    return SPEC_FLAGS[name](params, draft_gguf)
 
 
 def server_binary(bin_dir: Path | None) -> tuple[Path | None, str]:

@@ -25,6 +25,8 @@ PEERS: dict[str, PeerKind] = {
     "llamacpp-pld": PeerKind("llama-cpp-python", "llama-cpp-python's prompt lookup", {"tokens": 10}),
     "llamacpp-batched": PeerKind("llama-batched-bench", "llama.cpp's llama-batched-bench on the same GGUF",
                                  batch=True, batch_only=True),
+    # plain decoding through llama-server (the binaries of benchmarks/build_llama_cpp.sh, no llama-cpp-python)
+    "llamacpp-server": PeerKind("llama-server", "llama-server on the same GGUF, plain decoding"),
     # llama-server with the draft model (bench/llama_server.py): draft max, p-min in percent
     "llamacpp-spec": PeerKind("llama-server", "llama-server with --draft as its draft model", {"max": 16, "pmin": 80}),
     # llama-server's draft-free n-gram speculation: lookup n-gram size, tokens drafted

@@ -17,7 +17,8 @@ target's weight format for that method (default --dtype). Peers: `hf` (transform
 (prompt lookup, `tokens=10`), `hf-assisted` (our --draft as transformers' assistant model),
 `llamacpp` and `llamacpp-pld` (llama-cpp-python on the same GGUF; prompt lookup `tokens=10`),
 `llamacpp-spec` (llama-server with --draft as its draft model: `max=16,pmin=80`, p-min in percent) and
-`llamacpp-ngram` (llama-server's n-gram speculation: `n=3,max=16`); llama-server is found as
+`llamacpp-ngram` (llama-server's n-gram speculation: `n=3,max=16`), `llamacpp-server` (llama-server, plain
+decoding: llama.cpp without llama-cpp-python); llama-server is found as
 llama-batched-bench is (--llama-bin-dir, below); `openvino` and `openvino-pld` (OpenVINO GenAI on the same
 GGUF, `pip install -e ".[openvino]"`; prompt lookup `tokens=10,n=3`), `openvino-ir` (its own int4 IR of the
 model) and `openvino-spec` (the IRs of the model and --draft: `tokens=5`), the IRs made by
