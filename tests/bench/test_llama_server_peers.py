@@ -15,15 +15,20 @@ pytestmark = pytest.mark.skipif(server_binary(None)[0] is None, reason="llama-se
                                 "(benchmarks/build_llama_cpp.sh)")
 
 
-def test_llamacpp_spec_counts_forwards_and_origins(bench, tmp_path):
+def _run(bench, tmp_path, n: int, methods: str) -> tuple[dict, dict]:
+    """One prompt, n tokens, SmolLM2 drafting for itself: the rows by method and summary.json."""
     out = tmp_path / "run"
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"task_id": "fib", "prompt": "def fibonacci(n):"}) + "\n")
     code, _, err = bench("--model", "smollm2-135m", "--draft", "smollm2-135m", "--prompts", str(prompts),
-                         "--max-new-tokens", "32", "--threads", "2", "--out", str(out),
-                         "--methods", "ar;llamacpp-spec:max=4,pmin=50;llamacpp-ngram:n=3,max=4")
+                         "--max-new-tokens", str(n), "--threads", "2", "--out", str(out), "--methods", methods)
     assert code == 0, err
     rows = {r["method"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    return rows, json.loads((out / "summary.json").read_text())
+
+
+def test_llamacpp_spec_counts_forwards_and_origins(bench, tmp_path):
+    rows, _ = _run(bench, tmp_path, 32, "ar;llamacpp-spec:max=4,pmin=50;llamacpp-ngram:n=3,max=4")
     spec = rows["llamacpp-spec:max=4,pmin=50"]
     accepted = spec["origins"]["draft"]
     assert 0 < accepted <= spec["drafted"]
@@ -37,15 +42,7 @@ def test_llamacpp_spec_counts_forwards_and_origins(bench, tmp_path):
 def test_llamacpp_server_decodes_plainly_and_says_its_build(bench, tmp_path):
     """`llamacpp-server` is llama-server without speculation (one target forward a token, nothing drafted),
     beside a speculating one in the same run; the report names its binary and build flags."""
-    out = tmp_path / "run"
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"task_id": "fib", "prompt": "def fibonacci(n):"}) + "\n")
-    code, _, err = bench("--model", "smollm2-135m", "--draft", "smollm2-135m", "--prompts", str(prompts),
-                         "--max-new-tokens", "24", "--threads", "2", "--out", str(out),
-                         "--methods", "ar;llamacpp-server;llamacpp-spec:max=4,pmin=50")
-    assert code == 0, err
-    rows = {r["method"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    rows, summary = _run(bench, tmp_path, 24, "ar;llamacpp-server;llamacpp-spec:max=4,pmin=50")
     plain = rows["llamacpp-server"]
     assert plain["new_tokens"] == 24 and plain["target_forwards"] == 24 and plain["origins"] == {"draft": 0, "target": 24}
-    summary = json.loads((out / "summary.json").read_text())
     assert "llama-server" in summary["peers"]["llamacpp-server"] and "GGML_AMX_INT8=OFF" in summary["peers"]["llamacpp-server"]
