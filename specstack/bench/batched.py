@@ -35,6 +35,7 @@ from specstack import interrupt
 from specstack.bench.datasets import EncodedPrompt
 from specstack.bench.llama_batched import LlamaBatched, find_binary, record_rows
 from specstack.bench.llama_build import binary_about
+from specstack.bench.peer_table import PEERS
 from specstack.bench.peers import ForwardCounter, hf_about, hf_dtype, hf_generate_batch
 from specstack.bench.plan import BenchMethod, Plan
 from specstack.config import GenerationConfig, SamplingParams
@@ -144,7 +145,7 @@ def build_batch_methods(plan: Plan, targets: dict[str, LoadedModel], hf: HfModel
     s = plan.settings
     out = BatchMethods()
     for m in plan.methods:
-        if m.name == "llamacpp-batched":
+        if m.peer and PEERS[m.name].runs == "llama-batched-bench":
             binary, why = find_binary(plan.llama_bin_dir)
             if gguf.kind != "gguf":
                 why = "the model is not a GGUF file"

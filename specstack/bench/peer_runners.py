@@ -74,7 +74,7 @@ class Peers:
 
     # -- transformers, in this process -----------------------------------------------------------------
     def _hf_unavailable(self, m: BenchMethod) -> str | None:
-        if m.name == "hf-assisted" and self._draft_model() is None:
+        if PEERS[m.name].draft and self._draft_model() is None:
             return (f"unavailable: the draft {self.sources.draft or 'self:N'} is not a model transformers can load "
                     "as an assistant; pass --draft MODEL (a small model with the same tokenizer)")
         return None
@@ -94,9 +94,10 @@ class Peers:
         dt = hf_dtype(m.dtype)
         model, counter = self.hf_model(dt)
         extra: dict[str, Any] = {}
-        if "tokens" in m.params:  # hf-pld
+        kind = PEERS[m.name]
+        if kind.lookup:
             extra["prompt_lookup_num_tokens"] = m.params["tokens"]
-        elif m.name == "hf-assisted":
+        elif kind.draft:
             if dt not in self.assistants:
                 self.assistants[dt] = load_hf(resolve(self.sources.draft), dt, self.device)
             extra["assistant_model"] = self.assistants[dt]
@@ -116,7 +117,7 @@ class Peers:
 
     def _llama_runner(self, m: BenchMethod, n_ctx: int) -> Runner:
         child = self._child("llama-cpp-python", gguf=str(self.src.path), threads=self.threads, n_ctx=n_ctx,
-                            prompt_lookup=m.params.get("tokens", 0))
+                            prompt_lookup=m.params["tokens"] if PEERS[m.name].lookup else 0)
         self.about[m.label] = child.about
         return lambda ids, n: Output([int(t) for t in child.generate(ids, n, self.sampling)["tokens"]], "gguf")
 
@@ -124,7 +125,7 @@ class Peers:
     def _server_unavailable(self, m: BenchMethod) -> str | None:
         if self.src.kind != "gguf":
             return "the model is not a GGUF file"
-        if m.name == "llamacpp-spec" and self._draft_gguf() is None:
+        if PEERS[m.name].draft and self._draft_gguf() is None:
             return "needs a GGUF draft: pass --draft MODEL (the draft the engine uses)"
         return server_binary(self.bin_dir)[1] or None
 
@@ -151,14 +152,14 @@ class Peers:
     # -- OpenVINO GenAI, in a child process --------------------------------------------------------------
     def _openvino_paths(self, m: BenchMethod) -> tuple[Path | None, Path | None]:
         """The IR folders a method reads: the model's (openvino-ir, openvino-spec) and the draft's (openvino-spec)."""
-        if m.name not in ("openvino-ir", "openvino-spec"):
+        kind = PEERS[m.name]
+        if not kind.ir:
             return None, None
-        draft = self._draft_model()
-        return openvino_peer.ir_dir(self.model), (openvino_peer.ir_dir(draft) if draft and m.name == "openvino-spec"
-                                                  else None)
+        draft = self._draft_model() if kind.draft else None
+        return openvino_peer.ir_dir(self.model), (openvino_peer.ir_dir(draft) if draft else None)
 
     def _openvino_unavailable(self, m: BenchMethod) -> str | None:
-        if m.name == "openvino-spec" and self._draft_model() is None:
+        if PEERS[m.name].draft and self._draft_model() is None:
             return "needs a draft model: pass --draft MODEL (its int4 IR from benchmarks/peers/export_openvino.sh)"
         ir, draft = self._openvino_paths(m)
         return (openvino_peer.unavailable(self.src.kind == "gguf", ir)
@@ -167,7 +168,7 @@ class Peers:
     def _openvino_runner(self, m: BenchMethod, n_ctx: int) -> Runner:
         ir, draft = self._openvino_paths(m)
         load: dict[str, Any] = {"model": str(ir or self.src.path), "threads": self.threads}
-        if m.name == "openvino-pld":
+        if PEERS[m.name].lookup:
             load |= {"prompt_lookup": m.params["tokens"], "ngram": m.params["n"]}
         if draft is not None:
             load |= {"draft": str(draft), "draft_tokens": m.params["tokens"]}
