@@ -206,7 +206,7 @@ def hf_generate_fn(model: Any, pad_id: int | None) -> GenerateFn:
 
 def llama_cpp_generate_fn(child: PeerChild) -> GenerateFn:
     def run_one(ids: list[int], n: int) -> list[int]:
-        return [int(t) for t in child.generate(ids, n, SamplingParams())["tokens"]]
+        return child.generate(ids, n, SamplingParams())
 
     return run_one
 

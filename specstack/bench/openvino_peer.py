@@ -30,7 +30,7 @@ def ir_dir(model: str) -> Path:
 def unavailable(is_gguf: bool, ir: Path | None = None) -> str | None:
     """Why OpenVINO GenAI cannot run the model here (None when it can), without importing it; `ir`: the IR
     folder the method needs, if it needs one."""
-    if package_version(DIST) is None:
+    if package_version(DIST) is None or package_version("openvino") is None:
         return 'openvino-genai is not installed: pip install -e ".[openvino]"'
     if ir is not None and not (ir / "openvino_model.xml").is_file():
         return f"no OpenVINO IR at {ir}: make it with benchmarks/peers/export_openvino.sh"

@@ -63,10 +63,10 @@ class PeerChild:
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
         self.about: str = self._ask({"library": library, "load": load}, LOAD_TIMEOUT_S)["about"]
 
-    def generate(self, ids: list[int], n: int, sampling: SamplingParams) -> dict[str, Any]:
-        """Exactly n new token ids for the prompt ids (EOS ignored), from the child: {"tokens": [...]} and
-        whatever counters the library reports (drafted, accepted)."""
-        return self._ask({"ids": list(ids), "n": n, "sampling": asdict(sampling)}, request_timeout())
+    def generate(self, ids: list[int], n: int, sampling: SamplingParams) -> list[int]:
+        """Exactly n new token ids for the prompt ids (EOS ignored), from the child."""
+        reply = self._ask({"ids": list(ids), "n": n, "sampling": asdict(sampling)}, request_timeout())
+        return [int(t) for t in reply["tokens"]]
 
     def close(self) -> None:
         children.stop(self.proc)

@@ -119,7 +119,7 @@ class Peers:
         child = self._child("llama-cpp-python", gguf=str(self.src.path), threads=self.threads, n_ctx=n_ctx,
                             prompt_lookup=m.params["tokens"] if PEERS[m.name].lookup else 0)
         self.about[m.label] = child.about
-        return lambda ids, n: Output([int(t) for t in child.generate(ids, n, self.sampling)["tokens"]], "gguf")
+        return lambda ids, n: Output(child.generate(ids, n, self.sampling), "gguf")
 
     # -- llama-server ------------------------------------------------------------------------------------
     def _server_unavailable(self, m: BenchMethod) -> str | None:
@@ -175,4 +175,4 @@ class Peers:
         child = self._child("openvino-genai", **load)
         self.about[m.label] = child.about
         fmt = "int4-ir" if ir else "gguf"
-        return lambda ids, n: Output([int(t) for t in child.generate(ids, n, self.sampling)["tokens"]], fmt)
+        return lambda ids, n: Output(child.generate(ids, n, self.sampling), fmt)

@@ -1,6 +1,6 @@
 """transformers as a peer, on the same model file: `generate`, prompt lookup, assisted generation. The
 other peers (llama.cpp's library and servers, OpenVINO GenAI) run in processes of their own: the table of
-peers is bench/peer_kinds.py.
+peers is bench/peer_table.py.
 
 Every generate function here takes prompt token ids and returns exactly `n` new token ids: EOS does
 not stop it (as the engine with stop_on_eos=False), so tokens/s compare like with like.

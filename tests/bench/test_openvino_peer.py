@@ -31,11 +31,11 @@ def test_exactly_n_tokens_greedy_and_seeded_sampling_repeat(gguf):
     try:
         assert child.about.startswith(f"openvino-genai {package_version('openvino-genai')}") and "the GGUF" in child.about
         greedy = SamplingParams()
-        first = child.generate(IDS, 12, greedy)["tokens"]
-        assert len(first) == 12 and child.generate(IDS, 12, greedy)["tokens"] == first
-        assert child.generate(IDS, 5, greedy)["tokens"] == first[:5], "a shorter greedy run is the same prefix"
+        first = child.generate(IDS, 12, greedy)
+        assert len(first) == 12 and child.generate(IDS, 12, greedy) == first
+        assert child.generate(IDS, 5, greedy) == first[:5], "a shorter greedy run is the same prefix"
         hot = [SamplingParams(temperature=1.5, top_k=0, top_p=1.0, seed=s) for s in (3, 3, 4)]
-        a, b, c = (child.generate(IDS, 12, s)["tokens"] for s in hot)
+        a, b, c = (child.generate(IDS, 12, s) for s in hot)
         assert len(a) == 12 and a == b, "one seed, one sample"
         assert a != c, "another seed, another sample (at temperature 1.5 over 12 tokens)"
     finally:
@@ -47,7 +47,7 @@ def test_prompt_lookup_generates_n_tokens(gguf):
 
     child = PeerChild("openvino-genai", model=gguf, threads=1, prompt_lookup=4, ngram=2)
     try:
-        assert len(child.generate(IDS * 3, 16, SamplingParams())["tokens"]) == 16
+        assert len(child.generate(IDS * 3, 16, SamplingParams())) == 16
     finally:
         child.close()
 
