@@ -58,6 +58,18 @@ class WriteSlots:
     s_used: int
 
 
+def widened(old: torch.Tensor, dim: int, new: int, fill: float = 0) -> torch.Tensor:
+    """`old` with `new` entries along `dim`, its own first (a cache's per-slot tensor as the cache grows)."""
+    shape = list(old.shape)
+    used = shape[dim]
+    shape[dim] = new
+    # a plain tensor even when a forward in inference mode grows it: the cache is written outside too
+    with torch.inference_mode(False):
+        out = old.new_full(shape, fill)
+        out.narrow(dim, 0, used).copy_(old)
+    return out
+
+
 class KVCache:
     def __init__(
         self,
@@ -67,7 +79,6 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         window: WindowSpec | None = None,
-        feature_dim: int = 0,
         max_rows: int | None = None,
         max_capacity: int | None = None,
     ) -> None:
@@ -89,10 +100,6 @@ class KVCache:
         # per-layer views made once: a write is then a single kernel launch
         self._k_layer = list(self.k.unbind(0))
         self._v_layer = list(self.v.unbind(0))
-        # optional per-slot feature vector [rows, capacity, feature_dim] that moves with its slot (a draft
-        # reading the previous token's top-level feature, EAGLE-style)
-        self.feat = (torch.zeros(self.max_rows, capacity, feature_dim, dtype=dtype, device=device)
-                     if feature_dim else None)
         self._write_idx: torch.Tensor | None = None  # one row: the block's slots
         self._write_at: tuple[torch.Tensor, torch.Tensor] | None = None  # several rows: (row, slot) a token
         # Position of the token held in each slot (-1: empty). Scratch slots get theirs at write time.
@@ -137,10 +144,6 @@ class KVCache:
             grown[name][:, :n] = old[:, :n]
         self.k, self.v = grown["k"], grown["v"]
         self._k_layer, self._v_layer = list(self.k.unbind(0)), list(self.v.unbind(0))
-        if self.feat is not None:
-            feat = self.feat.new_zeros((max_rows, *self.feat.shape[1:]))
-            feat[:n] = self.feat[:n]
-            self.feat = feat
         slot_pos = self.slot_pos.new_full((max_rows, self.capacity), -1)
         slot_pos[:n] = self.slot_pos[:n]
         self.slot_pos = slot_pos
@@ -169,13 +172,11 @@ class KVCache:
         return row
 
     def _copy_row(self, src: int, dst: int) -> None:
-        """Row dst becomes row src's committed tokens (keys, values, positions, features): O(its tokens)."""
+        """Row dst becomes row src's committed tokens (keys, values, positions): O(its tokens)."""
         n = self.lengths[src]
         self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self.slot_pos[dst] = self.slot_pos[src]
-        if self.feat is not None:
-            self.feat[dst, :n] = self.feat[src, :n]
         self.lengths[dst], self.next_pos[dst] = n, self.next_pos[src]
 
     def load_prefix(self, row: int, pieces: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -228,22 +229,15 @@ class KVCache:
         if need <= self.capacity:
             return
         new = min(self.max_capacity, max(need + need // 4, 2 * self.capacity))
-
-        def wider(old: torch.Tensor, dim: int, fill: float = 0) -> torch.Tensor:
-            shape = list(old.shape)
-            shape[dim] = new
-            # a plain tensor even when a forward in inference mode grows it: the cache is written outside too
-            with torch.inference_mode(False):
-                out = old.new_full(shape, fill)
-                out.narrow(dim, 0, self.capacity).copy_(old)
-            return out
-
-        self.k, self.v = wider(self.k, 3), wider(self.v, 3)
-        self._k_layer, self._v_layer = list(self.k.unbind(0)), list(self.v.unbind(0))
-        if self.feat is not None:
-            self.feat = wider(self.feat, 1)
-        self.slot_pos = wider(self.slot_pos, 1, -1)
+        self._widen(new)
         self.capacity = new
+
+    def _widen(self, new: int) -> None:
+        """Every per-slot tensor reallocated to `new` slots a row, the old slots copied (a subclass keeping
+        more per slot widens it too)."""
+        self.k, self.v = widened(self.k, 3, new), widened(self.v, 3, new)
+        self._k_layer, self._v_layer = list(self.k.unbind(0)), list(self.v.unbind(0))
+        self.slot_pos = widened(self.slot_pos, 1, new, -1)
 
     def begin_block(self, positions: torch.Tensor, append: bool = False,
                     counts: Sequence[int] | None = None) -> None:
@@ -320,24 +314,11 @@ class KVCache:
         for layer in range(k.shape[0]):
             self.write(layer, k[layer], v[layer])
 
-    def write_feature(self, x: torch.Tensor) -> None:
-        """Store features x [B, T, feature_dim] at the current block's scratch slots."""
-        if self._write_at is None:
-            self.feat[0].index_copy_(0, self._write_idx, x[0].reshape(-1, x.shape[-1]))
-        else:
-            self.feat[self._write_at] = x.reshape(-1, x.shape[-1])
-
-    def block_start(self) -> list[int]:
-        """First slot of the current block in each row (slots before it hold finished tokens)."""
-        return [n + self._offset for n in self.lengths]
-
     def _move(self, row: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy slots src -> dst of one row in every per-slot tensor (the read copies: overlap is safe)."""
         self.k[:, row, :, dst] = self.k[:, row, :, src]
         self.v[:, row, :, dst] = self.v[:, row, :, src]
         self.slot_pos[row, dst] = self.slot_pos[row, src]
-        if self.feat is not None:
-            self.feat[row, dst] = self.feat[row, src]
 
     # -- committing ---------------------------------------------------------------------------------
     def commit_prefix(self, counts: Sequence[int]) -> None:

@@ -33,10 +33,6 @@ class DraftTree:
     # evidence[i]: what the drafter knows of node i that predicts its acceptance (an n-gram's origin, the
     # length of the match behind it, its depth), or None; the length rule learns a rate per class of it
     evidence: list[Hashable | None] = field(default_factory=list)
-    # (evidence, right?) of earlier proposals the engine cut unverified, which the drafter has since
-    # checked against the target's tokens (a deterministic proposal is accepted exactly when it equals
-    # the target's token): the length rule counts them as trials of their class
-    learned: list[tuple[Hashable, bool]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -98,7 +94,7 @@ class DraftTree:
         if n >= len(self):
             return self
         return DraftTree(self.tokens[:n], self.parent[:n], self.origin[:n], self.q[:n], self.confidence[:n],
-                         self.evidence[:n], self.learned)
+                         self.evidence[:n])
 
     @staticmethod
     def chain(tokens: Sequence[int], origin: Origin = "draft") -> "DraftTree":

@@ -11,6 +11,7 @@ Conventions shared by every verifier:
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,11 @@ def _row(node: int) -> int:
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     """Walk the tree along the target's argmax; emit the argmax where no child matches."""
-    argmax = logits.argmax(-1).tolist()
+    return walk_greedy(tree, logits.argmax(-1).tolist())
+
+
+def walk_greedy(tree: DraftTree, argmax: Sequence[int]) -> VerifyResult:
+    """verify_greedy given the argmax of each row (a batch's rows take theirs from one argmax over all)."""
     children: dict[int, dict[int, int]] = {}
     for i, (tok, par) in enumerate(zip(tree.tokens, tree.parent, strict=True)):
         children.setdefault(par, {}).setdefault(tok, i)  # first child wins on duplicate tokens

@@ -6,8 +6,8 @@ step which of its nodes were accepted, so it can commit them and catch up.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -42,6 +42,14 @@ class DraftContext:
     # can change what is emitted); a model drafter applies them to its own rows too, so it proposes
     # what the processed target would: under a grammar, only tokens the grammar allows
     rule: LogitsRule | None = None
+    # what the drafter has learned, since it last proposed, of earlier proposals the engine cut unverified
+    # ((evidence, right?): a deterministic proposal is accepted exactly when it equals the target's
+    # token): the step's length rule counts them as trials of their class (BatchLength.learn)
+    lessons: list[tuple[Hashable, bool]] = field(default_factory=list)
+
+    def take_lessons(self) -> list[tuple[Hashable, bool]]:
+        lessons, self.lessons = self.lessons, []
+        return lessons
 
 
 class DraftGroup(Protocol):
@@ -71,4 +79,5 @@ class Drafter(Protocol):
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
         """The target accepted result.accepted (node ids of `tree`) and emitted result.tokens.
-        target_hidden [1, 1 + len(tree), L, d]: the target's hidden states of the root and the tree."""
+        target_hidden [1, len(result.tokens), L, d]: the target's hidden states of the root and of every
+        emitted token but the last (the accepted path, with any tokens a grammar forced below it)."""

@@ -9,7 +9,7 @@ anyway), and after, `choose(trees, rows, tokens)`: the number of nodes of each t
 prefix in tree order, so the kept nodes are still a tree: parents precede children).
 `observe(trees, accepted)` then reports the kept trees and how many nodes of each the target accepted.
 Drafters own no rule: they propose up to ctx.limit and say what they know of each node
-(DraftTree.confidence, .evidence, .learned). A rule's `size` (None for most), handed to the drafters
+(DraftTree.confidence, .evidence) and, in ctx.lessons, what they learned since of nodes cut unverified. A rule's `size` (None for most), handed to the drafters
 as ctx.size, lets a best-first drafter stop growing nodes the rule would cut (drafting/model.py).
 
 Rules:
@@ -68,6 +68,9 @@ class BatchLength(Protocol):
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:
         """The trees as verified (after choose) and how many nodes of each the target accepted."""
 
+    def learn(self, lessons: Sequence[tuple[Evidence, bool]]) -> None:
+        """Before choose: what the drafters learned since of nodes cut unverified ((evidence, right?))."""
+
 
 def is_chain(tree: DraftTree) -> bool:
     return all(p == i - 1 for i, p in enumerate(tree.parent))
@@ -86,6 +89,9 @@ class FixedLength:
 
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:
         pass
+
+    def learn(self, lessons: Sequence[tuple[Evidence, bool]]) -> None:
+        pass  # a fixed length learns nothing
 
 
 class AsProposed(FixedLength):
@@ -187,10 +193,11 @@ class CostAwareLength:
         gains = self.calibrated(scores[: self.longest])
         return best_prefixes([gains], self.step_cost(rows, tokens), float(trees))[0]
 
+    def learn(self, lessons: Sequence[tuple[Evidence, bool]]) -> None:
+        for cls, right in lessons:
+            self.rates.trial(cls, right)
+
     def choose(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> list[int]:
-        for tree in trees:  # what the drafters have learned since of nodes cut unverified
-            for cls, right in tree.learned:
-                self.rates.trial(cls, right)
         gains = [self.gains(t) for t in trees]
         fixed = tokens + sum(len(t) for t, g in zip(trees, gains, strict=True) if g is None)
         keep = best_prefixes([(g or [])[: self.longest] for g in gains], self.step_cost(rows, fixed),

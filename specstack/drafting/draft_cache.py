@@ -113,14 +113,14 @@ class DraftCache:
 
     def observe(self, row: int, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None,
                 slot: Callable[[int], int]) -> None:
-        """The target accepted result.accepted of `tree`. slot(node): the scratch slot in which this
+        """The target accepted result.accepted of `tree` and emitted result.tokens (the accepted nodes,
+        any a grammar forced below them, the target's token). slot(node): the scratch slot in which this
         round's draft ran accepted node `node`, or -1 if it did not run it. target_hidden
-        [1, 1 + len(tree), L, d]: the target's hidden states of root + tree, for a reader."""
+        [1, len(result.tokens), L, d]: the target's hidden states of the root and every emitted token but
+        the last, for a reader."""
         pending = self.pending[row]
-        if self.reader is not None:  # root and accepted path stored from the target's activations
-            rows = [0] + [a + 1 for a in result.accepted]
-            self._remember(row, pending + [tree.tokens[a] for a in result.accepted],
-                           None if target_hidden is None else target_hidden[:, rows])
+        if self.reader is not None:  # root and emitted path stored from the target's activations
+            self._remember(row, pending + result.tokens[:-1], target_hidden)
             self.pending[row] = [result.next_token]
             return
         if not self.ran[row]:  # the round ran no draft forward: the emitted tokens join the pending ones

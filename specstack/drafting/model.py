@@ -90,8 +90,8 @@ class ModelDrafter:
         self.state.reset(0, prompt_ids, target_hidden)
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
-        """target_hidden [1, 1 + len(tree), L, d]: the target's hidden states of root + tree (rows as
-        scored), for a draft with target_layers."""
+        """target_hidden: the target's hidden states of the root and the emitted path (drafting/base.py),
+        for a draft with target_layers."""
         self.state.observe(0, tree, result, target_hidden, lambda node: self.candidates[self._tree_ids[node]].slot)
 
     # -- proposing --------------------------------------------------------------------------------

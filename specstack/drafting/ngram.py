@@ -60,15 +60,16 @@ class NgramDrafter:
         widths = self.widths if ctx.limit is None else self.widths[: ctx.limit]  # n nodes are at most n deep
         tree = self.proposal_tree(ctx.tokens, widths)
         tree = tree if ctx.limit is None else tree.truncated(ctx.limit)
-        tree.learned, self._learned = self._learned, []
+        ctx.lessons += self._learned
+        self._learned = []
         self._proposed = tree
         return tree
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
         """A deterministic proposal is accepted exactly when it equals the target's token: when the
         engine kept a prefix of the chain proposed and the target accepted all of it, the target's next
-        token says whether the first node cut was right. The next tree carries that to the length rule
-        (DraftTree.learned), which so learns even from chains a batch's forward cost cut to nothing.
+        token says whether the first node cut was right. The next propose tells the length rule (ctx.lessons),
+        which so learns even from chains a batch's forward cost cut to nothing.
         (The next propose indexes the emitted tokens: ctx.tokens grows by result.tokens.)"""
         n, p = len(tree), self._proposed
         if len(result.accepted) == n < len(p) and p.parent[n] == n - 1 and p.evidence[n] is not None:

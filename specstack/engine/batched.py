@@ -17,7 +17,8 @@ token, or the prompt's last token). Each step:
   3. one target forward scores all rows' blocks, ragged: PAD (padded to the longest block, masked)
      or SPLIT (packed, attention per run of equal-length rows; short blocks padded into one), see attention.py;
   4. each row whose block reached its root is verified on its own (engine/verify_rows.py; verify.verify_tree: greedy walk,
-     sample-walk or RRS with the row's parameters) and commits its own number of tokens; the emitted
+     sample-walk or RRS with the row's parameters);
+  5. each row commits its own number of tokens (engine/commit.py, one function a job): the emitted
      tokens go to the row's stream, its drafter is told the verdict. Finished rows leave.
 
 A row with a drafter reads its prompt but the root first: the drafter starts (`reset`) from the whole
@@ -41,11 +42,13 @@ from specstack.attention import LAYOUTS, Layout, row_blocks_batch
 from specstack.config import DEFAULT_MAX_CONTEXT, DEFAULT_STEP_TOKENS, GenerationConfig
 from specstack.drafting.base import DraftContext, Drafter
 from specstack.drafting.batch_length import AsProposed, BatchLength
+from specstack.engine import commit
+from specstack.engine.commit import Activations, Settled
 from specstack.engine.plan import RowState, StepPlan, plan_step
 from specstack.engine.prefix_rows import attach, look_up, publish
 from specstack.engine.propose import propose_blocks
 from specstack.engine.rows import BatchRequest, Block, DrafterFactory, DrafterPool, Row
-from specstack.engine.stats import BatchStats, BatchStep, GenerationResult, RunStats, StepStats, emitted_origins
+from specstack.engine.stats import BatchStats, GenerationResult, RunStats, StepStats
 from specstack.engine.stopping import TokenStream
 from specstack.engine.verify_rows import Verdict, verify_rows
 from specstack.errors import SpecstackError
@@ -57,7 +60,6 @@ from specstack.prompts import check_context
 from specstack.sampling import make_generator
 from specstack.tree import DraftTree
 from specstack.validate import MAX_TREE
-from specstack.verify import VerifyResult
 
 LayoutChoice = Literal["auto", "pad", "split"]
 LAYOUT_CHOICES: tuple[LayoutChoice, ...] = ("auto", *LAYOUTS)
@@ -126,7 +128,6 @@ class BatchEngine:
         self.max_rows = max_rows
         self.kv_bytes = self.cache.k.nbytes + self.cache.v.nbytes  # allocated once, never grows
         self.rows: list[Row] = []  # row i of the cache
-        self._starts: list[int] = []  # this step's flat index of each row's first token (_score)
         self.queue: deque[Row] = deque()
         self.stats = BatchStats()
         self._next_handle = 0
@@ -257,7 +258,7 @@ class BatchEngine:
         """Run one forward for every row; returns the requests that finished in it (handle, result)."""
         interrupt.check()  # Ctrl-C stops the run here, between steps
         t0 = time.perf_counter()
-        plan = self.plan()
+        plan = self.plan()  # 1.
         self._admit(plan.admit)
         self._attach(plan)
         if not self.rows:
@@ -265,25 +266,22 @@ class BatchEngine:
         t1 = time.perf_counter()
         blocks = propose_blocks(self.rows, plan, self.length, self.lm.config.d_model, self.model.device)  # 2.
         t2 = time.perf_counter()
-        layout, logits, hidden = self._score(blocks)  # 3.
+        layout, logits, seen = self._score(blocks)  # 3.
         t3 = time.perf_counter()
         verdicts = verify_rows(self.rows, blocks, logits)  # 4.
         t4 = time.perf_counter()
-        finished = self._commit(blocks, verdicts, hidden, (t2 - t1, t3 - t2, t4 - t3))  # 4.
+        finished = self._commit(blocks, verdicts, seen, (t2 - t1, t3 - t2, t4 - t3))  # 5.
         st = self.stats
-        st.add(BatchStep(len(blocks), sum(len(b) for b in blocks), layout, sum(len(b.tree) for b in blocks),
-                         sum(len(v.accepted) for v, _ in verdicts.values()), sum(1 for b in blocks if len(b.tree)),
-                         len(verdicts), sum(len(v.tokens) for v, _ in verdicts.values())))
+        st.add(commit.step_record(blocks, verdicts, layout))
         st.draft_seconds += t2 - t1
         st.target_seconds += t3 - t2
         st.verify_seconds += t4 - t3
         st.overhead_seconds += (t1 - t0) + (time.perf_counter() - t4)
         return finished
 
-    def _score(self, blocks: Sequence[Block]) -> tuple[Layout, torch.Tensor, dict[int, torch.Tensor]]:
+    def _score(self, blocks: Sequence[Block]) -> tuple[Layout, torch.Tensor, Activations]:
         """3. One target forward over every row's block; the logits of each block that reached its root,
-        from the root on (rows of blocks in order), and the activations drafters read ({layer: [N, d]},
-        a token of row i's block at position j at flat index starts[i] + j, see _rows_of)."""
+        from the root on (rows of blocks in order), and the activations drafters read."""
         counts = [len(b) for b in blocks]
         layout = self._layout(counts)
         batch = row_blocks_batch(self.cache, [b.parents for b in blocks], layout)
@@ -295,7 +293,6 @@ class BatchEngine:
         else:  # padded to the widest block
             ids = torch.tensor([b.tokens + [0] * (width - len(b)) for b in blocks], device=dev)
             starts = [i * width for i in range(len(blocks))]
-        self._starts = starts
         for row, b in zip(self.rows, blocks, strict=True):  # a prompt's log-probabilities: its chunk's rows
             b.scored = len(b.chain) - b.reaches_root if row.request.gen.prompt_logprobs and not row.first_token else 0
         index = torch.tensor([s + j for s, b in zip(starts, blocks, strict=True)
@@ -304,79 +301,51 @@ class BatchEngine:
         layers = sorted({layer for row in self.rows for layer in row.layers})
         out = self.model.forward(ids, batch, self.cache, layers, logit_rows=index)
         hidden = {layer: h.reshape(-1, h.shape[-1]) for layer, h in out.hidden.items()}
-        return layout, out.logits[0], hidden
+        return layout, out.logits[0], Activations(hidden, starts)
 
-    def _rows_of(self, i: int, row: Row, hidden: dict[int, torch.Tensor], first: int, n: int) -> torch.Tensor:
-        """[1, n, L, d]: the activations row i's drafter reads, of its block's tokens first .. first + n - 1."""
-        at = self._starts[i] + first
-        return torch.stack([hidden[layer][at : at + n] for layer in row.layers], 1).unsqueeze(0)
-
-    def _commit(self, blocks: Sequence[Block], verdicts: dict[int, Verdict], hidden: dict[int, torch.Tensor],
+    def _commit(self, blocks: Sequence[Block], verdicts: dict[int, Verdict], seen: Activations,
                 seconds: tuple[float, float, float]) -> list[tuple[int, GenerationResult]]:
-        """4. Each row commits its chain and accepted path, streams its tokens, tells its drafter; the
-        length rule learns from the rows that drafted; finished rows leave. seconds: the step's draft,
-        target and verify time, which every drafting row's step record carries (the time it waited)."""
+        """5. Each row keeps what its forward gave it (engine/commit.py); the length rule learns from the
+        rows that drafted; finished rows leave. seconds: the step's draft, target and verify time."""
         t0 = time.perf_counter()
-        done: list[int] = []
+        settled: list[tuple[int, Settled]] = []
         drafted: list[DraftTree] = []
         accepted: list[int] = []
         steps: list[StepStats] = []
         for i, (row, block) in enumerate(zip(self.rows, blocks, strict=True)):
-            chain = len(block.chain)
             verdict = verdicts.get(i)
-            if verdict is None:  # a prompt chunk: all of it is context
-                self.cache.commit_nodes(i, list(range(chain)))
-                row.pending = row.pending[chain:]
-                if row.layers and chain:  # the drafter will start from these activations
-                    row.hidden.append(self._rows_of(i, row, hidden, 0, chain))
-                if len(row.pending) == 1 and row.state is RowState.PREFILLING:  # its root is next
-                    row.move(RowState.DECODING)
-                    row.prefilled = time.perf_counter()
-                    self._publish(i)  # its prompt, for the rows held for it and the requests to come
+            if verdict is None:
+                settled.append((i, commit.chunk(self.cache, i, row, block, seen)))
                 continue
             result, lps = verdict
-            self.cache.commit_nodes(i, list(range(chain)) + [chain + a for a in result.accepted])
-            if row.drafter is not None:  # its block is the root and the tree (the root was held back)
-                seen = self._rows_of(i, row, hidden, 0, 1 + len(block.tree)) if row.layers else None
-                own = block.drafted  # what its drafter proposed: accepted up to where a grammar's nodes start
-                mine = [a for a in result.accepted if a < len(own)]  # a path: the drafter's nodes come first
-                row.drafter.observe(own, result if mine == result.accepted else VerifyResult(mine, result.tokens), seen)
+            commit.path(self.cache, i, block, result)
+            if row.drafter is not None:
+                commit.tell_drafter(i, row, block, result, seen)
                 drafted.append(block.tree)
                 accepted.append(len(result.accepted))
-            taken = row.stream.push(result.tokens, emitted_origins(block.tree, result) if row.drafter is not None else None,
-                                    lps)
-            if row.processor is not None:
-                row.processor.commit(result.tokens[:taken])
-            row.ctx.tokens.extend(result.tokens)
-            row.pending = [result.tokens[-1]]
-            if row.drafter is not None:  # every forward with a tree is a step
-                step = StepStats(draft_seconds=seconds[0], target_seconds=seconds[1], verify_seconds=seconds[2])
-                step.record(block.tree, result, taken)
-                row.stats.add_step(step)
-                steps.append(step)
-            elif row.first_token is not None:  # without: the forward that read the prompt's end is prefill
-                row.stats.target_forwards += 1
-            if row.first_token is None:
-                row.first_token = time.perf_counter()
-                row.prefilled = row.prefilled or row.first_token
-            if row.stream.done or len(row.ctx.tokens) >= self.max_context:
-                row.move(RowState.FINISHED)
-                done.append(i)
-            elif row.state is RowState.PREFILLING:
-                row.move(RowState.DECODING)
-                self._publish(i)
+            step = commit.record_round(row, block, result, commit.emit(row, block, result, lps), seconds)
+            steps += [step] if step is not None else []
+            settled.append((i, commit.settle(row, self.max_context)))
         self.length.observe(drafted, accepted)
-        finished = []
         end = time.perf_counter()
         for step in steps:
             step.overhead_seconds = end - t0
-        for i in sorted(done, reverse=True):  # removing moves the last row: go from the back
-            row = self.rows[i]
-            self._publish(i)  # the prompt and its answer: a chat's next turn starts with both
-            out = self._result(row, end)
-            self._finished[row.handle] = out
-            finished.append((row.handle, out))
-            self._remove(i)
+        return self._settle(settled, end)
+
+    def _settle(self, settled: Sequence[tuple[int, Settled]], end: float) -> list[tuple[int, GenerationResult]]:
+        """Rows whose prompt is read publish it; finished rows publish prompt and answer (a chat's next turn
+        starts with both), return their results and leave (from the back: removing moves the last row)."""
+        finished = []
+        for i, how in sorted(settled, key=lambda s: -s[0]):
+            if how is Settled.GOING:
+                continue
+            self._publish(i)
+            if how is Settled.FINISHED:
+                row = self.rows[i]
+                out = self._result(row, end)
+                self._finished[row.handle] = out
+                finished.append((row.handle, out))
+                self._remove(i)
         return finished
 
     def _layout(self, counts: Sequence[int]) -> Layout:

@@ -37,13 +37,13 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
             row.ctx.limit = cap if limit is None else min(limit, cap)
             row.ctx.size = length.size  # a best-first drafter sizes its tree by the rule as it grows
             drafting[i] = drafter, row.ctx.limit
-            forced = row.processor.forced() if row.processor is not None and not row.layers else []
+            forced = row.processor.forced() if row.processor is not None else []
             if forced and row.ctx.limit:  # the grammar drafts this step; the drafter only catches up
                 grammar[i] = forced_chain(forced, row.ctx.limit)
                 row.ctx.limit = 0
     groups: dict[int, tuple[DraftGroup, list[int]]] = {}
     for i, (drafter, _) in drafting.items():
-        group = getattr(drafter, "group", None)
+        group = drafter.group
         if group is None:
             blocks[i].tree = drafter.propose(rows[i].ctx)
         else:
@@ -57,6 +57,7 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
     for i, chain in grammar.items():
         blocks[i].tree, blocks[i].own = chain, 0
     if drafting:  # the step's draft length: rows with a drafter keep a prefix of their tree
+        length.learn([lesson for i in drafting for lesson in rows[i].ctx.take_lessons()])
         keep = length.choose([blocks[i].tree for i in drafting], len(blocks), sum(len(b.chain) for b in blocks))
         for i, k in zip(drafting, keep, strict=True):
             blocks[i].tree = blocks[i].tree.truncated(k)

@@ -44,6 +44,7 @@ from specstack.cache import KVCache, cache_slots
 from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
+from specstack.models.feature_cache import FeatureCache
 from specstack.models.quant import QLinear
 from specstack.models.transformer import apply_rope, rms_norm, rope_tables
 
@@ -140,6 +141,13 @@ class DraftBlock(nn.Module):
         return x + self.down(F.silu(gate) * up)
 
 
+
+def features(cache: KVCache) -> FeatureCache:
+    """The cache of a draft with feature input: one that keeps a feature a slot (its new_cache gives it)."""
+    if not isinstance(cache, FeatureCache):
+        raise ValueError("feature input needs a cache that keeps features (new_cache gives it one)")
+    return cache
+
 class SpireDraft(Extends, nn.Module):
     """A DecoderModel that reads the target's activations (ReadsTargetActivations: models/base.py)."""
 
@@ -208,9 +216,10 @@ class SpireDraft(Extends, nn.Module):
         if window is not None and window != self.spire.window:
             raise SpecstackError(f"this SPIRe draft was trained with the window {self.spire.window}, not {window}")
         cap, most = cache_slots(self.config, capacity, max_capacity)
-        return KVCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window,
-                       feature_dim=self.config.d_model if self.spire.feature_input else 0, max_rows=max_rows,
-                       max_capacity=most)
+        if self.spire.feature_input:  # its slots keep each token's top-level feature too
+            return FeatureCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window,
+                                self.config.d_model, max_rows, most)
+        return KVCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window, max_rows, most)
 
     def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rope_cos[pos].unsqueeze(-2).to(dtype), self.rope_sin[pos].unsqueeze(-2).to(dtype)
@@ -252,7 +261,7 @@ class SpireDraft(Extends, nn.Module):
         pos = batch.positions
         b, t = pos.shape
         d = self.config.d_model
-        starts = cache.block_start()
+        starts = features(cache).block_start()
         s = max(starts)
         if s == 0:
             return torch.zeros(b, t, d, dtype=self.norm.dtype, device=pos.device)
@@ -265,9 +274,7 @@ class SpireDraft(Extends, nn.Module):
         if batch.mask is not None:
             cand &= batch.mask[:, 0, :, :s]
         idx = cand.int().argmax(-1)
-        if cache.feat is None:
-            raise ValueError("feature input needs a cache that keeps features (new_cache gives it one)")
-        feat = torch.gather(cache.feat[:b, :s], 1, idx.unsqueeze(-1).expand(b, t, d))
+        feat = torch.gather(features(cache).feat[:b, :s], 1, idx.unsqueeze(-1).expand(b, t, d))
         return feat * cand.any(-1, keepdim=True)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -337,7 +344,7 @@ class SpireDraft(Extends, nn.Module):
         if self.spire.feedback:  # later forwards see these tokens through their memories
             cache.write_layers(*self._memories_kv(levels, rope))
         if self.spire.feature_input:
-            cache.write_feature(x)
+            features(cache).write_feature(x)
         picked = (x.reshape(-1, x.shape[-1]).index_select(0, logit_rows).unsqueeze(0)
                   if isinstance(logit_rows, torch.Tensor) else x[:, logit_rows])
         return ModelOutput(self._logits(picked).float(), {j: levels[j] for j in hidden_layers}, self.vocab_ids)
@@ -359,7 +366,7 @@ class SpireDraft(Extends, nn.Module):
         levels = self._levels_from_target(tokens, hidden)
         cache.write_layers(*self._memories_kv(levels, rope))
         if self.spire.feature_input:
-            cache.write_feature(levels[-1])
+            features(cache).write_feature(levels[-1])
         cache.commit_prefix(counts)
 
     # -- training -------------------------------------------------------------------------------------

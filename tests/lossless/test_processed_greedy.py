@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from specstack.config import GenerationConfig, GrammarSpec, Penalties, SamplingParams
+from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine.batched import generate
 from specstack.engine.methods import DraftSources, build_drafter, length_rule, parse_method
 from specstack.grammar import allowed, apply_masks, compiler_for
@@ -185,3 +186,19 @@ def test_a_model_drafter_proposes_only_what_the_grammar_allows(lm, ids, temperat
     assert counts[True][0] > 0, counts  # the control: the draft alone does not know the grammar
     if temperature == 0:
         assert texts[False] == texts[True]
+
+
+def test_a_draft_reading_the_targets_activations_drafts_beside_forced_tokens(lm, ids, references):
+    """A grammar's forced tokens are the tree of a row whose drafter reads the target's activations (SPIRe)
+    as of any other row, and that drafter writes their memories from the target's activations of them. A
+    perfect such draft (every target block, each reading its own input: it computes the target) stays
+    perfect across forced tokens: every node it proposes is accepted, which a lost or misplaced memory
+    breaks."""
+    from lossless.conftest import spire_lm
+
+    drafter = ModelDrafter(spire_lm(lm, list(range(lm.config.n_layers)), mix="own"), TreeParams.chain(4))
+    out = generate(lm, ids, GenerationConfig(max_new_tokens=N, **OPTIONS["json_schema"]), drafter=drafter)
+    assert out.tokens == references["json_schema"].tokens
+    assert "grammar" in out.origins and "draft" in out.origins, out.origins
+    steps = out.stats.steps[:-1]  # the last may stop inside its tree
+    assert [s.accepted for s in steps] == [s.tree_size for s in steps]

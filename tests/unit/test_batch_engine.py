@@ -210,3 +210,30 @@ def test_engine_tau_counts_rounds_whatever_they_drafted(tiny_llama):
     plain_rounds = mixed.verified - mixed.drafted // 2
     assert mixed.emitted == 3 * (mixed.drafted // 2) + plain_rounds
     assert 1.0 < mixed.tau < 3.0
+
+
+def test_what_drafters_learn_reaches_the_step_length_rule(tiny_llama):
+    """A drafter's lessons (ctx.lessons: its verdicts on nodes cut unverified) go to the step's length rule
+    before it chooses, each once, from every row that drafted."""
+    from specstack.drafting.batch_length import AsProposed
+
+    class Teaching(_Idle):
+        def propose(self, ctx):
+            ctx.lessons.append((len(self.served), len(ctx.tokens)))
+            return super().propose(ctx)
+
+    class Learning(AsProposed):
+        def __init__(self) -> None:
+            super().__init__()
+            self.learned: list = []
+
+        def learn(self, lessons) -> None:
+            self.learned += lessons
+
+    rule = Learning()
+    served: list = []
+    engine = BatchEngine(tiny_llama.lm, max_rows=2, max_context=32, length=rule)
+    engine.run([BatchRequest([5, 6, 7], GEN, drafter=Teaching(served)),
+                BatchRequest([9, 9], GEN, drafter=Teaching(served))])
+    # each row's drafter proposes once a step, from its first token on (6 tokens: 6 steps each)
+    assert sorted(n for _, n in rule.learned) == sorted([3 + s for s in range(6)] + [2 + s for s in range(6)])

@@ -158,9 +158,8 @@ def test_forced_tokens_start_near_certain_where_other_unseen_drafts_do_not_pay()
 
 def test_what_drafters_learned_of_nodes_cut_unverified_counts_before_the_choice():
     rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows))
-    cut = evidence_chain()  # cut to nothing last step; its drafter has since seen the target's token
-    cut.learned = [("m", True)] * 6
-    assert rule.choose([cut], 1, 1) == [0] and rule.rates.p("m") == pytest.approx(7 / 8)
+    rule.learn([("m", True)] * 6)  # of a chain cut to nothing: its drafter has since seen the target's tokens
+    assert rule.rates.p("m") == pytest.approx(7 / 8)
     assert rule.choose([evidence_chain("m")], 1, 1) == [1]  # 1.875 / 1.5 beats 1 / 1
     assert CostAwareLength(rule.cost).choose([evidence_chain("m")], 1, 1) == [0]  # 1.5 / 1.5: a tie keeps none
 

@@ -12,6 +12,7 @@ from specstack.attention import AttentionBatch, build_batch, depths_from_parents
 from specstack.cache import KVCache
 from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
+from specstack.models.feature_cache import FeatureCache
 
 CFG = ModelConfig(arch="llama", vocab_size=11, d_model=8, n_layers=3, n_heads=2, n_kv_heads=2, d_ff=16,
                   max_seq_len=64)
@@ -263,7 +264,7 @@ def test_window_cache_with_ragged_rows(tiny):
 def test_a_growable_cache_keeps_its_slots_as_it_grows():
     """A cache of 2 slots a row that may grow to 40: blocks past its size reallocate it, and every
     committed slot (keys, values, positions, features) and the scratch written this round survive."""
-    cache = KVCache(CFG, 2, 2, torch.float32, feature_dim=3, max_capacity=40)
+    cache = FeatureCache(CFG, 2, 2, torch.float32, "cpu", None, 3, max_capacity=40)
     put(cache, [[1, 2, 3], [4, 5, 6]])  # 3 slots: grows at once
     assert 3 <= cache.capacity < 40
     cache.feat[:, :3] = torch.arange(18.0).view(2, 3, 3)
@@ -280,6 +281,22 @@ def test_a_growable_cache_keeps_its_slots_as_it_grows():
     with pytest.raises(SpecstackError, match="KV cache full"):  # past its limit it is full, as a fixed one
         put(cache, [[1.0] * 8, [1.0] * 8])
     assert cache.lengths == [33, 13]
+
+
+def test_features_move_with_their_slots():
+    """A feature cache's features follow their tokens: a committed tree path, a removed row's move into its
+    place, a copied row, the cache growing rows; a plain KVCache keeps none."""
+    cache = FeatureCache(CFG, 2, 16, torch.float32, "cpu", None, 2, max_rows=2)
+    put(cache, [[1, 2, 3, 4], [5, 6, 7, 8]])
+    cache.write_feature(torch.tensor([[[1.0, 1], [2, 2], [3, 3], [4, 4]], [[5, 5], [6, 6], [7, 7], [8, 8]]]))
+    cache.commit_nodes(0, [0, 2, 3])  # a path skipping node 1
+    cache.commit_nodes(1, [0, 1])
+    assert cache.feat[0, :3, 0].tolist() == [1, 3, 4] and committed(cache, 0) == [1, 3, 4]
+    cache.reserve(4)  # grown: the live rows keep theirs
+    assert cache.copy_row(0) == 2 and cache.feat[2, :3, 0].tolist() == [1, 3, 4]
+    assert cache.remove_row(0) == 2  # the last row moved into row 0
+    assert cache.feat[0, :3, 0].tolist() == [1, 3, 4] and cache.feat[1, :2, 1].tolist() == [5, 6]
+    assert not hasattr(make(), "feat")
 
 
 def test_a_growable_window_cache_stays_within_its_window():

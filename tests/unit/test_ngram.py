@@ -363,7 +363,7 @@ def test_bad_model_files_are_clean_errors(tmp_path: Path) -> None:
 def test_a_chain_cut_by_the_batch_still_teaches_its_length_rule() -> None:
     """A batch's length rule may verify none of a row's proposed chain; the emitted token still says
     whether the chain's first token was right (a deterministic proposal is accepted exactly when it
-    equals the target's token): the drafter's next tree carries that to the rule, whose rates learn."""
+    equals the target's token): the drafter's next propose tells the rule (ctx.lessons), whose rates learn."""
     from specstack.drafting.batch_length import CostAwareLength
     from specstack.tree import DraftTree
 
@@ -371,21 +371,27 @@ def test_a_chain_cut_by_the_batch_still_teaches_its_length_rule() -> None:
     drafter = NgramDrafter(None, widths=(1,) * 8, max_n=4)
     context = [5, 6, 7, 8, 9, 5, 6, 7]  # the context lookup proposes 8, 9, 5, 6
     drafter.reset(context)
-    tree = drafter.propose(DraftContext(list(context), SamplingParams(), limit=rule.limit()))
+    ctx = DraftContext(list(context), SamplingParams(), limit=rule.limit())
+    tree = drafter.propose(ctx)
     assert tree.tokens == [8, 9, 5, 6]  # up to the rule's limit
     cls = ("context", 3, 1)  # its first token's evidence: a match of the last 3 tokens, depth 1
-    assert tree.evidence[0] == cls and tree.learned == []
+    assert tree.evidence[0] == cls and ctx.lessons == []
     before = rule.rates.p(cls)
     rule.observe([DraftTree()], [0])  # cut to nothing: the verified tree says nothing
     drafter.observe(DraftTree(), VerifyResult([], [8]))  # the target's token was 8: right
-    tree = drafter.propose(DraftContext(context + [8], SamplingParams(), limit=rule.limit()))
-    assert tree.learned == [(cls, True)]
-    rule.choose([tree], 1, 1)
-    assert rule.rates.p(cls) > before
+    ctx = DraftContext(context + [8], SamplingParams(), limit=rule.limit())
+    tree = drafter.propose(ctx)
+    assert ctx.lessons == [(cls, True)]
+    rule.learn(ctx.take_lessons())
+    assert rule.rates.p(cls) > before and ctx.lessons == []
     mid = rule.rates.p(("context", 4, 1))
     drafter.observe(DraftTree(), VerifyResult([], [tree.tokens[0] + 1]))  # wrong
-    rule.choose([drafter.propose(DraftContext(context + [8, tree.tokens[0] + 1], SamplingParams()))], 1, 1)
+    ctx = DraftContext(context + [8, tree.tokens[0] + 1], SamplingParams())
+    drafter.propose(ctx)
+    rule.learn(ctx.lessons)
     assert rule.rates.p(("context", 4, 1)) < mid
     # a chain verified past the cut, or not accepted up to it, teaches nothing more than its verdict
     drafter.observe(tree.truncated(2), VerifyResult([0], [tree.tokens[0], 1]))
-    assert drafter.propose(DraftContext(context, SamplingParams())).learned == []
+    ctx = DraftContext(context, SamplingParams())
+    drafter.propose(ctx)
+    assert ctx.lessons == []

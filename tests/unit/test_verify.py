@@ -11,7 +11,7 @@ import torch
 
 from specstack.config import SamplingParams
 from specstack.tree import DraftTree
-from specstack.verify import verify_greedy, verify_rrs, verify_sample_walk
+from specstack.verify import verify_greedy, verify_rrs, verify_sample_walk, walk_greedy
 from specstack.verify import verify_tree as verify
 
 V = 8
@@ -117,6 +117,25 @@ def test_greedy_emits_exactly_the_targets_argmax_chain_on_random_trees():
                 node = nxt
         assert len(r.tokens) == len(r.accepted) + 1
         assert all(tree.tokens[c] != r.tokens[-1] for c in tree.children(node))
+
+
+def test_a_batch_walks_its_trees_along_one_argmax_as_each_alone():
+    """The engine's greedy rows walk their trees along one argmax of the whole forward's rows (ragged:
+    each row's slice at its offset): the same verdicts as verify_greedy on each row alone, ties (small
+    integer logits) and duplicate siblings included."""
+    rnd = random.Random(1)
+    for trial in range(50):
+        trees = []
+        for _ in range(rnd.randint(1, 8)):
+            n = rnd.randint(0, 10)
+            trees.append(DraftTree([rnd.randrange(4) for _ in range(n)], [rnd.randint(-1, i - 1) for i in range(n)]))
+        g = torch.Generator().manual_seed(trial)
+        rows = [torch.randint(0, 3, (len(t) + 1, 4), generator=g).float() for t in trees]
+        best = torch.cat(rows).argmax(-1).tolist()
+        at = 0
+        for tree, logits in zip(trees, rows, strict=True):
+            assert walk_greedy(tree, best[at : at + len(logits)]) == verify_greedy(tree, logits)
+            at += len(logits)
 
 
 # -- sample-walk ----------------------------------------------------------------------------------
