@@ -92,6 +92,12 @@ class QLinear(BoundModule):
         return sum(t.nbytes for t in self.buffers())
 
     # -- construction -------------------------------------------------------------------------------
+    @staticmethod
+    def of_float(w: torch.Tensor, b: torch.Tensor | None, fmt: str, activation: torch.dtype | None = None) -> QLinear:
+        """A layer in format `fmt` holding the float weight w [out, in] (and bias b), on w's device."""
+        layer = QLinear(w.shape[1], w.shape[0], fmt, bias=b is not None, device=w.device, activation=activation)
+        return layer.set_float(w, b)
+
     @torch.no_grad()
     def set_float(self, w: torch.Tensor, b: torch.Tensor | None = None) -> QLinear:
         """Quantise a float weight [out, in] into this layer's format."""

@@ -297,8 +297,7 @@ class SpireDraft(Extends, nn.Module):
         def small(lin: nn.Linear | QLinear) -> QLinear:
             if not isinstance(lin, nn.Linear):
                 raise ValueError("the draft is quantised already")
-            return QLinear(lin.in_features, lin.out_features, fmt, bias=lin.bias is not None, device=self.device,
-                           activation=act).set_float(lin.weight, lin.bias)
+            return QLinear.of_float(lin.weight, lin.bias, fmt, act)
 
         for blk in self.blocks():
             qkv = blk.qkv
@@ -306,13 +305,11 @@ class SpireDraft(Extends, nn.Module):
                 raise ValueError("the draft is quantised already")
             # the k/v rows quantised on their own give the same codes and scales (per-row formats)
             kv_bias = None if qkv.bias is None else qkv.bias[self.config.q_dim :]
-            blk.kv = QLinear(qkv.in_features, 2 * self.config.kv_dim, fmt, bias=kv_bias is not None, device=self.device,
-                             activation=act).set_float(qkv.weight[self.config.q_dim :], kv_bias)
+            blk.kv = QLinear.of_float(qkv.weight[self.config.q_dim :], kv_bias, fmt, act)
             blk.qkv, blk.o, blk.up, blk.down = small(blk.qkv), small(blk.o), small(blk.up), small(blk.down)
         if self.spire.feature_input:
             self.fuse = small(self.fuse)
-        self.head_q = QLinear(self.config.d_model, self.head.shape[0], fmt, device=self.device,
-                              activation=act).set_float(self.head)
+        self.head_q = QLinear.of_float(self.head, None, fmt, act)
         return self
 
     def _levels_from_target(self, tokens: torch.Tensor, hidden: torch.Tensor) -> list[torch.Tensor]:
