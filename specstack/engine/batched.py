@@ -263,7 +263,7 @@ class BatchEngine:
         if not self.rows:
             return []
         t1 = time.perf_counter()
-        blocks = propose_blocks(self.rows, plan, self.length, self.lm.config.d_model, self.model.device)  # 2.
+        blocks, draft_forwards = propose_blocks(self.rows, plan, self.length, self.lm.config.d_model, self.model.device)  # 2.
         t2 = time.perf_counter()
         layout, logits, hidden = self._score(blocks)  # 3.
         t3 = time.perf_counter()
@@ -273,7 +273,8 @@ class BatchEngine:
         st = self.stats
         st.add(BatchStep(len(blocks), sum(len(b) for b in blocks), layout, sum(len(b.tree) for b in blocks),
                          sum(len(v.accepted) for v, _ in verdicts.values()), sum(1 for b in blocks if len(b.tree)),
-                         len(verdicts), sum(len(v.tokens) for v, _ in verdicts.values())))
+                         len(verdicts), sum(len(v.tokens) for v, _ in verdicts.values()),
+                         draft_forwards=draft_forwards))
         st.draft_seconds += t2 - t1
         st.target_seconds += t3 - t2
         st.verify_seconds += t4 - t3
