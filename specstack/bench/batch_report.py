@@ -12,7 +12,9 @@ time, so the summary counts each batch once, keyed (method, repeat, batch). An `
 - tau: the rows' tokens per target forward, averaged; identical_rate: the share of rows equal to the
   prompt decoded alone by single-sequence ar (null when sampling);
 - phases: the engine's draft / target / verify / overhead seconds summed over the batches (null for
-  peers); steps: engine steps; layouts: steps per attention layout (pad, split).
+  peers); steps: engine steps; layouts: steps per attention layout (pad, split); draft_forwards_per_step:
+  the draft models' forwards an engine step (one a tree level for all rows drafting in a group; null for
+  peers and runs before it was counted).
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def summarize_batches(rows: Sequence[Row], order: Sequence[str], single_ar: floa
             for k, v in (b.get("batch_layouts") or {}).items():
                 layouts[k] += v
         steps = [b["batch_steps"] for b in batches if isinstance(b.get("batch_steps"), int)]
+        forwards = [(b["batch_draft_forwards"], b["batch_steps"]) for b in batches
+                    if isinstance(b.get("batch_draft_forwards"), int) and b.get("batch_steps")]
         out[name] = {
             "method": mine[0].get("base_method", name), "batch_size": mine[0]["batch_size"],
             "dtype": mine[0].get("dtype"), "prompts": len({r["task_id"] for r in mine if not r.get("aggregate")}),
@@ -81,6 +85,7 @@ def summarize_batches(rows: Sequence[Row], order: Sequence[str], single_ar: floa
             "phases": {k: sum(p.get(k, 0.0) for p in timed) for k in PHASES} if timed else None,
             "steps": sum(steps) if steps else None,
             "layouts": dict(layouts) or None,
+            "draft_forwards_per_step": (sum(f for f, _ in forwards) / sum(n for _, n in forwards)) if forwards else None,
         }
     return out
 
@@ -104,15 +109,15 @@ def _phases_text(s: Mapping[str, Any]) -> str:
 def batch_table(summary: Mapping[str, Mapping[str, Any]], single_ar: str | None) -> str:
     base = single_ar or "single ar"
     lines = [f"| method | B | dtype | batches | rows | tokens/s | tokens/s with prefill | x {base} | ms/token per "
-             "sequence | tau | identical to ar | engine time | layouts (steps) |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "sequence | tau | identical to ar | engine time | layouts (steps) | draft forwards a step |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     for m, s in summary.items():
         layouts = ", ".join(f"{k} {v}" for k, v in (s.get("layouts") or {}).items()) or "–"
         lines.append(f"| {m} | {s['batch_size']} | {s['dtype']} | {s['batches']} | {s['rows']} | "
                      f"{_f(s['tokens_per_s'], '.1f')} | {_f(s['tokens_per_s_with_prefill'], '.1f')} | "
                      f"{_f(s['speedup_vs_single_ar'])} | {_f(s['ms_per_token'], '.1f')} | {_f(s['tau'])} | "
                      f"{_f(None if s['identical_rate'] is None else 100 * s['identical_rate'], '.0f', ' %')} | "
-                     f"{_phases_text(s)} | {layouts} |")
+                     f"{_phases_text(s)} | {layouts} | {_f(s.get('draft_forwards_per_step'))} |")
     return "\n".join(lines)
 
 

@@ -18,8 +18,8 @@ it. llama-batched-bench (`llamacpp-batched`) runs last, once (bench/llama_batche
 
 Rows: one per sequence (task_id, method `METHOD@bB`, base_method, batch_size, batch, slot, repeat,
 tokens, ...): `seconds` is its batch's wall time and `tokens_per_s` the row's own rate; the batch's
-engine phases (`batch_phases`), steps and layouts ride on each of its rows (report.py counts them
-once per batch).
+engine phases (`batch_phases`), steps, layouts and draft-model forwards ride on each of its rows
+(report.py counts them once per batch).
 """
 from __future__ import annotations
 
@@ -78,6 +78,7 @@ class BatchOutput:
     phases: dict[str, float] | None = None  # the engine's draft / target / verify / overhead seconds
     steps: int | None = None  # engine steps
     layouts: dict[str, int] | None = None  # steps per layout (pad, split)
+    draft_forwards: int | None = None  # the draft models' forwards over all steps (a group's serve all its rows)
 
 
 BatchRunner = Callable[[list[list[int]], int], BatchOutput]
@@ -102,7 +103,8 @@ def engine_batch_runner(lm: LoadedModel, drafters: DrafterFactory | None, layout
         seconds = time.perf_counter() - t0
         st = engine.stats
         return BatchOutput([r.tokens for r in results], seconds, lm.fmt, [r.stats.target_forwards for r in results],
-                           [r.stats.tau for r in results], st.phase_seconds(), st.steps, dict(st.layouts))
+                           [r.stats.tau for r in results], st.phase_seconds(), st.steps, dict(st.layouts),
+                           st.draft_forwards)
 
     return go
 
@@ -285,6 +287,7 @@ def batch_rows(m: BenchMethod, b: int, bi: int, rep: int, batch: Sequence[Encode
                      "seconds": out.seconds, "tokens_per_s": len(tokens) / out.seconds,
                      "target_forwards": out.target_forwards[slot], "tau": out.taus[slot], "identical_to_ar": None,
                      "batch_phases": out.phases, "batch_steps": out.steps, "batch_layouts": out.layouts,
+                     "batch_draft_forwards": out.draft_forwards,
                      "tokens": tokens})
     return rows
 

@@ -54,10 +54,14 @@ class DraftContext:
 
 class DraftGroup(Protocol):
     """Drafters that propose together: a batch's rows drafted by one draft model in one forward per
-    draft step (drafting/batched_chain.py)."""
+    draft step (drafting/batched_chain.py's chains, batched_tree.py's trees). Every drafter that runs a
+    draft model proposes through a group (a lone one through a group of one), which counts its forwards."""
 
     def propose_rows(self, drafters: Sequence[Drafter], ctxs: Sequence[DraftContext]) -> list[DraftTree]:
         """Each drafter's tree (drafters of this group, each with its row's context)."""
+
+    def draft_forwards(self) -> int:
+        """The draft model's forwards this group has run so far (an engine's step reports its own)."""
 
 
 class Drafter(Protocol):

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specstack.attention import build_batch, row_blocks_batch
+from specstack.attention import build_batch
 from specstack.cache import KVCache
 from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext, Drafter
@@ -61,22 +61,8 @@ class ChainGroup:
         self.members.append(m)
         return m
 
-    def _prefill(self, members: Sequence[ChainRow]) -> None:
-        """Members whose pending chain is long (a prompt, after reset) read all of it but the root first,
-        packed (each row writes only its own tokens), so a round's padded catch-up stays short."""
-        long = sorted((m for m in members if len(m.pending) > self.k + 1), key=lambda m: m.row)
-        if not long:
-            return
-        parents: list[list[int]] = [[] for _ in range(self.cache.batch_size)]
-        for m in long:
-            parents[m.row] = list(range(-1, len(m.pending) - 2))
-        model = self.draft.model
-        ids = torch.tensor([[t for m in long for t in m.pending[:-1]]], device=model.device)
-        batch = row_blocks_batch(self.cache, parents, "split")
-        model.forward(ids, batch, self.cache, logit_rows=torch.zeros(0, dtype=torch.long, device=model.device))
-        self.cache.commit_prefix([len(p) for p in parents])
-        for m in long:
-            self.state.ran_ahead(m.row, len(m.pending) - 1)
+    def draft_forwards(self) -> int:
+        return self.state.forwards
 
     # -- a round ------------------------------------------------------------------------------------
     def propose_rows(self, drafters: Sequence[Drafter], ctxs: Sequence[DraftContext]) -> list[DraftTree]:
@@ -85,8 +71,7 @@ class ChainGroup:
         if len(members) != len(drafters):
             raise ValueError("a chain group proposes for its own members only")
         self.state.write_memories()
-        model, cache = self.draft.model, self.cache
-        dev = model.device
+        cache, dev = self.cache, self.state.device
         for m, ctx in zip(members, ctxs, strict=True):
             m.length = self.k if ctx.limit is None else max(0, min(self.k, ctx.limit))
             # every drafted token but the last is run: its position must stay within the draft's context
@@ -99,7 +84,8 @@ class ChainGroup:
         trees = {m.row: DraftTree() for m in members}
         if not active:
             return [trees[m.row] for m in members]
-        self._prefill([m for m, _ in active])
+        # a long pending chain (a prompt) is read first, packed, so the padded catch-up stays short
+        self.state.read_ahead([m.row for m, _ in active if len(m.pending) > self.k + 1])
         rows = cache.batch_size
         # 1. catch-up, padded to the longest pending chain
         counts = [0] * rows
@@ -110,7 +96,7 @@ class ChainGroup:
         for m, _ in active:
             tokens[m.row, : len(m.pending)] = torch.tensor(m.pending, device=dev)
         index = torch.tensor([m.row * width + len(m.pending) - 1 for m, _ in active], device=dev)
-        out = model.forward(tokens, build_batch(cache, width, n_valid=counts), cache, logit_rows=index)
+        out = self.state.forward(tokens, build_batch(cache, width, n_valid=counts), index)
         self._draw(active, out, trees)
         # 2. draft steps: each member runs its last drafted token, while its chain is short of its length
         for step in range(1, max(m.length for m, _ in active)):
@@ -131,7 +117,7 @@ class ChainGroup:
                 m.run += 1
             batch = build_batch(cache, 1, mask, offsets, n_valid, append=True)
             index = torch.tensor([m.row for m, _ in going], device=dev)
-            out = model.forward(ids, batch, cache, logit_rows=index)
+            out = self.state.forward(ids, batch, index)
             self._draw(going, out, trees)
         return [trees[m.row] for m in members]
 

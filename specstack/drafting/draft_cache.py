@@ -1,5 +1,8 @@
 """A draft model's KV cache with a row per sequence it drafts for, and what each row has not run yet:
-the state both model drafters keep (drafting/model.py: one row; batched_chain.py: a row per member).
+the state both groups of model drafters keep (drafting/batched_chain.py, batched_tree.py: a row per member;
+a lone tree drafter is a group of one). Every draft forward goes through `forward`, which counts them (a
+step's draft forwards: engine/stats.py BatchStep.draft_forwards); `read_ahead` runs long pending chains
+(a prompt) packed before a round, so that the round's padded catch-up stays short.
 
 Per row, the cache holds the committed context except the tokens the draft has not run yet (`pending`:
 at least the root, the last emitted token). A round runs, in the cache's scratch, the pending tokens
@@ -25,8 +28,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specstack.attention import AttentionBatch, row_blocks_batch
 from specstack.config import WindowSpec
-from specstack.models.base import LoadedModel, ReadsTargetActivations
+from specstack.models.base import LoadedModel, ModelOutput, ReadsTargetActivations
 from specstack.prefix_cache import PrefixCache
 from specstack.tree import DraftTree
 from specstack.verify import VerifyResult
@@ -35,8 +39,9 @@ from specstack.verify import VerifyResult
 class DraftCache:
     def __init__(self, draft: LoadedModel, capacity: int, window: WindowSpec | None = None,
                  prefix: PrefixCache | None = None) -> None:
-        model = draft.model
+        model = self.model = draft.model
         self.device = model.device
+        self.forwards = 0  # the draft's forwards so far (`forward`): what a step's drafting cost, counted
         # grown as its rows read (up to `capacity`): a row holds what it read, not the draft's whole context
         self.cache = model.new_cache(0, None, window, max_rows=1, max_capacity=capacity)
         # the one check of the capability (a SPIRe draft built without target activations has it, but
@@ -78,8 +83,34 @@ class DraftCache:
             self.pending[row] = list(prompt_ids[match.tokens:])
             self.committed[row], self._stored[row] = list(prompt_ids[: match.tokens]), False
 
-    def ran_ahead(self, row: int, n: int) -> None:
-        """The row's first n pending tokens were run and committed outside a round (a packed prefill)."""
+    def forward(self, ids: torch.Tensor, batch: AttentionBatch, logit_rows: slice | torch.Tensor) -> ModelOutput:
+        """One forward of the draft over this cache (every draft forward goes through here: it is counted)."""
+        self.forwards += 1
+        return self.model.forward(ids, batch, self.cache, logit_rows=logit_rows)
+
+    def read_ahead(self, rows: Sequence[int]) -> None:
+        """Rows `rows` run all their pending tokens but the root now, packed (each row writes only its own
+        tokens), and commit them: a long pending chain (a prompt, after reset) is not padded into every
+        row's catch-up, which stays short (and within the scratch a round may write)."""
+        if not rows:
+            return
+        rows = sorted(rows)  # packed: row 0's tokens first
+        parents: list[list[int]] = [[] for _ in range(self.cache.batch_size)]
+        for r in rows:
+            parents[r] = list(range(-1, len(self.pending[r]) - 2))
+        ids = torch.tensor([[t for r in rows for t in self.pending[r][:-1]]], device=self.device)
+        batch = row_blocks_batch(self.cache, parents, "split")
+        self.forward(ids, batch, torch.zeros(0, dtype=torch.long, device=self.device))
+        self.cache.commit_prefix([len(p) for p in parents])
+        for r in rows:
+            self._ran_ahead(r, len(self.pending[r]) - 1)
+
+    def allow(self, slots: int) -> None:
+        """Rows may grow to `slots` slots (a member joining a group says what its rounds' scratch needs)."""
+        self.cache.max_capacity = max(self.cache.max_capacity, slots)
+
+    def _ran_ahead(self, row: int, n: int) -> None:
+        """The row's first n pending tokens were run and committed outside a round (read_ahead)."""
         if self.prefix is not None:
             self.committed[row] += self.pending[row][:n]
         self.pending[row] = self.pending[row][n:]

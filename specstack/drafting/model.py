@@ -1,10 +1,14 @@
 """Model drafter: a small LM (sharing the target's tokenizer) proposes a best-first tree (a chain is a
 tree of width 1; the chain drafter of one row or many is drafting/batched_chain.py).
 
-State: the draft's cache, one row (drafting/draft_cache.py: the tokens it has not run yet, `pending`,
-at least the root; the accepted nodes it ran committed; SPIRe memories). A round runs, in the scratch:
+State: a row of its group's draft cache (drafting/batched_tree.py: a TreeGroup drafts the trees of many
+rows in one draft forward per level; a drafter made without one is a group of one; draft_cache.py: the
+tokens it has not run yet, `pending`, at least the root; the accepted nodes it ran committed; SPIRe
+memories). A round runs, in the scratch:
   1. the pending tokens as a causal chain (catch-up; its last row is the root's distribution),
-  2. then, level by level, the best unexpanded candidates as one tree block each (`grow`).
+  2. then, level by level, the best unexpanded candidates as one tree block each (`grow`, a generator:
+     it yields each level's candidates and the group, which runs every member's level in one forward,
+     sends back their distributions).
 
 Tree (staged paper, DESIGN §4): the round's candidates (drafting/candidates.py) are scored by
 cumulative draft probability; the target batch is the `budget` best. Greedy target: the top-`width`
@@ -21,11 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specstack.attention import build_batch, scratch_tree_mask
 from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext
+from specstack.drafting.batched_tree import Growth, Level, TreeGroup
 from specstack.drafting.candidates import CandidateTree, ChildPicker, NextTokens
-from specstack.drafting.draft_cache import DraftCache
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 from specstack.prefix_cache import PrefixCache
@@ -50,83 +53,93 @@ class TreeParams:
 
 
 class ModelDrafter:
-    """Drafter (drafting/base.py) over a draft model. A subclass changes how the tree grows by
-    overriding `grow` (and `scratch_bound` if it runs more nodes a round), built from the public
-    steps below: `selected`, `run`, `expand`, `max_run_depth`, and the round's `candidates`."""
+    """Drafter (drafting/base.py) over a draft model, and a member of a TreeGroup (batched_tree.py). A
+    subclass changes how the tree grows by overriding `grow` (and `level_shape` if its levels are more or
+    wider), built from the public steps below: `selected`, `expand`, `max_run_depth`, and the round's
+    `candidates`; `grow` yields the candidates it wants run and receives their distributions."""
 
     # Under sampling, sampled children carry the draft's q and a tree of them is verified by recursive
     # rejection sampling. A subclass whose trees are verified by sample-walk sets this False.
     carries_q = True
-    group = None  # proposes alone
 
-    def __init__(self, draft: LoadedModel, params: TreeParams, capacity: int | None = None,
-                 window: WindowSpec | None = None, prefix: PrefixCache | None = None) -> None:
+    def __init__(self, draft: LoadedModel, params: TreeParams, window: WindowSpec | None = None,
+                 prefix: PrefixCache | None = None, group: TreeGroup | None = None) -> None:
         """window: a sliding-window KV for the draft (MagicDec: the target itself as its own draft);
-        prefix: the draft's prefix cache, shared by the drafters of one draft model (None: none)."""
+        prefix: the draft's prefix cache, shared by the drafters of one draft model (None: none);
+        group: the group it drafts with (its draft model's; window and prefix are the group's), None: a
+        group of its own."""
+        if group is not None and (window is not None or prefix is not None or group.draft is not draft):
+            raise SpecstackError("a group's member drafts with the group's draft model, window and prefix cache")
         self.draft = draft
         self.params = params
-        self.state = DraftCache(draft, capacity or draft.config.max_seq_len + self.scratch_bound(), window, prefix)
-        self.state.add_row()
+        self.group = group if group is not None else TreeGroup(draft, window, prefix)
+        self.state = self.group.state
         self.cache = self.state.cache
         self.target_layers = self.state.target_layers
         self.candidates = CandidateTree()  # this round's
         self.sized = False  # this round's tree is sized by the step's length rule (ctx.size)
         self._size: Callable[[Sequence[float]], int] | None = None  # ctx.size, while sized
-        self._picker = ChildPicker(params.width, draft.config.vocab_size)
+        self.picker = ChildPicker(params.width, draft.config.vocab_size)
         self._tree_ids: list[int] = []  # candidate of each node of the proposed tree
         self._limit = params.budget  # this round's most nodes (params.budget, or less when the engine limits it)
+        self.row = self.group.join(self)
 
     @property
     def pending(self) -> list[int]:
-        return self.state.pending[0]
+        return self.state.pending[self.row]
 
-    def scratch_bound(self) -> int:
-        """Most scratch slots one round can write: the pending tokens (at most an accepted path and
-        the bonus token) plus every node expanded."""
-        return self.params.depth + 2 + self.params.budget
+    def pending_bound(self) -> int:
+        """The most pending tokens a round catches up on in a group (at most an accepted path and the
+        bonus token; a longer chain, a prompt, is read ahead first)."""
+        return self.params.depth + 2
+
+    def level_shape(self) -> tuple[int, int]:
+        """(most levels a round runs, most nodes a level runs): the scratch a round writes after its
+        catch-up, each level padded in a group to its widest member's (`TreeGroup.join`). Best-first: a
+        level expands at least one of the `budget` nodes, at most `expand_per_forward`."""
+        return self.params.budget, self.params.expand_per_forward
 
     # -- the draft's cache ------------------------------------------------------------------------
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
-        self.state.reset(0, prompt_ids, target_hidden)
+        self.state.reset(self.row, prompt_ids, target_hidden)
 
     def observe(self, tree: DraftTree, result: VerifyResult, target_hidden: torch.Tensor | None = None) -> None:
         """target_hidden: the target's hidden states of the root and the emitted path (drafting/base.py),
         for a draft with target_layers."""
-        self.state.observe(0, tree, result, target_hidden, lambda node: self.candidates[self._tree_ids[node]].slot)
+        self.state.observe(self.row, tree, result, target_hidden,
+                           lambda node: self.candidates[self._tree_ids[node]].slot)
 
-    # -- proposing --------------------------------------------------------------------------------
+    # -- proposing (a round: begin, grow level by level, finish; the group runs the forwards) -------
     def propose(self, ctx: DraftContext) -> DraftTree:
-        model = self.draft.model
+        return self.group.propose_rows([self], [ctx])[0]
+
+    def begin(self, ctx: DraftContext) -> bool:
+        """Start a round; returns whether it runs the draft."""
         # sizing by the nodes' own scores is lossless for a greedy target and for sample-walk only
         self.sized = ctx.size is not None and (ctx.sampling.greedy or not self.carries_q)
         self._size = ctx.size if self.sized else None
         self.candidates = CandidateTree()
         self._limit = self.params.budget if ctx.limit is None else min(ctx.limit, self.params.budget)
+        self._tree_ids = []
         # nothing will be verified: no draft forward; the pending tokens wait (up to a bound, so the next
         # catch-up stays within the scratch)
-        self.state.ran[0] = not (self._limit == 0 and len(self.pending) <= self.params.depth)
-        self._tree_ids = []
-        if not self.state.ran[0]:
-            return DraftTree()
-        self.state.write_memories()
-        # 1. catch up on the pending tokens (the last one is the root): only the root's row is scored
-        pend = torch.tensor([self.pending], device=model.device)
-        out = model.forward(pend, build_batch(self.cache, len(self.pending)), self.cache,
-                            logit_rows=slice(-1, None))
-        # 2. grow the candidate tree
-        self.grow(self._picker.pick(out, ctx), ctx)
-        # 3. the target batch as a DraftTree; where sizing by them is lossless (above), each node carries
-        # its cumulative draft probability for the step's length rule
+        self.state.ran[self.row] = not (self._limit == 0 and len(self.pending) <= self.params.depth)
+        return self.state.ran[self.row]
+
+    def finish(self, ctx: DraftContext) -> DraftTree:
+        """The target batch as a DraftTree; where sizing by them is lossless (`begin`), each node carries
+        its cumulative draft probability for the step's length rule."""
         self._tree_ids = self.selected()
         tree = self.candidates.draft_tree(self._tree_ids)
         if ctx.sampling.greedy or not self.carries_q:
             tree.confidence = [self.candidates.score(c) for c in self._tree_ids]
         return tree
 
-    def grow(self, root: NextTokens, ctx: DraftContext) -> None:
+    def grow(self, root: NextTokens, ctx: DraftContext) -> Growth:
         """Best-first: expand the best unexpanded nodes of the would-be target batch, a level of
         `expand_per_forward` nodes per draft forward, until none is left within the depth.
-        root: the catch-up forward's distribution after the root (one row)."""
+        root: the catch-up forward's distribution after the root (one row). Yields each level's nodes
+        and receives their distributions (row j: after chosen[j])."""
         cands = self.candidates
         max_depth = self.max_run_depth()
         self.expand(-1, root, 0, ctx)
@@ -136,7 +149,7 @@ class ModelDrafter:
             if not chosen:
                 return
             chosen.sort()  # topological order within the block
-            dists = self.run(chosen, ctx)
+            dists = yield chosen
             for row, i in enumerate(chosen):
                 self.expand(i, dists, row, ctx)
 
@@ -157,24 +170,15 @@ class ModelDrafter:
     def max_run_depth(self) -> int:
         """Deepest node the draft may run: its children stay within `depth`, and its position
         (root position + depth) within the draft's context."""
-        room = self.draft.config.max_seq_len - (self.cache.next_pos[0] + len(self.pending))
+        room = self.draft.config.max_seq_len - (self.cache.next_pos[self.row] + len(self.pending))
         return min(min(self.params.depth, self._limit) - 1, room)  # a tree of n nodes is at most n deep
 
-    def run(self, chosen: list[int], ctx: DraftContext) -> NextTokens:
-        """One draft forward over candidates `chosen` (topologically ordered; each one's parent is
-        expanded already or earlier in `chosen`), appended to this round's scratch. Row j of the
-        result is the next-token distribution after chosen[j]."""
-        model, cands = self.draft.model, self.candidates
-        scratch = self.cache.scratch
+    def level(self, chosen: list[int], scratch: int) -> Level:
+        """Candidates `chosen` (topologically ordered; each one's parent is expanded already or earlier in
+        `chosen`) as a level's block, node j at scratch slot `scratch` + j: it is expanded once run."""
+        cands = self.candidates
         for j, i in enumerate(chosen):
             cands[i].slot = scratch + j
-        # every node sees the pending chain up to the root, its expanded ancestors and itself; it sits
-        # at the root's position + its depth (the root is the last pending token)
         paths = [cands.path(i) for i in chosen]
-        slots = [[cands[a].slot for a in path] for path in paths]
-        mask = scratch_tree_mask(slots, len(self.pending), scratch + len(chosen))
-        offsets = torch.tensor([len(path) for path in paths], device=model.device) + len(self.pending) - 1
-        toks = torch.tensor([[cands[i].token for i in chosen]], device=model.device)
-        batch = build_batch(self.cache, len(chosen), mask, offsets, append=True)
-        return self._picker.pick(model.forward(toks, batch, self.cache), ctx,
-                                 [[cands[a].token for a in path] for path in paths])
+        return Level([cands[i].token for i in chosen], [[cands[a].slot for a in path] for path in paths],
+                     [[cands[a].token for a in path] for path in paths])

@@ -11,6 +11,8 @@ Round, after the catch-up forward that gives the root's draft distribution:
      (b) gives every node run its top-`width` children, candidates for the target's tree;
   until the spine reaches depth D. The target batch is then the `budget` best candidates by
   cumulative draft probability, exactly as for the best-first tree.
+In a group of rows (drafting/batched_tree.py), step 3 is one draft forward for every row's spine step:
+each row's grow yields its block and receives its rows of the forward; draft2 proposes between levels.
 Nodes carry no q (draft2's proposals have none): under sampling the engine verifies every staged
 tree by sample-walk, lossless for any tree built before the target's draws.
 """
@@ -23,6 +25,7 @@ import torch
 
 from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext
+from specstack.drafting.batched_tree import Growth, TreeGroup
 from specstack.drafting.candidates import NextTokens
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import STAGED_WIDTHS
@@ -41,21 +44,25 @@ class StagedDrafter(ModelDrafter):
     carries_q = False  # draft2's nodes have no q: every staged tree is verified by sample-walk
 
     def __init__(self, draft: LoadedModel, draft2: ProposalSource, params: TreeParams,
-                 widths: Sequence[int] = STAGED_WIDTHS, capacity: int | None = None,
-                 window: WindowSpec | None = None, prefix: PrefixCache | None = None) -> None:
-        self.widths = tuple(widths)  # before ModelDrafter sizes the cache by scratch_bound
-        super().__init__(draft, params, capacity, window, prefix)
+                 widths: Sequence[int] = STAGED_WIDTHS, window: WindowSpec | None = None,
+                 prefix: PrefixCache | None = None, group: TreeGroup | None = None) -> None:
+        """group: the group it drafts with (batched_tree.py; its rows' spines share each draft forward);
+        draft2 is its own (its context is its row's)."""
+        self.widths = tuple(widths)  # before ModelDrafter joins its group by level_shape
+        super().__init__(draft, params, window, prefix, group)
         self.draft2 = draft2
 
-    def scratch_bound(self) -> int:
-        # each spine step runs its token and, at most, all of draft2's proposal tree
-        return self.params.depth + 2 + self.params.depth * (1 + sum(self.widths))
+    def level_shape(self) -> tuple[int, int]:
+        # each spine step (a level, at least one deeper) runs its token and, at most, all of draft2's tree
+        return self.params.depth, 1 + sum(self.widths)
 
     def reset(self, prompt_ids: Sequence[int], target_hidden: torch.Tensor | None = None) -> None:
         super().reset(prompt_ids, target_hidden)
         self.draft2.reset(prompt_ids)
 
-    def grow(self, root: NextTokens, ctx: DraftContext) -> None:
+    def grow(self, root: NextTokens, ctx: DraftContext) -> Growth:
+        """The spine's steps, each one level: draft2's proposal under the next spine token (between
+        levels, as the paper's round does), yielded with that token for one draft forward."""
         cands = self.candidates
         depth_limit = self.max_run_depth()  # nodes up to this depth may be run
         self.expand(-1, root, 0, ctx)
@@ -90,7 +97,7 @@ class StagedDrafter(ModelDrafter):
                 break
             # 3. one draft forward: scores of the new nodes, their children, draft2's verification
             block.sort()  # candidates are created parents-first: index order is topological
-            rows = self.run(block, ctx)
+            rows = yield block
             for row, c in enumerate(block):
                 dist[c] = (rows, row)
             for c in block:  # parents first, so each score builds on a final one

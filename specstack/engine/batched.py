@@ -264,7 +264,7 @@ class BatchEngine:
         if not self.rows:
             return []
         t1 = time.perf_counter()
-        blocks = propose_blocks(self.rows, plan, self.length, self.lm.config.d_model, self.model.device)  # 2.
+        blocks, draft_forwards = propose_blocks(self.rows, plan, self.length, self.lm.config.d_model, self.model.device)  # 2.
         t2 = time.perf_counter()
         layout, logits, seen = self._score(blocks)  # 3.
         t3 = time.perf_counter()
@@ -272,7 +272,7 @@ class BatchEngine:
         t4 = time.perf_counter()
         finished = self._commit(blocks, verdicts, seen, (t2 - t1, t3 - t2, t4 - t3))  # 5.
         st = self.stats
-        st.add(commit.step_record(blocks, verdicts, layout))
+        st.add(commit.step_record(blocks, verdicts, layout, draft_forwards))
         st.draft_seconds += t2 - t1
         st.target_seconds += t3 - t2
         st.verify_seconds += t4 - t3

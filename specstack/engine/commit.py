@@ -128,10 +128,11 @@ def settle(row: Row, max_context: int) -> Settled:
     return Settled.GOING
 
 
-def step_record(blocks: Sequence[Block], verdicts: Mapping[int, Verdict], layout: str) -> BatchStep:
-    """The step as the engine's statistics keep it."""
+def step_record(blocks: Sequence[Block], verdicts: Mapping[int, Verdict], layout: str,
+                draft_forwards: int) -> BatchStep:
+    """The step as the engine's statistics keep it (draft_forwards: the draft-model forwards its drafters ran)."""
     results = [result for result, _ in verdicts.values()]
     return BatchStep(rows=len(blocks), tokens=sum(len(b) for b in blocks), layout=layout,
                      drafted=sum(len(b.tree) for b in blocks), accepted=sum(len(r.accepted) for r in results),
                      drafting=sum(1 for b in blocks if len(b.tree)), verified=len(results),
-                     emitted=sum(len(r.tokens) for r in results))
+                     emitted=sum(len(r.tokens) for r in results), draft_forwards=draft_forwards)

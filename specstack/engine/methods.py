@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from specstack.drafting.base import Drafter
 from specstack.drafting.batch_length import AsProposed, BassLength, BatchLength, CostAwareLength, ForwardCost
 from specstack.drafting.batched_chain import ChainGroup
+from specstack.drafting.batched_tree import TreeGroup
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.drafting.staged import StagedDrafter
@@ -235,10 +236,15 @@ def check_chain(p: Params) -> str | None:
 
 
 def build_tree(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
+    """Every drafter of the factory is a member of one TreeGroup: in a batch, one draft forward per level
+    of all rows' trees (drafting/batched_tree.py); shared=0: each its own group (row by row)."""
     d = resolve_draft(target, sources, device)
     shape = TreeParams(p["width"], p["budget"], p["depth"], p["expand"])
     prefix = sources.draft_prefix(d.lm)
-    return lambda: ModelDrafter(d.lm, shape, window=d.window, prefix=prefix)
+    if not p["shared"]:
+        return lambda: ModelDrafter(d.lm, shape, window=d.window, prefix=prefix)
+    group = TreeGroup(d.lm, d.window, prefix)
+    return lambda: ModelDrafter(d.lm, shape, group=group)
 
 
 def tree_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
@@ -283,11 +289,17 @@ def check_ngram(p: Params) -> str | None:
 
 
 def build_staged(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
+    """As build_tree: the rows' spines share each draft forward (shared=0: row by row); each drafter has
+    its own draft2 (the trigram, loaded once, with its row's context)."""
     d = resolve_draft(target, sources, device)
     trigram = load_ngram(target, sources)
+    shape = TreeParams(p["width"], p["budget"], p["depth"])
+    widths = (1,) * p["d2"] if p["d2"] else STAGED_WIDTHS
     prefix = sources.draft_prefix(d.lm)
-    return lambda: StagedDrafter(d.lm, NgramDrafter(trigram), TreeParams(p["width"], p["budget"], p["depth"]),
-                                 window=d.window, widths=(1,) * p["d2"] if p["d2"] else STAGED_WIDTHS, prefix=prefix)
+    if not p["shared"]:
+        return lambda: StagedDrafter(d.lm, NgramDrafter(trigram), shape, widths, d.window, prefix)
+    group = TreeGroup(d.lm, d.window, prefix)
+    return lambda: StagedDrafter(d.lm, NgramDrafter(trigram), shape, widths, group=group)
 
 
 # a draft size: no more than MAX_TREE draft tokens are ever verified in one step
@@ -301,6 +313,9 @@ MAX_MATCH = 16
 WIDTH = size("width", 4, "c: children per expanded node")
 BUDGET = size("budget", 36, "n: nodes the target verifies per step")
 DEPTH = size("depth", 8, "D: the tree's maximum depth")
+# a tree method's rows share their draft forwards; 0 runs them row by row (the baseline it is measured against)
+SHARED = Param("shared", 1, "1: the rows of a step share each draft forward (one a tree level for all rows)", low=0,
+               high=1, zero="each row runs its own draft forwards (row by row)")
 COST = Param("cost", 0, "1: verify each step only the best nodes that pay for their width, by the draft's path "
              "probabilities and the target's measured forward cost per width", low=0, high=1, zero="all n nodes")
 DRAFT = frozenset({"draft", "draft_dtype", "draft_vocab"})  # the DraftSources fields of a draft model
@@ -316,7 +331,7 @@ register(Method("chain", "a chain of k draft tokens, verified in one target forw
           zero="no cost model"),
 ), check_chain, sources=DRAFT, length=chain_length))
 register(Method("tree", "a best-first tree from the draft model (Spector & Ré 2023)", build_tree,
-                (WIDTH, BUDGET, DEPTH, size("expand", 4, "nodes the draft expands in one forward"), COST),
+                (WIDTH, BUDGET, DEPTH, size("expand", 4, "nodes the draft expands in one forward"), COST, SHARED),
                 sources=DRAFT, measures=tree_measures, length=tree_length))
 # a 3-token chain suits the default int4 target, whose forward cost grows with every token; on a bf16
 # target (wide forwards nearly free) width=12,depth=6 accepts more (docs/bench-history)
@@ -371,7 +386,7 @@ register(Method("staged", "the draft's tree with draft2 (the trigram) speculatin
                 build_staged, (WIDTH, BUDGET, DEPTH, COST, size(
                     "d2", 0, "N: draft2's proposal under each spine token is a chain of N tokens (a narrower "
                     "draft forward: on the 2-core CPU it pays, docs/bench-history)", low=0,
-                    zero="the paper's tree (widths 12, 7, 4, 1, 1, 1)")),
+                    zero="the paper's tree (widths 12, 7, 4, 1, 1, 1)"), SHARED),
                 sources=DRAFT | TRIGRAM, measures=tree_measures, length=tree_length))
 register(Method("auto", f"the fastest lossless choice measured here: {AUTO} (the trigram and context lookup, "
                 "each step's length by the measured forward cost)", build_auto, sources=TRIGRAM,

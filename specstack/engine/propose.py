@@ -1,6 +1,6 @@
 """Step 2 of the engine (engine/batched.py): each row's block of the step's forward, its pending tokens
 the plan lets it read then, once they reach its root, a tree: its drafter's (drafters of one group
-propose together: one draft forward per draft step for all their rows) or, where its grammar forces
+propose together: one draft forward per draft step, or tree level, for all their rows) or, where its grammar forces
 tokens, those (engine/forced.py); within the plan's nodes for it and cut by the step's length rule."""
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from specstack.tree import DraftTree
 
 
 def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_model: int,
-                   device: torch.device) -> list[Block]:
-    """Every row's block; a drafter's first tree (its row reached its root for the first time) comes
-    after it was reset with the prompt and, for one that reads them, the prompt's activations (d_model
-    wide on `device`, gathered chunk by chunk in row.hidden)."""
+                   device: torch.device) -> tuple[list[Block], int]:
+    """Every row's block, and the draft-model forwards proposing them took (counted by the groups: a
+    drafter with no group runs none); a drafter's first tree (its row reached its root for the first
+    time) comes after it was reset with the prompt and, for one that reads them, the prompt's
+    activations (d_model wide on `device`, gathered chunk by chunk in row.hidden)."""
     limit = length.limit()
     blocks: list[Block] = []
     drafting: dict[int, tuple[Drafter, int]] = {}  # row -> its drafter and the most nodes it may verify
@@ -48,8 +49,11 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
             blocks[i].tree = drafter.propose(rows[i].ctx)
         else:
             groups.setdefault(id(group), (group, []))[1].append(i)
+    forwards = 0
     for group, members in groups.values():
+        before = group.draft_forwards()
         trees = group.propose_rows([drafting[i][0] for i in members], [rows[i].ctx for i in members])
+        forwards += group.draft_forwards() - before
         for i, tree in zip(members, trees, strict=True):
             blocks[i].tree = tree
     for i, (_, cap) in drafting.items():  # no tree outgrows what the plan gave it (the context's room too)
@@ -61,7 +65,7 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
         keep = length.choose([blocks[i].tree for i in drafting], len(blocks), sum(len(b.chain) for b in blocks))
         for i, k in zip(drafting, keep, strict=True):
             blocks[i].tree = blocks[i].tree.truncated(k)
-    return blocks
+    return blocks, forwards
 
 
 def prompt_hidden(row: Row, d_model: int, device: torch.device) -> torch.Tensor | None:

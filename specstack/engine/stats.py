@@ -117,6 +117,7 @@ class BatchStep:
     drafting: int  # rows that verified a draft
     verified: int = 0  # rows verified (each a round: it emits 1 + its accepted tokens)
     emitted: int = 0  # tokens their verifications emitted
+    draft_forwards: int = 0  # the draft models' forwards proposing the step's trees (a group's serve all its rows)
 
 
 @dataclass
@@ -131,6 +132,7 @@ class BatchStats:
     accepted: int = 0
     verified: int = 0
     emitted: int = 0
+    draft_forwards: int = 0
     layouts: Counter[str] = field(default_factory=Counter)
     recent: deque[BatchStep] = field(default_factory=lambda: deque(maxlen=HISTORY))
     draft_seconds: float = 0.0
@@ -146,6 +148,7 @@ class BatchStats:
         self.accepted += step.accepted
         self.verified += step.verified
         self.emitted += step.emitted
+        self.draft_forwards += step.draft_forwards
         self.layouts[step.layout] += 1
         self.recent.append(step)
 

@@ -75,6 +75,9 @@ def test_batch_sizes_end_to_end(tiny, bench, tmp_path):
         assert methods[key]["steps"] >= methods[key]["batches"]
     assert methods["ar@b2"]["tau"] == pytest.approx(1.0) and methods["chain:k=2@b2"]["tau"] >= 1.0
     assert methods["hf@b2"]["phases"] is None and isinstance(methods["hf@b2"]["identical_rate"], float)
+    # the draft's forwards a step: none for ar, a chain group's k for all its rows (and a read-ahead), none counted for hf
+    assert methods["ar@b2"]["draft_forwards_per_step"] == 0 and methods["hf@b2"]["draft_forwards_per_step"] is None
+    assert 0 < methods["chain:k=2@b2"]["draft_forwards_per_step"] <= 3
     assert methods["ar@b2"]["speedup_vs_single_ar"] == pytest.approx(
         methods["ar@b2"]["tokens_per_s"] / methods["ar"]["tokens_per_s"])
     # interleaved: the method order turns by one from batch to batch

@@ -16,6 +16,7 @@ from lossless.test_sampling_equivalence import PROMPT, NextTwo, V, exact_pairs
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.batch_length import BassLength, CostAwareLength
 from specstack.drafting.batched_chain import ChainGroup
+from specstack.drafting.batched_tree import TreeGroup
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.drafting.staged import StagedDrafter
 from specstack.engine.batched import BatchEngine, BatchRequest
@@ -73,6 +74,39 @@ def test_chain_group_rows_follow_their_own_sampling_parameters(vocab8, rule):
     engine = BatchEngine(target, max_rows=48, max_context=24, length=RULES[rule](), drafters=group.member)
     results = engine.run(requests)
     assert len(group.members) == 48  # one member a row, lent again and again
+    for s, args in enumerate(SETTINGS):
+        rows = results[s::2]
+        counts = np.zeros((V, V))
+        for out in rows:
+            counts[out.tokens[0], out.tokens[1]] += 1
+        assert sum(out.stats.steps[0].accepted for out in rows) > 0.1 * len(rows)
+        expected = exact_pairs(target, SamplingParams(**args))
+        assert chi2_pvalue(counts.sum(1), expected.sum(1)) > ALPHA / 4, f"{args}: first token"
+        assert chi2_pvalue(counts, expected) > ALPHA / 4, f"{args}: pairs"
+
+
+GROUPED = {  # a member of `group` drafting with KINDS' shapes
+    "tree": lambda draft, group: ModelDrafter(draft, TreeParams(width=2, budget=4, depth=2, expand_per_forward=2),
+                                              group=group),
+    "staged": lambda draft, group: StagedDrafter(draft, NextTwo(), TreeParams(width=2, budget=6, depth=3), widths=(2, 1),
+                                                 group=group),
+}
+
+
+@pytest.mark.parametrize("kind", list(GROUPED))
+@pytest.mark.parametrize("rule", list(RULES))
+def test_tree_group_rows_follow_their_own_sampling_parameters(vocab8, kind, rule):
+    """The same for trees (RRS over the draft's q) and staged trees (sample-walk) drafted for all rows in one
+    draft forward per level (TreeGroup), members lent by the engine's pool to request after request."""
+    target, draft = vocab8
+    group = TreeGroup(draft)
+    requests = [BatchRequest(PROMPT, GenerationConfig(max_new_tokens=2, stop_on_eos=False, sampling=SamplingParams(
+        **SETTINGS[i % 2], seed=110_000 + i))) for i in range(2 * ROWS)]
+    engine = BatchEngine(target, max_rows=48, max_context=24, length=RULES[rule](),
+                         drafters=lambda: GROUPED[kind](draft, group))
+    results = engine.run(requests)
+    assert len(group.members) == 48  # one member a row, lent again and again
+    assert engine.stats.draft_forwards < sum(s.drafting for s in engine.stats.recent)  # forwards shared by rows
     for s, args in enumerate(SETTINGS):
         rows = results[s::2]
         counts = np.zeros((V, V))

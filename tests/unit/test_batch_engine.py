@@ -237,3 +237,30 @@ def test_what_drafters_learn_reaches_the_step_length_rule(tiny_llama):
                 BatchRequest([9, 9], GEN, drafter=Teaching(served))])
     # each row's drafter proposes once a step, from its first token on (6 tokens: 6 steps each)
     assert sorted(n for _, n in rule.learned) == sorted([3 + s for s in range(6)] + [2 + s for s in range(6)])
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["group", "row-by-row"])
+def test_a_tree_group_runs_one_draft_forward_a_level_for_all_rows(tiny_llama, shared):
+    """B rows drafting trees of depth D (levels of full width: each expands every node of its depth) cost
+    the draft D forwards a step (the catch-up, then D - 1 levels; one more in the step a row's prompt is
+    read ahead) in a TreeGroup (drafting/batched_tree.py), and B x D row by row (each drafter a group of
+    its own); the step's stats count them."""
+    from specstack.drafting.batched_tree import TreeGroup
+    from specstack.drafting.model import ModelDrafter, TreeParams
+
+    lm, rows, depth = tiny_llama.lm, 4, 3
+    params = TreeParams(width=2, budget=14, depth=depth, expand_per_forward=14)  # 2 + 4 + 8 nodes: all kept
+    group = TreeGroup(lm)
+    drafters = [ModelDrafter(lm, params, group=group) if shared else ModelDrafter(lm, params) for _ in range(rows)]
+    prompts = [[7 + i] * (3 + 4 * i) for i in range(rows)]  # ragged: 3 to 15 tokens
+    gen = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
+    engine = BatchEngine(lm, max_rows=rows, max_context=64, step_tokens=rows * (1 + params.budget))
+    results = engine.run([BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, drafters, strict=True)])
+    assert [r.tokens for r in results] == [generate(lm, p, gen).tokens for p in prompts]
+    full = [s.draft_forwards for s in engine.stats.recent if s.drafted == rows * params.budget]
+    assert len(full) >= 3  # steps in which every row drafted its whole tree
+    if shared:
+        assert full[0] in (depth, depth + 1) and full[1:] == [depth] * (len(full) - 1)
+    else:
+        assert full == [rows * depth] * len(full)
+    assert engine.stats.draft_forwards == sum(s.draft_forwards for s in engine.stats.recent)

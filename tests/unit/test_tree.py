@@ -260,3 +260,64 @@ def test_observe_keeps_the_draft_cache_exact(tiny_gpt2, params):
         result = VerifyResult(path, [tree.tokens[i] for i in path] + [rnd.randrange(257)])
         drafter.observe(tree, result)
         ctx += result.tokens
+
+
+class Successors:
+    """draft2 stand-in: proposals that are a fixed function of the context (widths as asked)."""
+
+    def reset(self, prompt_ids) -> None:
+        pass
+
+    def proposal_tree(self, context, widths) -> DraftTree:
+        tree, parent = DraftTree(), -1
+        for d, w in enumerate(widths):
+            first = tree.add((context[-1] * 7 + d) % 257, parent, "draft2")
+            for j in range(1, w):
+                tree.add((context[-1] * 7 + d + 31 * j) % 257, parent, "draft2")
+            parent = first
+        return tree
+
+
+@pytest.mark.parametrize("kind, sampling", [("tree", SamplingParams()), ("tree", SamplingParams(temperature=1.0)),
+                                            ("staged", SamplingParams())], ids=["tree", "tree-sampled", "staged"])
+def test_a_groups_members_propose_what_lone_drafters_propose(tiny_llama, kind, sampling):
+    """Members of a TreeGroup drafting together (one padded catch-up with the long prompts read ahead, one
+    padded forward a level, a mask per row) propose the trees lone drafters of the same draft propose: the
+    same nodes, path probabilities and q, round after round, whatever paths were accepted. A row seeing
+    another row's slots, its padding, or the wrong positions changes the probabilities."""
+    from specstack.drafting.batched_tree import TreeGroup
+    from specstack.drafting.staged import StagedDrafter
+
+    lm = tiny_llama.lm
+    params = TreeParams(3, 15, 5, 2)  # a pending chain over depth + 2 = 7 tokens is read ahead in a group
+
+    def make(group=None):
+        if kind == "staged":
+            return StagedDrafter(lm, Successors(), params, widths=(3, 2, 1), group=group)
+        return ModelDrafter(lm, params, group=group)
+
+    group = TreeGroup(lm)
+    prompts = [PROMPTS[0], PROMPTS[1], [(7 * i) % 251 + 3 for i in range(20)], PROMPTS[2]]
+    members, lones = [make(group) for _ in prompts], [make() for _ in prompts]
+    ctxs = [list(p) for p in prompts]
+    for d, p in zip(members + lones, prompts + prompts, strict=True):
+        d.reset(p)
+    seeds = [torch.Generator().manual_seed(i) for i in range(len(prompts))]
+    again = [torch.Generator().manual_seed(i) for i in range(len(prompts))]
+    rnd = random.Random(3)
+    for _ in range(5):
+        trees = group.propose_rows(members, [DraftContext(list(c), sampling, g) for c, g in zip(ctxs, seeds, strict=True)])
+        for i, (lone, ctx, tree) in enumerate(zip(lones, ctxs, trees, strict=True)):
+            ref = lone.propose(DraftContext(list(ctx), sampling, again[i]))
+            assert (tree.tokens, tree.parent, tree.origin) == (ref.tokens, ref.parent, ref.origin), f"row {i}"
+            assert tree.confidence == pytest.approx(ref.confidence, abs=1e-5)
+            for q, q_ref in zip(tree.q, ref.q, strict=True):
+                assert (q is None) == (q_ref is None)
+                if q is not None:
+                    torch.testing.assert_close(q, q_ref, atol=1e-5, rtol=1e-4)
+            path = tree.path_to(rnd.randrange(len(tree)))[: rnd.randint(0, 4)]
+            result = VerifyResult(path, [tree.tokens[a] for a in path] + [rnd.randrange(257)])
+            members[i].observe(tree, result)
+            lone.observe(ref, result)
+            ctx += result.tokens
+    assert group.draft_forwards() < sum(lone.group.draft_forwards() for lone in lones)
