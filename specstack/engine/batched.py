@@ -161,7 +161,7 @@ class BatchEngine:
                                      self.grammars if gen.grammar is not None else None)
         factory = None
         if request.drafter is None and request.speculate:
-            factory = request.drafters if request.drafters is not None else self.make_drafter
+            factory = request.drafter_factory if request.drafter_factory is not None else self.make_drafter
         row = Row(self._next_handle, request, stream, generator, prompt,
                    DraftContext(list(prompt), gen.sampling, generator,
                                 rule=processor.along if processor is not None else None), RunStats(prompt_tokens=len(prompt)), factory,

@@ -26,7 +26,7 @@ class BatchRequest:
     on_text: Callable[[str], None] | None = None  # this row's text as it becomes final (streaming)
     drafter: Drafter | None = None  # proposes this row's trees, for this request alone
     # lends this row a drafter from the engine's pool of this factory (None: the engine's own factory)
-    drafters: DrafterFactory | None = None
+    drafter_factory: DrafterFactory | None = None
     speculate: bool = True  # False: this row decodes autoregressively even in a speculating engine
     # this row's released text in pieces, each with the origin of the token that added it (a live view)
     on_spans: Callable[[list[Span]], None] | None = None

@@ -184,7 +184,7 @@ class EngineWorker:
                 self.prepare(job.method)  # done already by the handler; here for callers that did not
                 drafters = self._factories[job.method]
                 self._trim_methods(job.method)
-            request = BatchRequest(job.prompt_ids, job.gen, on_text=job.pieces.append, drafters=drafters,
+            request = BatchRequest(job.prompt_ids, job.gen, on_text=job.pieces.append, drafter_factory=drafters,
                                    speculate=job.method is None or drafters is not None,
                                    on_spans=None if job.spans is None else job.spans.extend)
             job.handle = self.engine.add(request)

@@ -177,7 +177,7 @@ def test_drafters_are_lent_from_one_pool_per_factory_and_reused(tiny_llama):
     engine_make, other_make = factory("engine"), factory("other")
     engine = BatchEngine(tiny_llama.lm, max_rows=1, max_context=32, drafters=engine_make)  # one row at a time
     gen = GenerationConfig(max_new_tokens=3, stop_on_eos=False)
-    requests = [BatchRequest([3, 4], gen), BatchRequest([5, 6], gen, drafters=other_make),
+    requests = [BatchRequest([3, 4], gen), BatchRequest([5, 6], gen, drafter_factory=other_make),
                 BatchRequest([7, 8], gen), BatchRequest([9, 9], gen, speculate=False), BatchRequest([2, 3], gen)]
     outs = engine.run(requests)
     assert len(made["engine"]) == 1 and len(made["other"]) == 1  # each made once, then reused

@@ -360,8 +360,8 @@ def test_a_shelf_loads_each_draft_once_and_its_methods_share_its_prefix_cache(ti
     gen = GenerationConfig(max_new_tokens=12, stop_on_eos=False)
     prompts = [[5, 6, 7, 8] * 12, [5, 6, 7, 8] * 12 + [9, 10], [3, 1, 4, 1, 5, 9] * 6]
     eng = BatchEngine(lm, max_rows=3, max_context=128)
-    outs = eng.run([BatchRequest(p, gen, drafters=f) for p, f in zip(prompts, [chain, tree, chain], strict=True)])
-    outs += eng.run([BatchRequest(p, gen, drafters=f) for p, f in zip(prompts, [tree, chain, tree], strict=True)])
+    outs = eng.run([BatchRequest(p, gen, drafter_factory=f) for p, f in zip(prompts, [chain, tree, chain], strict=True)])
+    outs += eng.run([BatchRequest(p, gen, drafter_factory=f) for p, f in zip(prompts, [tree, chain, tree], strict=True)])
     prefix = shared.draft_prefix(first.lm)
     assert prefix is not None and prefix.stats.hits > 0  # the second round's drafts read the first's prompts
     for p, out in zip(prompts * 2, outs, strict=True):
