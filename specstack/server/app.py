@@ -1,7 +1,7 @@
 """The OpenAI-compatible routes (DESIGN §8), a thin adapter over the engine thread (worker.py).
 
 Routes: `POST /v1/completions` (with OpenAI's `suffix`: fill in the middle) and `POST /v1/chat/completions`
-(server/completions.py)
+(server/serving.py over their routes, serving_completion.py and serving_chat.py)
 (both streaming as SSE with `data: [DONE]`, or whole), `POST /infill` (llama.cpp's, for editors:
 server/infill.py), `GET /v1/models`, `GET /health` (503 while the model loads, then 200), `GET /metrics`
 (Prometheus text) and `GET /` (a page that streams a prompt's answer coloured by token origin: page.html). A handler reads and checks its body (protocol.py), encodes the
@@ -25,10 +25,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specstack.server.completions import complete
 from specstack.server.infill import LlamaError
 from specstack.server.infill_route import fill
 from specstack.server.protocol import ApiError
+from specstack.server.serving import complete
+from specstack.server.serving_chat import CHAT
+from specstack.server.serving_completion import COMPLETIONS
 from specstack.server.state import ServerState, authorize, check_model, model_card, prefix_cache_state
 
 PAGE = Path(__file__).with_name("page.html")  # the page at /: prompt, streamed text coloured by origin, metrics
@@ -83,11 +85,11 @@ def create_app(state: ServerState, routes: Callable[[FastAPI], None] | None = No
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await complete(state, request, "completions")
+        return await complete(state, request, COMPLETIONS)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await complete(state, request, "chat")
+        return await complete(state, request, CHAT)
 
     @app.post("/infill")
     async def infill(request: Request) -> Response:

@@ -1,4 +1,5 @@
-"""The OpenAI request bodies, read into what the engine takes; errors in OpenAI's JSON shape.
+"""The OpenAI request bodies, read into what the engine takes; errors in OpenAI's JSON shape; `Route`, what
+sets chat apart from completions (serving_chat.py, serving_completion.py), so shared code asks it.
 
 A body is read by hand rather than by a pydantic model so that every number goes through the same
 rules as the command line's flags (specstack/validate.py) and every error names its field in one
@@ -22,24 +23,24 @@ same either way (lossless); only the speed differs.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from specstack import validate
-from specstack.config import MAX_BIAS, MAX_LOGPROBS, GenerationConfig, GrammarSpec, Penalties, SamplingParams
+from specstack.config import MAX_BIAS, GenerationConfig, GrammarSpec, Penalties, SamplingParams
 from specstack.errors import SpecstackError
+from specstack.processing import TokenLogprob
+from specstack.server.logprobs import TokenText
 
-Route = Literal["completions", "chat"]
 MAX_CHOICES = 128  # n x prompts of one request: each is a row of the batch
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4)
-DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's and vLLM's default max_tokens for /v1/completions
 # refused unless they hold their "off" value: they would change the output
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "functions": lambda v: not v,
     "function_call": lambda v: v in (None, "none", "auto"),
 }
-MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions `logprobs`
 MAX_BIAS_ENTRIES = 300  # OpenAI's limit on logit_bias entries
 
 
@@ -72,13 +73,62 @@ class Prompt:
     suffix: str | None = None  # fill in the middle: `text` is the code before the cursor, this the code after
 
 
+Tools = tuple[list[dict[str, Any]] | None, str | dict[str, Any]]  # `tools` (None: none) and `tool_choice`
+
+
+@dataclass(frozen=True)
+class Route(ABC):
+    """What sets /v1/chat/completions apart from /v1/completions, one row of a table (serving_chat.py's CHAT,
+    serving_completion.py's COMPLETIONS): the shared reading, checking and answering ask it rather than
+    branch on a name, as vLLM keeps serving_chat.py beside serving_completion.py over shared parts.
+    parse_request calls each `read_*` where it reads that field, so of several bad fields the same one is
+    named first whichever route reads them."""
+
+    id_prefix: str  # a response's id: this, then 32 hex digits
+    object: str  # a whole response's "object"
+    chunk_object: str  # a stream chunk's "object"
+    limit_fields: tuple[str, ...]  # the fields that cap new tokens, the first one set wins
+    default_max_tokens: int | None  # new tokens without a cap (None: what the context leaves)
+    role_first: bool  # a stream opens with a delta naming the assistant's role, as OpenAI streams chat
+
+    @abstractmethod
+    def read_prompts(self, body: dict[str, Any]) -> list[Prompt]:
+        """The request's prompts (a chat's one conversation, or a completion's prompts)."""
+
+    @abstractmethod
+    def read_echo(self, body: dict[str, Any]) -> bool:
+        """Whether the prompt is part of the text and of its log-probabilities."""
+
+    @abstractmethod
+    def read_tools(self, body: dict[str, Any]) -> Tools:
+        """The functions the model may call and `tool_choice`."""
+
+    @abstractmethod
+    def read_logprobs(self, body: dict[str, Any]) -> int | None:
+        """Alternatives per token's log-probability (None: no log-probabilities)."""
+
+    @abstractmethod
+    def logprobs_body(self, text: TokenText, lps: list[TokenLogprob], top: int, offset: int,
+                      prompt: tuple[Sequence[int], Sequence[TokenLogprob]] | None) -> dict[str, Any]:
+        """A choice's log-probabilities in this route's shape: lps, its tokens'; offset: characters of
+        its text sent before them; prompt: the prompt's ids and theirs, for `echo`."""
+
+    @abstractmethod
+    def choice_body(self, text: str | None, tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """A whole response's choice, less its index, logprobs and finish_reason (which frame it)."""
+
+    @abstractmethod
+    def chunk_body(self, text: str | None, first: bool, tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """A stream chunk's choice, less its index, logprobs and finish_reason (first: the stream's opening)."""
+
+
 @dataclass(frozen=True)
 class CompletionRequest:
     route: Route
     model: str | None
     prompts: list[Prompt]
     n: int
-    max_tokens: int | None  # None: the route's default (completions 16; chat: what the context leaves)
+    max_tokens: int | None  # None: the route's default_max_tokens
     sampling: SamplingParams
     stop: tuple[str, ...]
     ignore_eos: bool
@@ -87,12 +137,12 @@ class CompletionRequest:
     method: str | None  # a method for this request only; None: the server's
     origins: bool = False  # extension: each streamed piece of text with the origin of its tokens
     logprobs: int | None = None  # each token's log-probability and this many alternatives (None: none)
-    echo: bool = False  # completions: the prompt is part of the text (and of the logprobs)
+    echo: bool = False  # the prompt is part of the text (and of the logprobs): completions only
     penalties: Penalties = field(default_factory=Penalties)
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: GrammarSpec | None = None  # response_format, regex or grammar
     grammar_param: str = "response_format"  # the field that gave it
-    tools: list[dict[str, Any]] | None = None  # chat: the functions the model may call
+    tools: list[dict[str, Any]] | None = None  # the functions the model may call: chat only
     tool_choice: str | dict[str, Any] = "auto"  # none, auto, required, or {"type": "function", ...}
 
     @property
@@ -123,7 +173,7 @@ def checked(name: str, rule: validate.Rule[Any], value: object) -> Any:
         raise bad(str(e), name) from None
 
 
-def _text(name: str, value: object) -> str:
+def string_field(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise bad(f"{name} must be a string, got {type(value).__name__}", name)
     try:
@@ -131,92 +181,6 @@ def _text(name: str, value: object) -> str:
     except UnicodeEncodeError:
         raise bad(f"{name} is not valid text (a lone surrogate)", name) from None
     return value
-
-
-def _token_ids(name: str, value: list[Any]) -> list[int]:
-    if not value:
-        raise bad(f"{name} is empty", name)
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-        raise bad(f"{name}: a list of token ids must hold non-negative integers", name)
-    return list(value)
-
-
-def completion_prompts(value: object) -> list[Prompt]:
-    """`prompt`: a string, a list of strings, a list of token ids, or a list of such lists."""
-    if isinstance(value, str):
-        return [Prompt(text=value)]
-    if isinstance(value, list) and value:
-        if all(isinstance(p, str) for p in value):
-            return [Prompt(text=_text("prompt", p)) for p in value]
-        if all(isinstance(p, list) for p in value):
-            return [Prompt(ids=_token_ids("prompt", p)) for p in value]
-        return [Prompt(ids=_token_ids("prompt", value))]
-    if value is None:
-        raise bad("prompt is required", "prompt")
-    raise bad("prompt must be a string, a list of strings or a list of token ids", "prompt")
-
-
-def _content(i: int, message: dict[str, Any]) -> str:
-    """A message's text: a string, or the text parts of a list of content parts."""
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return _text(f"messages[{i}].content", content)
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad(f"messages[{i}].content: only text parts are supported", "messages")
-            parts.append(_text(f"messages[{i}].content", part["text"]))
-        return "".join(parts)
-    raise bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
-
-
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-
-
-def chat_messages(value: object) -> list[dict[str, Any]]:
-    """Messages as the chat template reads them: role and text; an assistant's `tool_calls` with their
-    arguments as objects (Hugging Face's convention: the template writes them as JSON), a tool result's
-    `tool_call_id`."""
-    if not isinstance(value, list) or not value:
-        raise bad("messages must be a non-empty list", "messages")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}] must be an object with a role and content", "messages")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {validate.shown(role)}", "messages")
-        message: dict[str, Any] = {"role": ROLES[role], "content": _content(i, m)}
-        if role == "assistant" and m.get("tool_calls"):
-            message["tool_calls"] = [_tool_call(i, c) for c in _list(f"messages[{i}].tool_calls", m["tool_calls"])]
-        if role == "tool" and m.get("tool_call_id") is not None:
-            message["tool_call_id"] = _text(f"messages[{i}].tool_call_id", m["tool_call_id"])
-        out.append(message)
-    return out
-
-
-def _list(name: str, value: object) -> list[Any]:
-    if not isinstance(value, list):
-        raise bad(f"{name} must be a list", name.split(".")[0].split("[")[0])
-    return value
-
-
-def _tool_call(i: int, call: object) -> dict[str, Any]:
-    where = f"messages[{i}].tool_calls"
-    fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise bad(f"{where}: each call is {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", "messages")
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            raise bad(f"{where}: arguments of {fn['name']!r} are not JSON", "messages") from None
-    assert isinstance(call, dict)  # fn came from it
-    return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
 def _stop(value: object) -> tuple[str, ...]:
@@ -228,7 +192,7 @@ def _stop(value: object) -> tuple[str, ...]:
     return tuple(checked("stop", validate.stop_string, s) for s in items)
 
 
-def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+def bool_field(body: dict[str, Any], name: str, default: bool = False) -> bool:
     value = body.get(name, default)
     if value is None:
         return default
@@ -278,10 +242,7 @@ def parse_request(route: Route, body: object) -> CompletionRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad("model must be a string", "model")
-    if route == "chat":
-        prompts = [Prompt(messages=chat_messages(body.get("messages")))]
-    else:
-        prompts = with_suffix(body)
+    prompts = route.read_prompts(body)
     n = body.get("n")  # null: OpenAI's default, 1 (0 is an error, as there)
     n = 1 if n is None else checked("n", validate.ints(1, MAX_CHOICES, "choices decode as rows of the batch"), n)
     if n * len(prompts) > MAX_CHOICES:
@@ -289,8 +250,7 @@ def parse_request(route: Route, body: object) -> CompletionRequest:
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise bad("best_of is not supported by this server (other than equal to n)", "best_of", "unsupported_parameter")
-    limit = body.get("max_completion_tokens") if route == "chat" else None
-    limit = limit if limit is not None else body.get("max_tokens")
+    limit = next((body[name] for name in route.limit_fields if body.get(name) is not None), None)
     max_tokens = None if limit is None else checked("max_tokens", validate.new_tokens, limit)
     top_k = body.get("top_k")
     top_k = 0 if top_k in (None, -1) else checked("top_k", validate.top_k, top_k)
@@ -301,39 +261,25 @@ def parse_request(route: Route, body: object) -> CompletionRequest:
         top_k=top_k,
         top_p=1.0 if top_p is None else checked("top_p", validate.top_p, top_p),
         seed=None if seed is None else checked("seed", validate.seed, seed))
-    stream = _bool(body, "stream")
+    stream = bool_field(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or not stream):
         raise bad("stream_options is an object, allowed only with stream: true", "stream_options")
     include_usage = bool(options and options.get("include_usage"))
     method, origins = speculation(body)
-    echo = route == "completions" and _bool(body, "echo")
+    echo = route.read_echo(body)
     if echo and stream and body.get("logprobs") not in (None, False):
         raise bad("echo with logprobs is answered whole, not streamed: drop stream or logprobs", "echo",
                   "unsupported_parameter")
-    tools, tool_choice = _tools(body) if route == "chat" else (None, "none")
+    tools, tool_choice = route.read_tools(body)
     grammar_param, grammar = _grammar(body)
     if grammar is not None and tool_choice not in ("none", "auto"):
         raise bad("a forced tool call has its own grammar (its parameters): drop response_format", "tool_choice")
     return CompletionRequest(route, model, prompts, n, max_tokens, sampling, _stop(body.get("stop")),
-                             _bool(body, "ignore_eos"), stream, include_usage, method, origins,
-                             logprobs=_logprobs(route, body), echo=echo, penalties=_penalties(body),
+                             bool_field(body, "ignore_eos"), stream, include_usage, method, origins,
+                             logprobs=route.read_logprobs(body), echo=echo, penalties=_penalties(body),
                              logit_bias=_logit_bias(body.get("logit_bias")), grammar=grammar, grammar_param=grammar_param,
                              tools=tools, tool_choice=tool_choice)
-
-
-def _logprobs(route: Route, body: dict[str, Any]) -> int | None:
-    """Completions: `logprobs: N` (0..5, null: none); chat: `logprobs: true` and `top_logprobs: N` (0..20)."""
-    if route == "completions":
-        value = body.get("logprobs")
-        if value is None or value is False:
-            return None
-        return checked("logprobs", validate.ints(0, MAX_COMPLETION_LOGPROBS, "OpenAI's limit"), value)
-    on = _bool(body, "logprobs")
-    top = body.get("top_logprobs")
-    if top is not None and not on:
-        raise bad("top_logprobs needs logprobs: true", "top_logprobs")
-    return None if not on else 0 if top is None else checked("top_logprobs", validate.ints(0, MAX_LOGPROBS), top)
 
 
 def _penalties(body: dict[str, Any]) -> Penalties:
@@ -391,60 +337,10 @@ def _grammar(body: dict[str, Any]) -> tuple[str, GrammarSpec | None]:
         found.append(("guided_json", GrammarSpec("json_schema", schema if isinstance(schema, str) else json.dumps(schema))))
     for name, kind in GRAMMAR_FIELDS.items():
         if body.get(name) is not None:
-            text = _text(name, body[name])
+            text = string_field(name, body[name])
             if not text.strip():
                 raise bad(f"{name} is empty", name)
             found.append((name, GrammarSpec(kind, text)))  # type: ignore[arg-type]
     if len(found) > 1:
         raise bad(f"one output grammar at a time: {', '.join(n for n, _ in found)}", found[1][0])
     return found[0] if found else ("response_format", None)
-
-
-def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | dict[str, Any]]:
-    """`tools` (functions with JSON-schema parameters) and `tool_choice`."""
-    tools = body.get("tools")
-    choice = body.get("tool_choice")
-    if tools is None or tools == []:
-        if choice not in (None, "none", "auto"):
-            raise bad("tool_choice needs tools", "tool_choice")
-        return None, "none"
-    if not isinstance(tools, list):
-        raise bad("tools must be a list of functions", "tools")
-    out: list[dict[str, Any]] = []
-    for i, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}',
-                      "tools")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, dict):
-            raise bad(f"tools[{i}].function.parameters must be a JSON schema (an object)", "tools")
-        out.append({"type": "function", "function": {**fn, "parameters": params}})
-    names = [t["function"]["name"] for t in out]
-    if choice is None:
-        choice = "auto"
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-        if name not in names:
-            raise bad(f"tool_choice names a function that is not in tools: {validate.shown(name)}", "tool_choice")
-        return out, choice
-    if choice not in ("none", "auto", "required"):
-        raise bad('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
-                  "tool_choice")
-    return out, choice
-
-
-def with_suffix(body: dict[str, Any]) -> list[Prompt]:
-    """A completion's prompts; with OpenAI's `suffix`, each is the code before the cursor and the model
-    fills the middle (an empty prompt is then the start of a file)."""
-    suffix = body.get("suffix")
-    if suffix is None:
-        return completion_prompts(body.get("prompt"))
-    suffix = _text("suffix", suffix)
-    prompt = body.get("prompt")
-    if prompt == "" or prompt == [""]:
-        return [Prompt(text="", suffix=suffix)]
-    prompts = completion_prompts(prompt)
-    if any(p.text is None for p in prompts):
-        raise bad("suffix goes with a text prompt (the code before the cursor), not token ids", "suffix")
-    return [Prompt(text=p.text, suffix=suffix) for p in prompts]

@@ -1,4 +1,6 @@
-"""OpenAI's response bodies and stream chunks for /v1/completions and /v1/chat/completions."""
+"""OpenAI's response bodies and stream chunks for /v1/completions and /v1/chat/completions: the frame they
+share (id, object, created, model; index, logprobs, finish_reason; usage) here, each choice's own part
+from its Route (serving_chat.py, serving_completion.py)."""
 from __future__ import annotations
 
 import json
@@ -34,11 +36,7 @@ class Reply:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        self.id = ("chatcmpl-" if self.route == "chat" else "cmpl-") + uuid.uuid4().hex
-
-    @property
-    def object(self) -> str:
-        return "chat.completion" if self.route == "chat" else "text_completion"
+        self.id = self.route.id_prefix + uuid.uuid4().hex
 
     def usage(self, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
         """cached_tokens: prompt tokens taken from the prefix cache instead of read (OpenAI's field)."""
@@ -53,21 +51,12 @@ class Reply:
     def response(self, choices: list[Choice], completion_tokens: int, cached_tokens: int,
                  spans: dict[int, list[Span]] | None = None) -> dict[str, Any]:
         """choices: in index order; spans: each choice's text by origin (asked for)."""
-        items: list[dict[str, Any]]
-        if self.route == "chat":
-            items = []
-            for i, c in enumerate(choices):
-                message: dict[str, Any] = {"role": "assistant", "content": c.text}
-                if c.tool_calls:
-                    message["tool_calls"] = c.tool_calls
-                items.append({"index": i, "message": message, "logprobs": c.logprobs, "finish_reason": c.finish_reason})
-        else:
-            items = [{"index": i, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-                     for i, c in enumerate(choices)]
+        items = [{"index": i, **self.route.choice_body(c.text, c.tool_calls), "logprobs": c.logprobs,
+                  "finish_reason": c.finish_reason} for i, c in enumerate(choices)]
         if spans is not None:
             for i, item in enumerate(items):
                 item["origins"] = [list(p) for p in spans.get(i, [])]
-        return {**self._head(self.object), "choices": items, "usage": self.usage(completion_tokens, cached_tokens)}
+        return {**self._head(self.route.object), "choices": items, "usage": self.usage(completion_tokens, cached_tokens)}
 
     # -- stream chunks --------------------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None,
@@ -76,17 +65,9 @@ class Reply:
         """One SSE event with one choice's piece of text (`first`: a chat stream's role delta; `spans`: the
         piece cut at its tokens, each part with their origin, as `origins`: [[text, origin], ...];
         `logprobs`: its tokens' in the route's shape; `tool_calls`: chat tool-call deltas)."""
-        if self.route == "chat":
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if text:
-                delta["content"] = text
-            if tool_calls:
-                delta["tool_calls"] = tool_calls
-            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-            body = {**self._head("chat.completion.chunk"), "choices": [choice]}
-        else:
-            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-            body = {**self._head("text_completion"), "choices": [choice]}
+        choice = {"index": index, **self.route.chunk_body(text, first, tool_calls), "logprobs": logprobs,
+                  "finish_reason": finish_reason}
+        body = {**self._head(self.route.chunk_object), "choices": [choice]}
         if spans is not None:
             choice["origins"] = [list(p) for p in spans]
         if usage_field:  # stream_options.include_usage: every chunk has "usage": null but the last
@@ -94,8 +75,7 @@ class Reply:
         return sse(body)
 
     def usage_chunk(self, completion_tokens: int, cached_tokens: int) -> str:
-        obj = "chat.completion.chunk" if self.route == "chat" else "text_completion"
-        return sse({**self._head(obj), "choices": [], "usage": self.usage(completion_tokens, cached_tokens)})
+        return sse({**self._head(self.route.chunk_object), "choices": [], "usage": self.usage(completion_tokens, cached_tokens)})
 
 
 def cached_tokens(results: dict[int, GenerationResult], n: int) -> int:

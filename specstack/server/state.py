@@ -13,10 +13,10 @@ from specstack import fim
 from specstack.fim import FimTemplate
 from specstack.server.metrics import ServerMetrics
 from specstack.server.protocol import (
-    DEFAULT_COMPLETION_TOKENS,
     ApiError,
     bad,
 )
+from specstack.server.serving_completion import DEFAULT_COMPLETION_TOKENS
 from specstack.server.worker import EngineWorker
 
 # a request body: a whole 32k-token context is well under 1 MB as text or as token ids; a larger body is

@@ -1,4 +1,6 @@
-"""`POST /v1/completions` and `POST /v1/chat/completions`: the body read (protocol.py), the prompts
+"""`POST /v1/completions` and `POST /v1/chat/completions`, the parts they share (vLLM's serving_engine.py);
+what sets them apart is their Route (serving_chat.py's CHAT, serving_completion.py's COMPLETIONS), asked
+here, never branched on by name. The body read (protocol.py), the prompts
 encoded (a chat's tools in its template, a FIM prompt for `suffix`) and checked against a row's context,
 the request's logits rules checked here (a grammar that does not compile, a bias on a token the model
 does not have: 400), one job per choice, and the answer whole or streamed: text, log-probabilities
@@ -20,8 +22,8 @@ from specstack.fim import encode_fim
 from specstack.processing import TokenLogprob
 from specstack.prompts import check_text, encode_chat, encode_prompt, template_writes_tools
 from specstack.server.jobs import ClientGone, Events, collect, engine_failure, prepare, sink_into, submit
-from specstack.server.logprobs import TokenText, chat_logprobs, completion_logprobs, echoed
-from specstack.server.protocol import DEFAULT_COMPLETION_TOKENS, CompletionRequest, Prompt, Route, bad, parse_request
+from specstack.server.logprobs import TokenText
+from specstack.server.protocol import CompletionRequest, Prompt, Route, bad, parse_request
 from specstack.server.responses import DONE, Choice, Reply, cached_tokens, sse
 from specstack.server.state import ServerState, authorize, check_model, fim_budget, fim_template, loaded, read_json
 from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls, tag_terminals, tools_described
@@ -57,7 +59,8 @@ def new_tokens(state: ServerState, req: CompletionRequest, prompt_len: int) -> i
         raise bad(f"This model's maximum context length is {state.max_context} tokens; the prompt has "
                   f"{prompt_len} tokens, which leaves no room for the completion", "prompt", "context_length_exceeded")
     if req.max_tokens is None:
-        return min(room, DEFAULT_COMPLETION_TOKENS) if req.route == "completions" else room
+        default = req.route.default_max_tokens
+        return room if default is None else min(room, default)
     if req.max_tokens > room:
         raise bad(f"This model's maximum context length is {state.max_context} tokens; you requested "
                   f"{prompt_len + req.max_tokens} tokens ({prompt_len} in the prompt, {req.max_tokens} for the "
@@ -95,15 +98,12 @@ class Answer:
         req = self.req
         if req.logprobs is None:
             return None
-        if req.route == "chat":
-            return chat_logprobs(self.text, lps)
-        if prompt is not None:
-            return echoed(self.text, self.prompt_ids, prompt, lps, req.logprobs)
-        return completion_logprobs(self.text, lps, req.logprobs, offset)
+        return req.route.logprobs_body(self.text, lps, req.logprobs, offset,
+                                       None if prompt is None else (self.prompt_ids, prompt))
 
     def choice(self, result: GenerationResult) -> Choice:
         reason = finish_reason(result)
-        if self.req.route == "chat" and self.req.tools and self.req.tool_choice != "none":
+        if self.req.tools and self.req.tool_choice != "none":  # only a chat reads tools (Route.read_tools)
             content, calls = parse_calls(result.text, self.req.tool_names)
             if calls:
                 return Choice(content, "tool_calls", self.logprobs(result.logprobs or []), [c.body() for c in calls])
@@ -123,7 +123,7 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
     await check_rules(state, worker, req, grammar or req.grammar)
     # a FIM middle also ends at its template's end tokens (the model would go on to another file)
     stops = fim_template(state, "suffix").end_ids(state.tokenizer) if req.prompts[0].suffix is not None else ()
-    reply = Reply(route, state.model_id, sum(len(ids) for ids in encoded))
+    reply = Reply(req.route, state.model_id, sum(len(ids) for ids in encoded))
     events: Events = asyncio.Queue()
     sink = sink_into(events)
     if len(encoded) * req.n > worker.capacity:  # would wait for room forever
@@ -160,10 +160,10 @@ async def stream(worker: EngineWorker, reply: Reply, req: CompletionRequest, eve
     calls = {i: ToolStream(req.tool_names) for i in range(len(ids))} if req.tools and req.tool_choice != "none" else {}
     offsets = {i: 0 for i in range(len(ids))}  # completions' text_offset: characters sent so far
     try:
-        if reply.route == "chat":  # the assistant's role first, as OpenAI streams it
+        if reply.route.role_first:  # the assistant's role first, as OpenAI streams chat
             for i in range(len(ids)):
                 yield reply.chunk(i, None, first=True, usage_field=usage)
-        elif req.echo:  # the prompt first
+        elif req.echo:  # the prompt first (completions only: Route.read_echo)
             for i in range(len(ids)):
                 yield reply.chunk(i, answers[i].prompt_text, usage_field=usage)
                 offsets[i] = len(answers[i].prompt_text)
