@@ -91,7 +91,7 @@ def add_parser(subparsers: Any) -> None:
                    help="auto (default: the fastest lossless choice measured here, the cost-aware n-gram chain), "
                         "ar, chain[:k=4,max=0,cost=0], tree[:width=4,budget=36,depth=8,expand=4,cost=0,shared=1], "
                         "ngram[:width=1,depth=3,max=0,cost=0,match=3], "
-                        "staged[:width=4,budget=36,depth=8,cost=0,d2=0,shared=1] (see docs/methods.md)")
+                        "staged[:width=4,budget=36,depth=8,cost=0,d2=0,shared=0] (see docs/methods.md)")
     add_draft_args(g)
     g.add_argument("--show-origins", action="store_true",
                    help="print the output coloured by token origin (target / draft / draft2 / context)")
