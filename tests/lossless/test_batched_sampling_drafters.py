@@ -63,6 +63,20 @@ def test_drafting_rows_follow_their_own_sampling_parameters(vocab8, rule):
         assert p_pair > ALPHA / tests, f"{kind}, {SETTINGS[s]}: pairs p = {p_pair:.2e}"
 
 
+def check_alternating_settings(target, results) -> None:
+    """Rows alternate SETTINGS: each setting's first two tokens follow the target's exact pairs (chi-square),
+    and its rows' first steps accepted drafts."""
+    for s, args in enumerate(SETTINGS):
+        rows = results[s::2]
+        counts = np.zeros((V, V))
+        for out in rows:
+            counts[out.tokens[0], out.tokens[1]] += 1
+        assert sum(out.stats.steps[0].accepted for out in rows) > 0.1 * len(rows)
+        expected = exact_pairs(target, SamplingParams(**args))
+        assert chi2_pvalue(counts.sum(1), expected.sum(1)) > ALPHA / 4, f"{args}: first token"
+        assert chi2_pvalue(counts, expected) > ALPHA / 4, f"{args}: pairs"
+
+
 @pytest.mark.parametrize("rule", list(RULES))
 def test_chain_group_rows_follow_their_own_sampling_parameters(vocab8, rule):
     """The same for chains drafted for all rows in one draft forward per step (ChainGroup): the engine lends
@@ -74,15 +88,7 @@ def test_chain_group_rows_follow_their_own_sampling_parameters(vocab8, rule):
     engine = BatchEngine(target, max_rows=48, max_context=24, length=RULES[rule](), drafters=group.member)
     results = engine.run(requests)
     assert len(group.members) == 48  # one member a row, lent again and again
-    for s, args in enumerate(SETTINGS):
-        rows = results[s::2]
-        counts = np.zeros((V, V))
-        for out in rows:
-            counts[out.tokens[0], out.tokens[1]] += 1
-        assert sum(out.stats.steps[0].accepted for out in rows) > 0.1 * len(rows)
-        expected = exact_pairs(target, SamplingParams(**args))
-        assert chi2_pvalue(counts.sum(1), expected.sum(1)) > ALPHA / 4, f"{args}: first token"
-        assert chi2_pvalue(counts, expected) > ALPHA / 4, f"{args}: pairs"
+    check_alternating_settings(target, results)
 
 
 GROUPED = {  # a member of `group` drafting with KINDS' shapes
@@ -107,12 +113,4 @@ def test_tree_group_rows_follow_their_own_sampling_parameters(vocab8, kind, rule
     results = engine.run(requests)
     assert len(group.members) == 48  # one member a row, lent again and again
     assert engine.stats.draft_forwards < sum(s.drafting for s in engine.stats.recent)  # forwards shared by rows
-    for s, args in enumerate(SETTINGS):
-        rows = results[s::2]
-        counts = np.zeros((V, V))
-        for out in rows:
-            counts[out.tokens[0], out.tokens[1]] += 1
-        assert sum(out.stats.steps[0].accepted for out in rows) > 0.1 * len(rows)
-        expected = exact_pairs(target, SamplingParams(**args))
-        assert chi2_pvalue(counts.sum(1), expected.sum(1)) > ALPHA / 4, f"{args}: first token"
-        assert chi2_pvalue(counts, expected) > ALPHA / 4, f"{args}: pairs"
+    check_alternating_settings(target, results)
