@@ -6,6 +6,10 @@ Engines push the tokens they emit (one at a time or several after a verification
 text is safe to show: text that might still turn out to be the start of a stop string is held back until
 it is known not to be. A stream asked for spans also says which token (and so which origin) each piece
 of released text came from, for views that colour the text as it arrives (the server's page).
+
+The text is decoded incrementally (engine/detokenize.py) and a push searches for stop strings only in
+the text that could have changed since the last one, with each stop string's length less one before it:
+a push costs the tokens it brings, not the whole answer.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from specstack.config import EditorStops
+from specstack.engine.detokenize import REPLACEMENT, IncrementalDetokenizer
 from specstack.processing import TokenLogprob
 
 FinishReason = Literal["eos", "stop", "length"]
@@ -38,7 +43,12 @@ class TokenStream:
         self.stop_word: str | None = None  # the stop string that ended the text
         self._shown = 0  # characters of the decoded text already passed to on_text
         self._text = ""
+        self._detok = IncrementalDetokenizer(tokenizer)
         self._ends: list[int] = []  # with on_spans: the text's length after each token
+        # with on_spans: tokens before _span_from end at or before the text already shown (their prefix
+        # maximum is _span_low), so no later span comes from them
+        self._span_from = 0
+        self._span_low = 0
         self._started: float | None = None  # when the first token arrived (an editor's time limit counts from it)
 
     @property
@@ -55,8 +65,11 @@ class TokenStream:
         proposed each (default: the target); `logprobs`: each one's log-probability (kept with it)."""
         if self._started is None:
             self._started = time.perf_counter()
+        if self.done:  # nothing is taken, and the text, its cut and what was shown stay as they are
+            return 0
         taken = 0
         before = len(self._text)
+        searched = self._detok.stable  # text the last push searched that no token can change
         for j, t in enumerate(tokens):
             if self.done:
                 break
@@ -69,22 +82,24 @@ class TokenStream:
             if logprobs is not None:
                 self.logprobs.append(logprobs[j])
             if self.on_spans is not None:
-                self._ends.append(len(self._decode()))
+                self._detok.update(self.tokens)
+                self._ends.append(len(self._detok))
             if len(self.tokens) >= self.max_new_tokens:
                 self.finish_reason = "length"
-        self._update_text(before)
+        if self.on_spans is None:
+            self._detok.update(self.tokens)
+        self._update_text(before, min(searched, self._detok.stable))
         return taken
 
-    def _decode(self) -> str:
-        return self.tokenizer.decode(self.tokens, skip_special_tokens=False) if self.tokenizer is not None else ""
-
-    def _update_text(self, before: int) -> None:
+    def _update_text(self, before: int, searched: int) -> None:
+        """`searched`: the text's first characters that the last push searched for stop strings and that
+        did not change since; a stop string found now starts at most its length less one before them."""
         if self.tokenizer is None:
             return
-        text = self._decode()
+        text = self._detok.text
         hold = 0
         for s in self.stop_strings:
-            at = text.find(s)
+            at = text.find(s, max(0, searched - len(s) + 1))
             if at >= 0:
                 text = text[:at]
                 self.finish_reason, self.stop_word = "stop", s
@@ -95,7 +110,7 @@ class TokenStream:
                 self.finish_reason = "length"
         if not self.done:
             # an incomplete multi-byte character decodes to U+FFFD: wait for the rest of it
-            while hold < len(text) and text[len(text) - hold - 1] == "\ufffd":
+            while hold < len(text) and text[len(text) - hold - 1] == REPLACEMENT:
                 hold += 1
             for s in self.stop_strings:  # a suffix that may become a stop string is held back
                 for n in range(min(len(s) - 1, len(text)), 0, -1):
@@ -115,13 +130,18 @@ class TokenStream:
         """text[start:end] cut where each token's text ends, each piece with its token's origin. A token
         that ends inside a multi-byte character (whose prefix decodes longer than it will be) is clamped,
         so the pieces always join to exactly the released text."""
+        last = len(self._ends) - 1
+        # tokens that end at or before `start` add nothing now or later (starts only grow): skip them once
+        while self._span_from < last and max(self._span_low, self._ends[self._span_from]) <= start:
+            self._span_low = max(self._span_low, self._ends[self._span_from])
+            self._span_from += 1
         spans: list[Span] = []
-        low = 0
-        for k, (stop, origin) in enumerate(zip(self._ends, self.origins, strict=True)):
-            high = len(self._text) if k == len(self._ends) - 1 else max(low, stop)
+        low = self._span_low
+        for k in range(self._span_from, last + 1):
+            high = len(self._text) if k == last else max(low, self._ends[k])
             a, b = max(low, start), min(high, end)
             if b > a:
-                spans.append((self._text[a:b], origin))
+                spans.append((self._text[a:b], self.origins[k]))
             low = max(low, high)
             if low >= end:
                 break
