@@ -218,6 +218,7 @@ def test_detokenizer_text_is_the_full_decode_at_every_token(tok):
             full = tok.decode(grown, skip_special_tokens=False)
             assert detok.text == full and len(detok) == len(full)
             assert full[: detok.stable] == detok.text[: detok.stable]
+        assert detok.incremental  # exact by itself, not by falling back to the full decode
 
 
 class CountingDecode:
