@@ -195,7 +195,7 @@ def test_stream_matches_the_full_decode_reference(tok, seed):
     assert decodes_incrementally(tok)  # the fast path is what runs here, not the fallback
     rng = random.Random(seed)
     eos = tok.eos_token_id
-    for _ in range(40):
+    for _ in range(80):
         tokens = random_tokens(tok, rng, rng.randint(1, 60))
         chunks = [rng.randint(0, 6) for _ in range(len(tokens))]
         origins = [rng.choice(["target", "draft", "draft2", "context"]) for _ in tokens]
@@ -205,6 +205,23 @@ def test_stream_matches_the_full_decode_reference(tok, seed):
         want = drive(ReferenceStream, tok, tokens, chunks, origins, **kw)
         got = drive(TokenStream, tok, tokens, chunks, origins, **kw)
         assert got == want, (tokens, chunks, kw)
+
+
+def test_a_stop_string_completed_by_a_late_byte_is_found_where_it_starts(tok):
+    """"b😀" whose 😀 arrives over two pushes: after the first, the text ends "b\ufffd" (nothing to find,
+    "ab" shown); after the second the stop string starts inside text already searched and shown. The
+    search must reach back over the character that was incomplete, as the full search did."""
+    bytes_of = byte_tokens(tok)
+    head = tok("ab", add_special_tokens=False).input_ids
+    tail = [bytes_of[b] for b in "😀".encode()]
+    runs = []
+    for make in (ReferenceStream, TokenStream):
+        shown: list[str] = []
+        stream = make(tok, 100, stop_strings=("b😀",), on_text=shown.append)
+        stream.push(head + tail[:2])
+        stream.push(tail[2:])
+        runs.append((stream.text, stream.finish_reason, stream.stop_word, shown))
+    assert runs[0] == runs[1] == ("a", "stop", "b😀", ["ab"])
 
 
 def test_detokenizer_text_is_the_full_decode_at_every_token(tok):
