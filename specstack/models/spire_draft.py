@@ -20,7 +20,7 @@ A reduced draft vocabulary (`vocab_ids`, the most frequent tokens) shrinks the u
 largest cost of a small draft at 49k tokens; the draft's probability of every other token is 0,
 which verification handles like any other draft distribution.
 
-Two forwards share the blocks:
+Two forwards share the blocks, each a transformer.Block (the target's own block, over trainable parts):
 - `forward(tokens, batch, cache)`: the engine's interface (a DecoderModel, models/base.py: a drafter
   runs it like any model). Tokens of one forward see the cache (memories) and themselves; after the
   pass their memories replace the keys/values they were written with. `write_memories` stores

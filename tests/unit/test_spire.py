@@ -135,6 +135,7 @@ def test_pruned_initialisation_copies_exactly_the_chosen_blocks(target):
     """Each draft block holds its target block's tensors and, being a transformer.Block over trainable
     parts (nn.Linear, norms with gradients), computes exactly what that block computes."""
     draft = build_draft(target.model, 2, keep=[2, 0], window=None)
+    assert all(p.requires_grad for p in draft.parameters())  # the norms train too
     b, t = 2, 6
     pos = torch.arange(t).expand(b, t)
     batch = AttentionBatch(pos, causal_block_mask(t)[None, None], (t,) * b)
