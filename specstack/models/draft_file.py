@@ -122,7 +122,7 @@ def load_draft_file(path: str | Path, target: LoadedModel, fmt: str = "bf16") ->
         raise file_error(where, f"its weights do not fit its config ({detail})") from None
     dtype = activation_dtype(fmt)
     model = model.to(dtype=dtype, device=target.model.device).eval()
-    model.rope_cos, model.rope_sin = (t.to(target.model.device) for t in rope_tables(config.model))  # fp32
+    model.rope_cos, model.rope_signed_sin = (t.to(target.model.device) for t in rope_tables(config.model))  # fp32
     if not isinstance(target.model, Transformer):
         raise SpecstackError(f"draft {p.name} shares the embeddings of a Transformer target; {target.name} is not one")
     model.attach_target(*shared_weights(target.model))

@@ -20,7 +20,7 @@ A reduced draft vocabulary (`vocab_ids`, the most frequent tokens) shrinks the u
 largest cost of a small draft at 49k tokens; the draft's probability of every other token is 0,
 which verification handles like any other draft distribution.
 
-Two forwards share the blocks:
+Two forwards share the blocks, each a transformer.Block (the target's own block, over trainable parts):
 - `forward(tokens, batch, cache)`: the engine's interface (a DecoderModel, models/base.py: a drafter
   runs it like any model). Tokens of one forward see the cache (memories) and themselves; after the
   pass their memories replace the keys/values they were written with. `write_memories` stores
@@ -34,19 +34,20 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specstack.attention import AttentionBatch, attend, causal_block_mask, unrolled_step_mask, window_mask
+from specstack.attention import AttentionBatch, causal_block_mask, unrolled_step_mask, window_mask
 from specstack.cache import KVCache, cache_slots
 from specstack.config import ModelConfig, WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
 from specstack.models.feature_cache import FeatureCache
 from specstack.models.quant import QLinear
-from specstack.models.transformer import apply_rope, rms_norm, rope_tables
+from specstack.models.transformer import Block, BlockCache, Norm, apply_rope, blocks_of, register_rope, rms_norm
 
 
 @dataclass(frozen=True)
@@ -86,34 +87,50 @@ class SpireConfig:
                            target_layers=tuple(d.pop("target_layers")), **d)
 
 
-class DraftBlock(nn.Module):
-    """A trainable Llama block, with Qwen2's q/k/v biases where its target has them (plain nn.Linear:
-    the draft is small, bf16 serves inference)."""
+@dataclass(frozen=True)
+class TrainableParts:
+    """The draft's block parts (transformer.BlockParts): plain nn.Linear layers and norms that take
+    gradients, in fp32; SpireDraft.quantize_ puts the layers in a small weight format for inference."""
 
-    # trained as nn.Linear; SpireDraft.quantize_ replaces them with QLinear for inference
-    qkv: nn.Linear | QLinear
-    o: nn.Linear | QLinear
-    up: nn.Linear | QLinear
-    down: nn.Linear | QLinear
+    def linear(self, name: str, n_in: int, n_out: int, bias: bool) -> nn.Linear:
+        return nn.Linear(n_in, n_out, bias=bias)
+
+    def norm(self, dim: int, eps: float, rms: bool) -> Norm:
+        return Norm(dim, eps, rms, torch.float32, trainable=True)
+
+
+# A block's tensors by the names draft files store them under (the shipped drafts and every file
+# train-draft wrote, from before the draft's blocks were transformer.Blocks, whose norms are modules):
+# a state dict is written with the stored names and read with either, so old and new files are alike.
+STORED_NAMES = {"attn_norm.weight": "attn_norm", "mlp_norm.weight": "mlp_norm"}
+
+
+def _to_stored_names(module: nn.Module, state: dict[str, Any], prefix: str, metadata: Any) -> None:
+    for own, stored in STORED_NAMES.items():
+        if prefix + own in state:
+            state[prefix + stored] = state.pop(prefix + own)
+
+
+def _from_stored_names(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+    for own, stored in STORED_NAMES.items():
+        if prefix + stored in state:
+            state[prefix + own] = state.pop(prefix + stored)
+
+
+class DraftBlock(Block[nn.Linear | QLinear]):
+    """A transformer.Block (a Llama block, with Qwen2's q/k/v biases where its target has them) over
+    trainable parts, plus what SPIRe adds: the memory mix over levels (c) and kv_proj, the keys and
+    values of memories. Trained as nn.Linear; SpireDraft.quantize_ replaces them with QLinear."""
 
     def __init__(self, cfg: ModelConfig, n_levels: int, layer: int) -> None:
-        super().__init__()
-        self.cfg = cfg
-        d = cfg.d_model
-        self.attn_norm = nn.Parameter(torch.ones(d))
-        self.qkv = nn.Linear(d, cfg.q_dim + 2 * cfg.kv_dim, bias=cfg.block.qkv_bias)
-        self.o = nn.Linear(cfg.q_dim, d, bias=False)
-        self.mlp_norm = nn.Parameter(torch.ones(d))
-        self.up = nn.Linear(d, 2 * cfg.d_ff, bias=False)  # [gate | up]
-        self.down = nn.Linear(cfg.d_ff, d, bias=False)
+        super().__init__(cfg, layer, TrainableParts())
         # memory mix over levels 0..L; starts leaning on the block's own input level (a plain decoder)
         mix = torch.zeros(n_levels)
         mix[layer] = 2.0
         self.mix = nn.Parameter(mix)
         self.kv: QLinear | None = None  # quantize_: the k/v rows of qkv in the small format
-
-    def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, w.to(x.dtype), self.cfg.norm_eps)
+        self.register_state_dict_post_hook(_to_stored_names)
+        self.register_load_state_dict_pre_hook(_from_stored_names)
 
     def kv_proj(self, h: torch.Tensor) -> torch.Tensor:
         """Keys and values [.., 2 * kv_dim] of normed memories: qkv's k/v rows only. A memory needs
@@ -124,22 +141,20 @@ class DraftBlock(nn.Module):
         return F.linear(h, self.qkv.weight[self.cfg.q_dim :].to(h.dtype),
                         None if bias is None else bias[self.cfg.q_dim :].to(h.dtype))
 
-    def qkv_heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """x [B, T, d] -> q [B, Hq, T, D], k, v [B, Hkv, T, D] (q and k rotated)."""
-        cfg = self.cfg
-        b, t, _ = x.shape
-        qkv = self.qkv(self.norm(x, self.attn_norm))
-        qk = apply_rope(qkv[..., : cfg.q_dim + cfg.kv_dim].view(b, t, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim), *rope)
-        v = qkv[..., cfg.q_dim + cfg.kv_dim :].view(b, t, cfg.n_kv_heads, cfg.head_dim)
-        return qk[:, :, : cfg.n_heads].transpose(1, 2), qk[:, :, cfg.n_heads :].transpose(1, 2), v.transpose(1, 2)
 
-    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Residual after attention [B, Hq, T, D], then the SwiGLU MLP."""
-        b, _, t, _ = attn.shape
-        x = x + self.o(attn.transpose(1, 2).reshape(b, t, self.cfg.q_dim))
-        gate, up = self.up(self.norm(x, self.mlp_norm)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+@dataclass(frozen=True)
+class UnrolledKeys:
+    """What a block's queries see in train_forward, handed to it as a cache would (transformer.BlockCache):
+    the memories of earlier sources, per block (`earlier`: (keys, values), each [layers, B, Hkv, T, D]: the
+    target's, then the draft's own of earlier steps), followed by the keys/values the block writes."""
 
+    earlier: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.earlier:
+            return k, v
+        return (torch.cat([kv[0][layer] for kv in self.earlier] + [k], 2),
+                torch.cat([kv[1][layer] for kv in self.earlier] + [v], 2))
 
 
 def features(cache: KVCache) -> FeatureCache:
@@ -155,8 +170,8 @@ class SpireDraft(Extends, nn.Module):
     vocab_ids: torch.Tensor  # [V'] the target's token ids the draft's head scores
     embed: torch.Tensor  # [V, d] the target's embedding (attach_target), not stored with the draft
     head: torch.Tensor  # [V', d] the target's unembedding rows vocab_ids (attach_target)
-    rope_cos: torch.Tensor
-    rope_sin: torch.Tensor
+    rope_cos: torch.Tensor  # register_rope
+    rope_signed_sin: torch.Tensor
     fuse: nn.Linear | QLinear  # feature input only; quantize_ replaces it
 
     def __init__(self, config: SpireConfig, vocab_ids: torch.Tensor | None = None) -> None:
@@ -177,9 +192,7 @@ class SpireDraft(Extends, nn.Module):
         self.register_buffer("embed", torch.zeros(0, cfg.d_model), persistent=False)
         self.register_buffer("head", torch.zeros(0, cfg.d_model), persistent=False)
         self.head_q: QLinear | None = None  # the unembedding in a small weight format (quantize_)
-        cos, sin = rope_tables(cfg)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        register_rope(self, cfg)
 
     # -- set-up ---------------------------------------------------------------------------------------
     @property
@@ -187,12 +200,7 @@ class SpireDraft(Extends, nn.Module):
         return self.norm.device
 
     def blocks(self) -> list[DraftBlock]:
-        """The blocks, typed (iterating the ModuleList `layers` gives plain Modules)."""
-        out = []
-        for blk in self.layers:
-            assert isinstance(blk, DraftBlock), "layers holds only DraftBlocks"
-            out.append(blk)
-        return out
+        return blocks_of(self.layers, DraftBlock)
 
     @property
     def target_hidden_layers(self) -> tuple[int, ...]:
@@ -222,7 +230,7 @@ class SpireDraft(Extends, nn.Module):
         return KVCache(self.config, batch_size, cap, self.norm.dtype, self.device, self.spire.window, max_rows, most)
 
     def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rope_cos[pos].unsqueeze(-2).to(dtype), self.rope_sin[pos].unsqueeze(-2).to(dtype)
+        return self.rope_cos[pos].unsqueeze(-2).to(dtype), self.rope_signed_sin[pos].unsqueeze(-2).to(dtype)
 
     def _memories_kv(self, levels: Sequence[torch.Tensor],
                      rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,7 +249,7 @@ class SpireDraft(Extends, nn.Module):
             memories = torch.mm(w, stacked.view(len(levels), -1).float()).to(stacked.dtype).view(n, *stacked.shape[1:])
         else:
             memories = torch.stack(list(levels[:n]))  # a plain decoder: block i keeps its own input
-        norm_w = torch.stack([blk.attn_norm for blk in self.blocks()]).to(memories.dtype)[:, None, None]
+        norm_w = torch.stack([blk.attn_norm.weight for blk in self.blocks()]).to(memories.dtype)[:, None, None]
         h = rms_norm(memories, norm_w, cfg.norm_eps)
         kv = torch.stack([blk.kv_proj(h[i]) for i, blk in enumerate(self.blocks())])
         _, b, t, _ = kv.shape
@@ -277,6 +285,19 @@ class SpireDraft(Extends, nn.Module):
         feat = torch.gather(features(cache).feat[:b, :s], 1, idx.unsqueeze(-1).expand(b, t, d))
         return feat * cand.any(-1, keepdim=True)
 
+    def _blocks(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: AttentionBatch,
+                cache: BlockCache) -> list[torch.Tensor]:
+        """The blocks' outputs x^1..x^L [B, T, d] for the stream x [B, T, d] (transformer.Block.forward,
+        which keeps it [B * T, d]); each block writes its keys/values to `cache` and attends to what it
+        hands back."""
+        b, t, d = x.shape
+        h = x.reshape(b * t, d)
+        out = []
+        for blk in self.blocks():
+            h = blk.forward(h, rope, batch, cache)
+            out.append(h.view(b, t, d))
+        return out
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         h = rms_norm(x, self.norm.to(x.dtype), self.config.norm_eps)
         if self.head_q is not None:
@@ -307,6 +328,7 @@ class SpireDraft(Extends, nn.Module):
             kv_bias = None if qkv.bias is None else qkv.bias[self.config.q_dim :]
             blk.kv = QLinear.of_float(qkv.weight[self.config.q_dim :], kv_bias, fmt, act)
             blk.qkv, blk.o, blk.up, blk.down = small(blk.qkv), small(blk.o), small(blk.up), small(blk.down)
+            blk.gather_parts()
         if self.spire.feature_input:
             self.fuse = small(self.fuse)
         self.head_q = QLinear.of_float(self.head, None, fmt, act)
@@ -327,17 +349,10 @@ class SpireDraft(Extends, nn.Module):
         (logits [1, len, V'])."""
         cache.begin_block(batch.positions, batch.append, batch.counts)
         rope = self._rope(batch.positions, self.norm.dtype)
-        x = F.embedding(tokens, self.embed).to(self.norm.dtype)
-        levels = [x]
-        if self.spire.feature_input:
-            x = self._fused(x, self._previous_features(batch, cache))
-        for i, blk in enumerate(self.blocks()):
-            q, k, v = blk.qkv_heads(x, rope)
-            keys, values = cache.write(i, k, v)
-            b, h, t, d = q.shape  # the one attention call (either layout: padded rows, or packed [1, N])
-            a = attend(q.transpose(1, 2), keys, values, batch).view(b, t, h, d).transpose(1, 2)
-            x = blk.finish(x, a)
-            levels.append(x)
+        x0 = F.embedding(tokens, self.embed).to(self.norm.dtype)
+        x = self._fused(x0, self._previous_features(batch, cache)) if self.spire.feature_input else x0
+        levels = [x0, *self._blocks(x, rope, batch, cache)]
+        x = levels[-1]
         if self.spire.feedback:  # later forwards see these tokens through their memories
             cache.write_layers(*self._memories_kv(levels, rope))
         if self.spire.feature_input:
@@ -371,19 +386,17 @@ class SpireDraft(Extends, nn.Module):
         """Logits [B, T, V'] of draft steps 1..`steps` at every position t (step j's query is the
         token at t, as if the j - 1 tokens before it were drafted and accepted); predicts token t + 1.
         Without target activations the draft is a plain decoder: every step is the same pass."""
-        cfg = self.config
-        t = tokens.shape[1]
+        b, t = tokens.shape
         pos = torch.arange(t, device=tokens.device)
         rope = self._rope(pos.unsqueeze(0), torch.float32)
-        gqa = cfg.n_kv_heads != cfg.n_heads
         x0 = F.embedding(tokens, self.embed).float()
+
+        def batch(mask: torch.Tensor) -> AttentionBatch:  # every row the same [T, S] mask
+            return AttentionBatch(pos.expand(b, t), mask[None, None], (t,) * b)
+
         if target_hidden is None:
-            x = x0
             mask = window_mask(pos, pos, self.spire.window) & causal_block_mask(t, pos.device)  # [T, T]
-            for blk in self.blocks():
-                q, k, v = blk.qkv_heads(x, rope)
-                x = blk.finish(x, F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
-                                                                 enable_gqa=gqa))
+            x = self._blocks(x0, rope, batch(mask), UnrolledKeys())[-1]
             return [self._logits(x)] * steps  # its own memories at every step: one pass says it all
         levels_t = [x0] + [target_hidden[:, :, j].float() for j in range(target_hidden.shape[2])]
         target_kv = self._memories_kv(levels_t, rope)  # (k, v), each [layers, B, Hkv, T, D]
@@ -393,19 +406,12 @@ class SpireDraft(Extends, nn.Module):
         for j in range(1, steps + 1):
             # keys: target memories before t - j + 1 | the draft's step-(j - r) memory at t - r | self
             mask = unrolled_step_mask(pos, j, self.spire.window)  # [T, (j + 1) T]
-            x, levels = x0, [x0]
+            seen = UnrolledKeys([target_kv] + [draft_kv[j - r - 1] for r in range(1, j)])
+            x = x0
             if self.spire.feature_input:  # the token before: the target's (step 1) or the previous step's
-                prev = F.pad(tops[j - 1][:, :-1], (0, 0, 1, 0))
-                x = self._fused(x0, prev)
-            for i, blk in enumerate(self.blocks()):
-                q, k, v = blk.qkv_heads(x, rope)
-                ks = [target_kv[0][i]] + [draft_kv[j - r - 1][0][i] for r in range(1, j)] + [k]
-                vs = [target_kv[1][i]] + [draft_kv[j - r - 1][1][i] for r in range(1, j)] + [v]
-                a = F.scaled_dot_product_attention(q, torch.cat(ks, 2).to(q.dtype), torch.cat(vs, 2).to(q.dtype),
-                                                   attn_mask=mask, enable_gqa=gqa)
-                x = blk.finish(x, a)
-                levels.append(x)
+                x = self._fused(x0, F.pad(tops[j - 1][:, :-1], (0, 0, 1, 0)))
+            levels = [x0, *self._blocks(x, rope, batch(mask), seen)]
             draft_kv.append(self._memories_kv(levels, rope))
-            tops.append(x)
-            outs.append(self._logits(x))
+            tops.append(levels[-1])
+            outs.append(self._logits(levels[-1]))
         return outs

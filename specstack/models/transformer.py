@@ -7,8 +7,8 @@ invisible until the caller commits them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,26 @@ def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return emb.cos(), torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1)
 
 
+def register_rope(module: nn.Module, cfg: ModelConfig) -> None:
+    """`rope_tables` as the module's buffers `rope_cos`, `rope_signed_sin` (never stored: the config
+    gives them)."""
+    cos, signed_sin = rope_tables(cfg)
+    module.register_buffer("rope_cos", cos, persistent=False)
+    module.register_buffer("rope_signed_sin", signed_sin, persistent=False)
+
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def blocks_of(layers: nn.ModuleList, kind: type[M]) -> list[M]:
+    """A model's blocks, typed (iterating the ModuleList `layers` gives plain Modules)."""
+    out = []
+    for blk in layers:
+        assert isinstance(blk, kind), f"layers holds only {kind.__name__}s"
+        out.append(blk)
+    return out
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate the last dim (head_dim) of x: rotate_half(x) * sin == roll(x, half) * [-sin | sin],
     two kernels instead of four."""
@@ -57,13 +77,15 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Norm(BoundModule):
-    """RMSNorm or LayerNorm with a bias (bound: see models/bound.py)."""
+    """RMSNorm or LayerNorm with a bias (bound: see models/bound.py). trainable: its tensors take
+    gradients (the SPIRe draft's blocks); the closure holds the parameters themselves, so an optimiser's
+    in-place steps reach it."""
 
-    def __init__(self, dim: int, eps: float, rms: bool, dtype: torch.dtype) -> None:
+    def __init__(self, dim: int, eps: float, rms: bool, dtype: torch.dtype, trainable: bool = False) -> None:
         super().__init__()
         self.eps, self.rms = eps, rms
-        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
-        self.bias = None if rms else nn.Parameter(torch.zeros(dim, dtype=dtype), requires_grad=False)
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=trainable)
+        self.bias = None if rms else nn.Parameter(torch.zeros(dim, dtype=dtype), requires_grad=trainable)
 
     def bind(self) -> Forward:
         w, b, eps = self.weight, self.bias, self.eps
@@ -73,38 +95,89 @@ class Norm(BoundModule):
         return lambda x: rms_norm(x, w, eps)
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, fmt: str, layer: int, formats: Mapping[str, str] | None = None) -> None:
+class Projection(Protocol):
+    """A block's linear layer as its forward sees it: QLinear (a model's, any weight format) or
+    nn.Linear (the SPIRe draft's blocks in training)."""
+
+    def forward(self, x: torch.Tensor, /) -> torch.Tensor: ...
+
+
+L = TypeVar("L", bound=Projection)
+L_co = TypeVar("L_co", bound=Projection, covariant=True)
+
+
+class BlockParts(Protocol[L_co]):
+    """Where a block's parts come from: its linear layers by name ("layers.{i}.qkv", ...) and its norms."""
+
+    def linear(self, name: str, n_in: int, n_out: int, bias: bool) -> L_co: ...
+
+    def norm(self, dim: int, eps: float, rms: bool) -> Norm: ...
+
+
+@dataclass(frozen=True)
+class FormatParts:
+    """A model's block parts: QLinear layers in its weight format (those named in `formats` in theirs:
+    a GGUF type the int4 kernels cannot take exactly gets int8), norms in the format's activation dtype."""
+
+    fmt: str
+    formats: Mapping[str, str]
+
+    def linear(self, name: str, n_in: int, n_out: int, bias: bool) -> QLinear:
+        return QLinear(n_in, n_out, self.formats.get(name, self.fmt), bias, activation=activation_dtype(self.fmt))
+
+    def norm(self, dim: int, eps: float, rms: bool) -> Norm:
+        return Norm(dim, eps, rms, activation_dtype(self.fmt))
+
+
+class BlockCache(Protocol):
+    """What a block writes its new keys/values to and reads the keys/values its queries see from: a
+    KVCache (models' forwards), or the SPIRe draft's training keys (models/spire_draft.py)."""
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class Block(nn.Module, Generic[L]):
+    """One decoder block, the only one: a model's (Block[QLinear], FormatParts) and the SPIRe draft's
+    (spire_draft.DraftBlock: trainable parts, and what SPIRe adds)."""
+
+    attn_norm: Norm
+    mlp_norm: Norm
+    qkv: L
+    o: L
+    up: L
+    down: L
+
+    def __init__(self, cfg: ModelConfig, layer: int, parts: BlockParts[L]) -> None:
         super().__init__()
         self.cfg, self.layer = cfg, layer
         f = cfg.block
         rms = f.norm == "rms"
-        act = activation_dtype(fmt)
 
-        def fmt_of(name: str) -> str:
-            return (formats or {}).get(f"layers.{layer}.{name}", fmt)
+        def linear(name: str, n_in: int, n_out: int, bias: bool) -> L:
+            return parts.linear(f"layers.{layer}.{name}", n_in, n_out, bias)
 
-        def linear(name: str, n_in: int, n_out: int, bias: bool) -> QLinear:
-            return QLinear(n_in, n_out, fmt_of(name), bias, activation=act)
-
-        self.attn_norm = Norm(cfg.d_model, cfg.norm_eps, rms, act)
+        self.attn_norm = parts.norm(cfg.d_model, cfg.norm_eps, rms)
         self.qkv = linear("qkv", cfg.d_model, cfg.q_dim + 2 * cfg.kv_dim, f.qkv_bias)
         self.o = linear("o", cfg.q_dim, cfg.d_model, f.o_bias)
-        self.mlp_norm = Norm(cfg.d_model, cfg.norm_eps, rms, act)
+        self.mlp_norm = parts.norm(cfg.d_model, cfg.norm_eps, rms)
         self.up = linear("up", cfg.d_model, (2 if f.gated else 1) * cfg.d_ff, f.mlp_bias)  # gated: [gate | up]
         self.down = linear("down", cfg.d_ff, cfg.d_model, f.mlp_bias)
         # q/k norm: one RMSNorm over each head of q and one over each head of k, before the rotation
-        self.q_norm = Norm(cfg.head_dim, cfg.norm_eps, True, act) if f.qk_norm else None
-        self.k_norm = Norm(cfg.head_dim, cfg.norm_eps, True, act) if f.qk_norm else None
+        self.q_norm = parts.norm(cfg.head_dim, cfg.norm_eps, True) if f.qk_norm else None
+        self.k_norm = parts.norm(cfg.head_dim, cfg.norm_eps, True) if f.qk_norm else None
         self.gated = f.gated
         # the model's own attention call (models/fixed_attention.py), set by Transformer; None: torch's
         self.attention: AttentionFn | None = None
-        # plain references to the submodules (nn.Module.__getattr__ costs microseconds a lookup, every
-        # layer of every step); they are set here once and never reassigned
+        self.gather_parts()
+
+    def gather_parts(self) -> None:
+        """Plain references to the submodules (nn.Module.__getattr__ costs microseconds a lookup, every
+        layer of every step); gathered again only by a subclass that replaces its layers (the SPIRe
+        draft's, quantised for inference)."""
         self.parts = (self.attn_norm, self.qkv, self.o, self.mlp_norm, self.up, self.down)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
+                batch: AttentionBatch, cache: BlockCache) -> torch.Tensor:
         """x: [B*T, d] (kept 2-D between attention calls: fewer reshapes per layer; a packed block:
         [N, d], positions [1, N])."""
         cfg = self.cfg
@@ -152,7 +225,8 @@ class Transformer(Extends, nn.Module):
             nn.Parameter(torch.zeros(cfg.max_seq_len, cfg.d_model, dtype=act), requires_grad=False)
             if cfg.block.position == "learned" else None
         )
-        self.layers = nn.ModuleList(Block(cfg, fmt, i, self.formats) for i in range(cfg.n_layers))
+        parts = FormatParts(fmt, self.formats)
+        self.layers = nn.ModuleList(Block(cfg, i, parts) for i in range(cfg.n_layers))
         self.norm = Norm(cfg.d_model, cfg.norm_eps, cfg.block.norm == "rms", act)
         # int4 keeps the unembedding in int8 and w4a8 in w8a8, as GGUF files do (Q8_0 embeddings): a
         # 4-bit head costs visible logit fidelity. (fp32 activations would give fp32 logits, fewer bf16
@@ -167,21 +241,14 @@ class Transformer(Extends, nn.Module):
         self._native: NativeDecoder | None = None
         self._native_chosen = False
         if cfg.block.position == "rope":
-            cos, signed_sin = rope_tables(cfg)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_signed_sin", signed_sin, persistent=False)
+            register_rope(self, cfg)
 
     @property
     def device(self) -> torch.device:
         return self.embed.device
 
-    def blocks(self) -> list[Block]:
-        """The blocks, typed (iterating the ModuleList `layers` gives plain Modules)."""
-        out = []
-        for blk in self.layers:
-            assert isinstance(blk, Block), "layers holds only Blocks"
-            out.append(blk)
-        return out
+    def blocks(self) -> list[Block[QLinear]]:
+        return blocks_of(self.layers, Block)
 
     # -- weights ------------------------------------------------------------------------------------
     def _drop_native(self) -> None:

@@ -64,8 +64,8 @@ def copy_blocks(draft: SpireDraft, target: Transformer, keep: Sequence[int]) -> 
     where the target has them)."""
     for blk, k in zip(draft.layers, keep, strict=True):
         src = target.layers[k]
-        blk.attn_norm.copy_(src.attn_norm.weight.float())
-        blk.mlp_norm.copy_(src.mlp_norm.weight.float())
+        blk.attn_norm.weight.copy_(src.attn_norm.weight.float())
+        blk.mlp_norm.weight.copy_(src.mlp_norm.weight.float())
         for name in ("qkv", "o", "up", "down"):
             dst, from_ = getattr(blk, name), getattr(src, name)
             dst.weight.copy_(from_.weight.float())

@@ -8,12 +8,13 @@ import pytest
 import torch
 from tiny_checkpoints import llama
 
-from specstack.attention import build_batch
+from specstack.attention import AttentionBatch, build_batch, causal_block_mask
 from specstack.config import WindowSpec
 from specstack.errors import SpecstackError
 from specstack.models.base import DecoderModel, ReadsTargetActivations
 from specstack.models.draft_file import load_draft_file, save_draft
 from specstack.models.loading import load_model
+from specstack.models.spire_draft import SpireDraft, UnrolledKeys
 from specstack.training.distill import (
     TrainParams,
     acceptance,
@@ -131,7 +132,15 @@ def test_feedback_with_one_hot_mix_reproduces_a_plain_decoder(target):
 
 
 def test_pruned_initialisation_copies_exactly_the_chosen_blocks(target):
+    """Each draft block holds its target block's tensors and, being a transformer.Block over trainable
+    parts (nn.Linear, norms with gradients), computes exactly what that block computes."""
     draft = build_draft(target.model, 2, keep=[2, 0], window=None)
+    assert all(p.requires_grad for p in draft.parameters())  # the norms train too
+    b, t = 2, 6
+    pos = torch.arange(t).expand(b, t)
+    batch = AttentionBatch(pos, causal_block_mask(t)[None, None], (t,) * b)
+    rope = (target.model.rope_cos[pos].unsqueeze(2), target.model.rope_signed_sin[pos].unsqueeze(2))
+    x = torch.randn(b * t, target.config.d_model, generator=torch.Generator().manual_seed(7))
     for blk, k in zip(draft.layers, [2, 0], strict=True):
         src = target.model.layers[k]
         for name in ("qkv", "o", "up", "down"):
@@ -141,7 +150,10 @@ def test_pruned_initialisation_copies_exactly_the_chosen_blocks(target):
             assert blk.qkv.bias.abs().max() > 0.01  # the tiny qwen2's biases are drawn, not zero
         else:
             assert blk.qkv.bias is None
-        assert torch.equal(blk.attn_norm, src.attn_norm.weight) and torch.equal(blk.mlp_norm, src.mlp_norm.weight)
+        assert torch.equal(blk.attn_norm.weight, src.attn_norm.weight)
+        assert torch.equal(blk.mlp_norm.weight, src.mlp_norm.weight)
+        with torch.no_grad():  # a block's own keys only (UnrolledKeys(): no memories before them)
+            assert torch.equal(blk.forward(x, rope, batch, UnrolledKeys()), src.forward(x, rope, batch, UnrolledKeys()))
     assert torch.equal(draft.norm, target.model.norm.weight)
     assert draft.embed.data_ptr() == target.model.embed.data_ptr()  # shared, not copied
     assert torch.equal(draft.head, target.model.head.weight)  # untied target: its unembedding
@@ -247,6 +259,30 @@ def test_the_shipped_draft_loads_and_is_described_for_the_throughput_model():
     assert (shape.n_layers, shape.d_model, shape.fmt) == (2, target.d_model, "bf16")
     assert shape.head_params == 8192 * target.d_model and shape.window == 257
     assert shape.body_params == target.body_params * 2 // target.n_layers
+
+
+def test_draft_files_keep_their_tensor_names():
+    """A draft block's norms are modules ("layers.0.attn_norm.weight"), yet drafts are written and read
+    under the names draft files have always had ("layers.0.attn_norm"): the shipped draft reads strictly
+    and writes back under its own names; a state dict under the modules' names reads too."""
+    from safetensors.torch import load_file
+
+    from specstack.models.draft_file import read_draft_header
+    from specstack.models.registry import default_draft_path
+
+    path = default_draft_path("smollm2-135m")
+    assert path is not None
+    config = read_draft_header(path).config
+    stored = load_file(str(path))
+    draft = SpireDraft(config, stored["vocab_ids"])
+    draft.load_state_dict(stored, strict=True)
+    assert set(draft.state_dict()) == set(stored) and "layers.1.mlp_norm" in stored
+    assert torch.equal(draft.layers[1].mlp_norm.weight, stored["layers.1.mlp_norm"].float())
+    own = dict(draft.named_parameters()) | {"vocab_ids": draft.vocab_ids}
+    assert "layers.1.mlp_norm.weight" in own
+    again = SpireDraft(config, stored["vocab_ids"])
+    again.load_state_dict(own, strict=True)
+    assert torch.equal(again.layers[1].mlp_norm.weight, draft.layers[1].mlp_norm.weight)
 
 
 def test_online_teacher_gives_the_cached_teachers_batches(target, tmp_path):
