@@ -2,7 +2,8 @@
 random checkpoint with the default model's tokenizer; the server speculates with its default method):
 log-probabilities (completions, echo, chat, streamed), penalties and logit_bias taking effect, structured
 output valid for its schema or regex, and tools: a forced call parsed into `tool_calls` (whole and as
-streamed deltas) and a tool-calling round trip (call, tool result, answer)."""
+streamed deltas) and a tool-calling round trip (call, tool result, answer), on a template that writes
+tools and on the default model's, which writes none (the tools described in its system message)."""
 from __future__ import annotations
 
 import json

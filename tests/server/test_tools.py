@@ -1,7 +1,8 @@
 """Tool calls in Qwen2.5's format (server/tools.py): parsed out of whole text, split out of a stream of
 pieces however the text is cut (content released as soon as it cannot open a call), a lone call in a
 ```json fence (as Qwen2.5-Coder writes it) read as a call, and a forced call's grammar, which only such a
-call matches."""
+call matches; a chat's prompt with tools: the template's own where it writes them (Qwen2.5-Coder's,
+unchanged), else described in the system message with the calls and results as text (the default model's)."""
 from __future__ import annotations
 
 import json
