@@ -1,7 +1,8 @@
 """`POST /v1/completions` and `POST /v1/chat/completions`, the parts they share (vLLM's serving_engine.py);
 what sets them apart is their Route (serving_chat.py's CHAT, serving_completion.py's COMPLETIONS), asked
 here, never branched on by name. The body read (protocol.py), the prompts
-encoded (a chat's tools in its template, a FIM prompt for `suffix`) and checked against a row's context,
+encoded (a chat's tools in its template, or described in its system message where the template
+writes none; a FIM prompt for `suffix`) and checked against a row's context,
 the request's logits rules checked here (a grammar that does not compile, a bias on a token the model
 does not have: 400), one job per choice, and the answer whole or streamed: text, log-probabilities
 (logprobs.py) and tool calls (tools.py) in OpenAI's shapes."""
@@ -20,27 +21,25 @@ from specstack.engine.stopping import Span
 from specstack.errors import SpecstackError
 from specstack.fim import encode_fim
 from specstack.processing import TokenLogprob
-from specstack.prompts import check_text, encode_chat, encode_prompt, template_writes_tools
+from specstack.prompts import check_text, encode_prompt
 from specstack.server.jobs import ClientGone, Events, collect, engine_failure, prepare, sink_into, submit
 from specstack.server.logprobs import TokenText
 from specstack.server.protocol import CompletionRequest, Prompt, Route, bad, parse_request
 from specstack.server.responses import DONE, Choice, Reply, cached_tokens, sse
 from specstack.server.state import ServerState, authorize, check_model, fim_budget, fim_template, loaded, read_json
-from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls, tag_terminals, tools_described
+from specstack.server.tools import ToolStream, encode_with_tools, forced_call_grammar, parse_calls, tag_terminals
 from specstack.server.worker import EngineWorker, Event, finish_reason
 
 
 def encode(state: ServerState, prompt: Prompt, new_tokens: int | None = None,
-           tools: list[dict[str, Any]] | None = None) -> list[int]:
+           tools: list[dict[str, Any]] | None = None, choice: str | dict[str, Any] = "auto") -> list[int]:
     try:
         if prompt.suffix is not None:
             check_text(prompt.suffix)
             return encode_fim(state.tokenizer, fim_template(state, "suffix"), prompt.text or "", prompt.suffix,
                               budget=fim_budget(state, new_tokens)).ids
         if prompt.messages is not None:
-            if tools and not template_writes_tools(state.tokenizer):  # described in the system message instead
-                return encode_chat(state.tokenizer, tools_described(prompt.messages, tools))
-            return encode_chat(state.tokenizer, prompt.messages, tools=tools)
+            return encode_with_tools(state.tokenizer, prompt.messages, tools, choice)
         if prompt.text is not None:
             return encode_prompt(state.tokenizer, prompt.text)
     except SpecstackError as e:
@@ -117,7 +116,7 @@ async def complete(state: ServerState, request: Request, route: Route) -> Respon
     req = parse_request(route, await read_json(request))
     check_model(state, req.model)
     tools = req.tools if req.tool_choice != "none" else None
-    encoded = [encode(state, p, req.max_tokens, tools) for p in req.prompts]
+    encoded = [encode(state, p, req.max_tokens, tools, req.tool_choice) for p in req.prompts]
     limits = [new_tokens(state, req, len(ids)) for ids in encoded]
     grammar = forced_call_grammar(tools, req.tool_choice, tag_terminals(state.tokenizer)) if tools else None
     await check_rules(state, worker, req, grammar or req.grammar)

@@ -8,9 +8,12 @@ the output one such call, its arguments valid for the function's JSON schema (a 
 the schema, so the engine masks and drafts it like any structured output).
 
 A model whose chat template writes no tools (the default SmolLM2) gets them the way vLLM gives them:
-described in the system message, in the same format, with its earlier calls written into its turns as
-it would write them (`tools_described`); a forced call is constrained by the same grammar, so an agent
-framework works with any model.
+described in the system message, in the same format (asked for a call when the call is forced), with
+its earlier calls written into its turns as it would write them and the tools' results as user turns
+in `<tool_response>` tags, as Qwen2.5's template writes them (`tools_described`; a template that
+knows only system, user and assistant renders them). A forced call is constrained by the same grammar,
+whose tags are text for such a tokenizer, so the parsing below reads it back: an agent framework works
+with any model. With `"auto"` the model is asked the same way and may answer in text or with a call.
 
 Qwen2.5-Coder, asked with `tool_choice: "auto"`, usually writes its call without the tags, as a JSON
 object in a ```json fence (a known habit of the coder models; Ollama parses it the same way). An answer
@@ -27,6 +30,7 @@ from typing import Any
 
 from specstack.config import GrammarSpec
 from specstack.grammar import JSON_LAYOUT
+from specstack.prompts import encode_chat, template_writes_tools
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -44,26 +48,60 @@ The functions you may call, one JSON signature a line, within <tools></tools>:
 To call a function, answer with a JSON object of its name and arguments within <tool_call></tool_call>:
 <tool_call>
 {{"name": <function name>, "arguments": <its arguments as a JSON object>}}
-</tool_call>"""
+</tool_call>
+Each call's result comes back within <tool_response></tool_response>."""
+# a forced call (tool_choice "required" or a function's name): the grammar forces the shape; asking for
+# it in words keeps what the model writes inside the arguments closer to what it means
+FORCED = {"required": "Answer now with one call to one of these functions.",
+          "function": "Answer now with a call to {name}."}
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 
 
-def tools_described(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The conversation for a chat template that writes no tools: the tools described at the end of the
-    system message (one is added where there is none), each assistant turn's calls written into its text
-    as OPEN {"name", "arguments"} CLOSE, as the model is asked to write them."""
-    out = []
+def tools_described(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    choice: str | dict[str, Any] = "auto") -> list[dict[str, Any]]:
+    """The conversation for a chat template that writes no tools: the tools (if any) described at the end
+    of the system message (one is added where there is none: many templates take one system message,
+    first), each assistant turn's calls written into its text as OPEN {"name", "arguments"} CLOSE, as the
+    model is asked to write them, and each run of tool results as one user turn of <tool_response>
+    blocks. A conversation with neither tools nor calls nor results is returned as it is."""
+    out: list[dict[str, Any]] = []
+    results = False  # the last turn of `out` holds tool results
     for m in messages:
+        if m["role"] == "tool":
+            response = f"{RESPONSE_OPEN}\n{m['content']}\n{RESPONSE_CLOSE}"
+            if results:  # the results of one turn's calls: one user turn, as roles alternate
+                out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n{response}"}
+            else:
+                out.append({"role": "user", "content": response})
+            results = True
+            continue
+        results = False
         if m["role"] == "assistant" and m.get("tool_calls"):
             calls = "\n".join(f"{OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}"
                               f"\n{CLOSE}" for c in m["tool_calls"])
             m = {"role": "assistant", "content": f"{m['content']}\n{calls}" if m["content"] else calls}
         out.append({k: v for k, v in m.items() if k in ("role", "content")})
+    if not tools:
+        return out
     described = TOOLS_PROMPT.format(signatures="\n".join(json.dumps(t) for t in tools))
+    if isinstance(choice, dict):
+        described += "\n" + FORCED["function"].format(name=choice["function"]["name"])
+    elif choice in FORCED:
+        described += "\n" + FORCED[choice]
     if out and out[0]["role"] == "system":
         out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{described}"}
     else:
         out.insert(0, {"role": "system", "content": described})
     return out
+
+
+def encode_with_tools(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                      choice: str | dict[str, Any] = "auto") -> list[int]:
+    """A chat's prompt ids: the tools written by the model's own template where it writes them (its
+    conversation as it is), else described (tools_described), the calls and results as text."""
+    if template_writes_tools(tokenizer):
+        return encode_chat(tokenizer, messages, tools=tools)
+    return encode_chat(tokenizer, tools_described(messages, tools, choice))
 
 
 def tag_terminals(tokenizer: Any) -> tuple[str, str]:

@@ -100,6 +100,8 @@ def wait_ready(server: Server, timeout: float = 120) -> None:
         if server.process.poll() is not None:
             break
         time.sleep(0.05)
+    server.process.kill()  # the fixture that started it fails here, before its stop_server: none is left behind
+    server.process.wait()
     raise AssertionError(f"the server never became ready:\n{server.stderr()}")
 
 

