@@ -1,9 +1,9 @@
 """The one builder of the tests' tiny random checkpoints: a family, its sizes and a seed -> a Hugging Face
 folder (and the transformers model it holds). tests/conftest.py (a target of each family),
-tests/lossless/conftest.py (drafts, the V = 8 pair) and `build_tiny_checkpoint` / `build_fim_checkpoint` below (a
-Llama with the default model's tokenizer, for the command line, the server and the fuzz fixtures of tests/fuzz/)
-all build through `Tiny.save`, so a checkpoint is named
-by its `Tiny` alone and the same spec always gives the same weights."""
+tests/lossless/conftest.py (drafts, the V = 8 pair) and `build_tiny_checkpoint` / `build_fim_checkpoint`
+below (a Llama with the default model's tokenizer, for the command line, the server and the fuzz fixtures
+of tests/fuzz/) all build through `Tiny.save`, so a checkpoint is named by its `Tiny` alone and the same
+spec always gives the same weights."""
 from __future__ import annotations
 
 from dataclasses import dataclass
