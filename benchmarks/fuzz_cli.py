@@ -1,4 +1,4 @@
-"""The long fuzz run of the `specstack` command line (issue 18; tests/fuzzing.py makes and checks the
+"""The long fuzz run of the `specstack` command line (issue 18; tests/fuzz/ makes and checks the
 cases, tests/cli/test_fuzz.py runs a bounded number in CI): malformed input to every command, each case
 checked against the error contract (exit 0 or 2, the one error line, no traceback, within --seconds, no
 existing file changed). Prints the failures grouped by kind, each with the command line that
@@ -23,19 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from fuzzing import (  # noqa: E402 -- tests/ is not a package
-    CASE_SECONDS,
-    Fixtures,
-    Outcome,
-    Problem,
-    Result,
-    case_text,
-    fixtures_at,
-    fuzz,
-    make_case,
-    report,
-    run_case,
-)
+from fuzz.checks import Problem  # noqa: E402 -- tests/ is not a package
+from fuzz.fixtures import Fixtures, fixtures_at  # noqa: E402
+from fuzz.generators import make_case  # noqa: E402
+from fuzz.harness import Result, case_text, fuzz, report, run_case  # noqa: E402
+from fuzz.runner import CASE_SECONDS, Outcome  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

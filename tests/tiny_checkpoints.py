@@ -1,8 +1,9 @@
 """The one builder of the tests' tiny random checkpoints: a family, its sizes and a seed -> a Hugging Face
 folder (and the transformers model it holds). tests/conftest.py (a target of each family),
-tests/lossless/conftest.py (drafts, the V = 8 pair) and tests/fuzzing.py (a Llama with the default model's
-tokenizer, for the command line and the server) all build through `Tiny.save`, so a checkpoint is named
-by its `Tiny` alone and the same spec always gives the same weights."""
+tests/lossless/conftest.py (drafts, the V = 8 pair) and `build_tiny_checkpoint` / `build_fim_checkpoint`
+below (a Llama with the default model's tokenizer, for the command line, the server and the fuzz fixtures
+of tests/fuzz/) all build through `Tiny.save`, so a checkpoint is named by its `Tiny` alone and the same
+spec always gives the same weights."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import torch
 INIT_RANGE = 0.15
 VOCAB = 257
 MAX_POS = 256
+TINY_CONTEXT = 64  # the context of the default-tokenizer checkpoints below
 
 # family -> (config class, model class) in transformers
 CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
@@ -94,3 +96,36 @@ def llama(seed: int, vocab: int, layers: int, hidden: int, max_pos: int, init: f
     """A Llama with 4 heads over 2 KV heads and an MLP twice as wide as the model (the tests' drafts)."""
     return Tiny("llama", seed, vocab=vocab, hidden=hidden, layers=layers, ff=2 * hidden, max_pos=max_pos, init=init,
                 rope_theta=10000.0, eps=1e-6, tie=False)
+
+
+def build_tiny_checkpoint(path: Path, context: int = TINY_CONTEXT) -> Path:
+    """A random Llama checkpoint with the default model's tokenizer (read from its GGUF, offline)."""
+    from specstack.models.loading import load_tokenizer
+    from specstack.models.registry import DEFAULT_MODEL, resolve
+
+    tok = load_tokenizer(resolve(DEFAULT_MODEL), None)
+    Tiny("llama", 0, vocab=len(tok), hidden=64, layers=2, ff=128, max_pos=context, init=None, tie=True,
+         bos=tok.bos_token_id, eos=tok.eos_token_id).save(path, tok)
+    return path
+
+
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+def fim_tokenizer() -> Any:
+    """The default model's tokenizer with Qwen2.5-Coder's fill-in-the-middle tokens added (the default model
+    has none): what a FIM checkpoint of the tests reads."""
+    from specstack.models.loading import load_tokenizer
+    from specstack.models.registry import DEFAULT_MODEL, resolve
+
+    tok = load_tokenizer(resolve(DEFAULT_MODEL), None)
+    tok.add_special_tokens({"additional_special_tokens": list(FIM_TOKENS)})
+    return tok
+
+
+def build_fim_checkpoint(path: Path, context: int = TINY_CONTEXT) -> Path:
+    """A random Llama checkpoint whose tokenizer has Qwen2.5-Coder's FIM tokens (fim.py finds them)."""
+    tok = fim_tokenizer()
+    Tiny("llama", 7, vocab=len(tok), hidden=64, layers=2, ff=128, max_pos=context, init=None, tie=True,
+         bos=tok.bos_token_id, eos=tok.eos_token_id).save(path, tok)
+    return path

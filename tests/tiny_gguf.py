@@ -1,14 +1,17 @@
 """GGUF blocks of the quant types a Q4_K_M file holds, written as real GGUF files, and a tiny Qwen2 GGUF in
 those types with transformers' model of exactly its weights (tests/unit/test_gguf_quants.py and the
-batch-invariance tests load it)."""
+batch-invariance tests load it); and a tiny fp32 Llama GGUF with a byte-level tokenizer of its own, whole or
+missing or breaking one piece of metadata (the fuzz fixtures of tests/fuzz/fixtures.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
+from tiny_checkpoints import TINY_CONTEXT
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -122,3 +125,67 @@ def write_tiny_qwen2_gguf(path: Path) -> torch.nn.Module:
     w.write_tensors_to_file()
     w.close()
     return hf
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's byte-to-character table: a byte-level BPE vocabulary with no merges."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    extra = iter(range(256, 512))
+    return [chr(b if b in keep else next(extra)) for b in range(256)]
+
+
+def write_tiny_llama_gguf(path: Path, drop: str | None = None, override: tuple[str, Any] | None = None) -> Path:
+    """A tiny llama GGUF (fp32 tensors, 2 blocks, d 64, context 64) with a byte-level tokenizer;
+    `drop` leaves one metadata key out, `override` gives one key another value (and type)."""
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *_byte_symbols(), "\u0120t"]
+    n_vocab, d, n_layers, heads, kv_heads, d_ff = len(tokens), 64, 2, 4, 2, 128
+    meta: dict[str, Any] = {
+        "general.architecture": "llama", "llama.block_count": n_layers, "llama.context_length": TINY_CONTEXT,
+        "llama.embedding_length": d, "llama.feed_forward_length": d_ff, "llama.attention.head_count": heads,
+        "llama.attention.head_count_kv": kv_heads, "llama.rope.freq_base": 10000.0,
+        "llama.attention.layer_norm_rms_epsilon": 1e-6, "llama.vocab_size": n_vocab,
+        "llama.rope.dimension_count": d // heads, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (n_vocab - 3),
+        "tokenizer.ggml.merges": ["\u0120 t"], "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+    }
+    if drop is not None:
+        meta.pop(drop, None)
+    if override is not None:
+        meta[override[0]] = override[1]
+    w = gguf.GGUFWriter(str(path), arch=str(meta.get("general.architecture", "llama")))
+    w.kv_data[0].pop("general.architecture", None)  # written below with the others (or dropped)
+    for key, value in meta.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, str, list)):
+            continue
+        if isinstance(value, list):
+            vtype = gguf.GGUFValueType.ARRAY
+        elif isinstance(value, str):
+            vtype = gguf.GGUFValueType.STRING
+        elif isinstance(value, float):
+            vtype = gguf.GGUFValueType.FLOAT32
+        else:
+            vtype = gguf.GGUFValueType.UINT32 if 0 <= value < 2**32 else gguf.GGUFValueType.INT64
+        w.add_key_value(key, value, vtype)
+    rng = np.random.default_rng(0)
+
+    def tensor(name: str, *shape: int) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+
+    tensor("token_embd.weight", n_vocab, d)
+    tensor("output_norm.weight", d)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        tensor(p + "attn_norm.weight", d)
+        tensor(p + "ffn_norm.weight", d)
+        tensor(p + "attn_q.weight", d, d)
+        tensor(p + "attn_k.weight", kv_heads * d // heads, d)
+        tensor(p + "attn_v.weight", kv_heads * d // heads, d)
+        tensor(p + "attn_output.weight", d, d)
+        tensor(p + "ffn_gate.weight", d_ff, d)
+        tensor(p + "ffn_up.weight", d_ff, d)
+        tensor(p + "ffn_down.weight", d, d_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fuzzing import build_tiny_checkpoint
+from tiny_checkpoints import build_tiny_checkpoint
 
 import specstack.bench.forward
 from specstack.attention import build_batch

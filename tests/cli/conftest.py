@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fuzzing import TINY_CONTEXT, build_tiny_checkpoint
+from tiny_checkpoints import TINY_CONTEXT, build_tiny_checkpoint
 
 import specstack
 import specstack.models.loading

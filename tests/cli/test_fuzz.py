@@ -1,7 +1,7 @@
 """Issue 18's fuzz test: malformed input to every command (odd method strings and numbers, damaged prompt,
 result, model, draft, trigram and sequences files, paths that cannot be read or written) ends in exit 0
 or 2 with the one error line, no traceback, within a time bound, and no existing file changed
-(tests/fuzzing.py generates the cases and states the checks). A fixed seed and a bounded count here;
+(tests/fuzz/ generates the cases and states the checks). A fixed seed and a bounded count here;
 `python benchmarks/fuzz_cli.py --count 2000 --seed 1` runs more."""
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from fuzzing import COMMANDS, Case, Fixtures, Put, build_fixtures, fuzz, report, run_case, run_subprocess
+from fuzz.case import Case, Put
+from fuzz.fixtures import Fixtures, build_fixtures
+from fuzz.generators import COMMANDS
+from fuzz.harness import fuzz, report, run_case
+from fuzz.runner import run_subprocess
 
 SEED = 18
 COUNT = 60  # six cases per command

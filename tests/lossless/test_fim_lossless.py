@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fuzzing import build_fim_checkpoint
+from tiny_checkpoints import build_fim_checkpoint
 
 from specstack.config import EditorStops, GenerationConfig
 from specstack.engine.batched import BatchEngine, BatchRequest, generate

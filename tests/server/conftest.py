@@ -5,8 +5,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fuzzing import build_fim_checkpoint, build_tiny_checkpoint
 from server.servers import SERVER_CONTEXT, Server, start_server, stop_server
+from tiny_checkpoints import build_fim_checkpoint, build_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

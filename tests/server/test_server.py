@@ -139,7 +139,7 @@ LONG = 4000  # tokens of a request that runs for seconds on the tiny model (a fe
 def two_row_server(server_tmp: Path):
     """Two rows and no queue: a third request while two run is refused. Its model has a long context, so
     that a request can run long enough to be interrupted."""
-    from fuzzing import build_tiny_checkpoint
+    from tiny_checkpoints import build_tiny_checkpoint
 
     model = build_tiny_checkpoint(server_tmp / "tiny-long", context=LONG + 96)
     server = start_server(model, server_tmp, "--max-batch", "2", "--max-queue", "0", "--max-context", str(LONG + 96))

@@ -4,7 +4,7 @@ tokens refused by name."""
 from __future__ import annotations
 
 import pytest
-from fuzzing import fim_tokenizer
+from tiny_checkpoints import fim_tokenizer
 
 from specstack.errors import SpecstackError
 from specstack.fim import FIM_TEMPLATES, ExtraFile, detect, encode_fim, template
