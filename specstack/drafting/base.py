@@ -54,7 +54,7 @@ class DraftContext:
 
 class DraftGroup(Protocol):
     """Drafters that propose together: a batch's rows drafted by one draft model in one forward per
-    draft step (drafting/batched_chain.py's chains, batched_tree.py's trees). Every drafter that runs a
+    draft step or tree level (drafting/batched_tree.py: chains and trees alike). Every drafter that runs a
     draft model proposes through a group (a lone one through a group of one), which counts its forwards."""
 
     def propose_rows(self, drafters: Sequence[Drafter], ctxs: Sequence[DraftContext]) -> list[DraftTree]:

@@ -1,6 +1,6 @@
 """A draft model's KV cache with a row per sequence it drafts for, and what each row has not run yet:
-the state both groups of model drafters keep (drafting/batched_chain.py, batched_tree.py: a row per member;
-a lone tree drafter is a group of one). Every draft forward goes through `forward`, which counts them (a
+the state a group of model drafters keeps (drafting/batched_tree.py: a row per member; a lone drafter is
+a group of one). Every draft forward goes through `forward`, which counts them (a
 step's draft forwards: engine/stats.py BatchStep.draft_forwards); `read_ahead` runs long pending chains
 (a prompt) packed before a round, so that the round's padded catch-up stays short.
 

@@ -1,5 +1,5 @@
-"""Model drafter: a small LM (sharing the target's tokenizer) proposes a best-first tree (a chain is a
-tree of width 1; the chain drafter of one row or many is drafting/batched_chain.py).
+"""Model drafter: a small LM (sharing the target's tokenizer) proposes a best-first tree, or a chain (a
+tree of width 1: `ChainDrafter`, BASS's drafts); either drafts for one row or, in a group, for many.
 
 State: a row of its group's draft cache (drafting/batched_tree.py: a TreeGroup drafts the trees of many
 rows in one draft forward per level; a drafter made without one is a group of one; draft_cache.py: the
@@ -61,6 +61,9 @@ class ModelDrafter:
     # Under sampling, sampled children carry the draft's q and a tree of them is verified by recursive
     # rejection sampling. A subclass whose trees are verified by sample-walk sets this False.
     carries_q = True
+    # Whether it stops growing nodes the step's length rule would cut (ctx.size) where that is lossless;
+    # a subclass whose draft the rule chooses from whole sets this False.
+    sizes_itself = True
 
     def __init__(self, draft: LoadedModel, params: TreeParams, window: WindowSpec | None = None,
                  prefix: PrefixCache | None = None, group: TreeGroup | None = None) -> None:
@@ -116,7 +119,7 @@ class ModelDrafter:
     def begin(self, ctx: DraftContext) -> bool:
         """Start a round; returns whether it runs the draft."""
         # sizing by the nodes' own scores is lossless for a greedy target and for sample-walk only
-        self.sized = ctx.size is not None and (ctx.sampling.greedy or not self.carries_q)
+        self.sized = self.sizes_itself and ctx.size is not None and (ctx.sampling.greedy or not self.carries_q)
         self._size = ctx.size if self.sized else None
         self.candidates = CandidateTree()
         self._limit = self.params.budget if ctx.limit is None else min(ctx.limit, self.params.budget)
@@ -182,3 +185,23 @@ class ModelDrafter:
         paths = [cands.path(i) for i in chosen]
         return Level([cands[i].token for i in chosen], [[cands[a].slot for a in path] for path in paths],
                      [[cands[a].token for a in path] for path in paths])
+
+
+class ChainDrafter(ModelDrafter):
+    """A chain of k draft tokens (BASS; Leviathan et al.): the best-first tree of width 1, each level
+    running the chain's last token. Drafted whole before the step's length rule chooses its prefix (the
+    cost rule's and BASS's lengths are chosen from whole chains), so it does not size itself."""
+
+    sizes_itself = False
+
+    def __init__(self, draft: LoadedModel, k: int, window: WindowSpec | None = None,
+                 prefix: PrefixCache | None = None, group: TreeGroup | None = None) -> None:
+        super().__init__(draft, TreeParams.chain(k), window, prefix, group)
+
+
+def chain_members(draft: LoadedModel, k: int, window: WindowSpec | None = None,
+                  prefix: PrefixCache | None = None) -> Callable[[], ChainDrafter]:
+    """A factory of chain drafters of one TreeGroup: in a batch, one draft forward a draft step for all
+    their rows."""
+    group = TreeGroup(draft, window, prefix)
+    return lambda: ChainDrafter(draft, k, group=group)

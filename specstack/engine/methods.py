@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 
 from specstack.drafting.base import Drafter
 from specstack.drafting.batch_length import AsProposed, BassLength, BatchLength, CostAwareLength, ForwardCost
-from specstack.drafting.batched_chain import ChainGroup
 from specstack.drafting.batched_tree import TreeGroup
-from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.drafting.model import ModelDrafter, TreeParams, chain_members
 from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.drafting.staged import StagedDrafter
 from specstack.engine.batch_cost import batch_costs, width_costs
@@ -214,11 +213,11 @@ def tree_measures(p: Params) -> int:
 
 
 def build_chain(target: LoadedModel, p: Params, sources: DraftSources, device: str) -> DrafterFactory:
-    """Every drafter of the factory is a member of one ChainGroup: in a batch, one draft forward per
-    draft step for all rows (drafting/batched_chain.py)."""
+    """Every drafter of the factory is a member of one TreeGroup: in a batch, one draft forward per
+    draft step for all rows (drafting/batched_tree.py)."""
     d = resolve_draft(target, sources, device)
     k = max(p["k"], p["max"])  # with BASS's rule the drafter grows up to max, the rule's l limits it
-    return ChainGroup(d.lm, k, d.window, sources.draft_prefix(d.lm)).member
+    return chain_members(d.lm, k, d.window, sources.draft_prefix(d.lm))
 
 
 def chain_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:

@@ -19,7 +19,7 @@ import torch
 from specstack.bench.datasets import iter_prompts, select_prompts
 from specstack.config import GenerationConfig, WindowSpec
 from specstack.drafting.base import Drafter
-from specstack.drafting.batched_chain import ChainGroup, ChainRow
+from specstack.drafting.model import ChainDrafter
 from specstack.engine.batched import generate
 from specstack.engine.draft_sources import DraftSources, load_draft
 from specstack.errors import SpecstackError
@@ -40,10 +40,10 @@ class TauMeasurement:
     prompts: int
 
 
-def sparse_self_drafter(model: LoadedModel, k: int, window: WindowSpec) -> ChainRow:
+def sparse_self_drafter(model: LoadedModel, k: int, window: WindowSpec) -> ChainDrafter:
     """MagicDec: a model drafting a chain with only `window.sink` first and `window.window` last
     positions of its KV (the cache evicts the rest); a lone row, a chain group of one."""
-    return ChainGroup(model, k, window).member()
+    return ChainDrafter(model, k, window)
 
 
 def magicdec_drafters(target: LoadedModel, k: int, conv: Conventions) -> DrafterFor:
@@ -57,7 +57,7 @@ def magicdec_drafters(target: LoadedModel, k: int, conv: Conventions) -> Drafter
 
 def vanilla_drafters(target: LoadedModel, k: int, sources: DraftSources) -> DrafterFor:
     """One chain drafter of the draft model for every prompt (the engine resets it per generation)."""
-    chain = ChainGroup(load_draft(target, sources, "cpu"), k).member()
+    chain = ChainDrafter(load_draft(target, sources, "cpu"), k)
     return lambda _ids: chain
 
 

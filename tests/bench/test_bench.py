@@ -217,7 +217,7 @@ def test_reference_without_ar_and_sampling(tiny, bench, tmp_path, spy):
     out = tmp_path / "greedy"
     code, _, err = bench(*tiny, "--limit", "1", "--methods", "chain:k=2", "--out", str(out), *FAST)
     assert code == 0, err
-    assert spy == ["ChainRow", "ar", "ChainRow"]  # warm-up, the untimed ar reference, the row
+    assert spy == ["ChainDrafter", "ar", "ChainDrafter"]  # warm-up, the untimed ar reference, the row
     (row,) = rows_of(out)
     assert row["identical_to_ar"] is True
 

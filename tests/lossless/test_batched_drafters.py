@@ -13,9 +13,9 @@ from lossless.test_greedy_equality import RandomProposals
 
 from specstack.config import GenerationConfig
 from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareLength, FixedLength
-from specstack.drafting.batched_chain import ChainGroup
+from specstack.drafting.batched_tree import TreeGroup
 from specstack.drafting.katz import KatzTrigram
-from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.drafting.model import ChainDrafter, ModelDrafter, TreeParams, chain_members
 from specstack.drafting.ngram import STAGED_WIDTHS, NgramDrafter
 from specstack.drafting.staged import StagedDrafter
 from specstack.engine.batched import BatchEngine, BatchRequest, generate
@@ -154,14 +154,14 @@ def test_cost_rule_turns_speculation_off_when_drafts_do_not_pay(tiny, random_dra
     assert len(forwards) < sum(len(r.tokens) for r in results)
 
 
-# ---- one draft forward per draft step for every row (drafting/batched_chain.py) --------------------
+# ---- chains: one draft forward per draft step for every row (a TreeGroup of ChainDrafters) ---------
 @pytest.mark.parametrize("rule", ["proposed", "bass", "cost", "cost-pause"])
 @pytest.mark.parametrize("layout", ["pad", "split"])
 def test_chain_group_rows_of_every_quality(tiny, self_drafts, random_draft, rule, layout):
     """Three groups (a perfect, a partial and a random draft), their members side by side with plain rows;
     rows join as others leave, and a member serves the next request once its row is done."""
-    groups = [ChainGroup(d, 4) for d in (tiny.lm, self_drafts[tiny.arch], random_draft)]
-    drafters = [groups[i % 4].member() if i % 4 < 3 else None for i in range(len(PROMPTS))]
+    groups = [chain_members(d, 4) for d in (tiny.lm, self_drafts[tiny.arch], random_draft)]
+    drafters = [groups[i % 4]() if i % 4 < 3 else None for i in range(len(PROMPTS))]
     engine, results = run_batch(tiny.lm, drafters, RULES[rule](), layout, max_rows=3)
     check(tiny.lm, PROMPTS, results, f"{rule}, {layout}")
     if rule != "cost-pause":
@@ -173,7 +173,7 @@ def test_chain_group_rows_of_every_quality(tiny, self_drafts, random_draft, rule
 
 def test_chain_group_alone_is_a_drafter(tiny, self_drafts):
     """One member (one sequence): the single-sequence engine's chains, lossless, reset for each prompt."""
-    member = ChainGroup(self_drafts[tiny.arch], 3).member()
+    member = ChainDrafter(self_drafts[tiny.arch], 3)
     for prompt in PROMPTS[:5]:
         assert generate(tiny.lm, prompt, GEN, drafter=member).tokens == alone(tiny.lm, prompt)
 
@@ -182,8 +182,8 @@ def test_chain_group_alone_is_a_drafter(tiny, self_drafts):
 def test_chain_group_with_spire_drafts_reads_each_rows_activations(tiny_llama, spire_drafts, draft):
     """A SPIRe group writes every row's memories from the target's activations in one write per round; the
     perfect draft accepts every chain whole, which fails on any row's memories from another row."""
-    group = ChainGroup(spire_drafts[draft], 3)
-    drafters = [group.member() if i % 3 else None for i in range(len(PROMPTS))]
+    member = chain_members(spire_drafts[draft], 3)
+    drafters = [member() if i % 3 else None for i in range(len(PROMPTS))]
     _, results = run_batch(tiny_llama.lm, drafters, AsProposed(), "auto", max_rows=4)
     check(tiny_llama.lm, PROMPTS, results, draft)
     if draft == "spire-exact":
@@ -194,8 +194,8 @@ def test_chain_group_with_spire_drafts_reads_each_rows_activations(tiny_llama, s
 
 def test_chain_group_with_magicdec_windows(tiny_llama):
     small = resolve_draft(tiny_llama.lm, DraftSources(draft="magicdec:6"), "cpu")
-    group = ChainGroup(small.lm, 3, small.window)
-    drafters = [group.member() for _ in PROMPTS]
+    group = TreeGroup(small.lm, small.window)
+    drafters = [ChainDrafter(small.lm, 3, group=group) for _ in PROMPTS]
     _, results = run_batch(tiny_llama.lm, drafters, BassLength(3, 8), "split")
     check(tiny_llama.lm, PROMPTS, results, "magicdec group")
     assert min(group.cache.lengths) < len(PROMPTS[1])  # the window really evicted
@@ -206,9 +206,9 @@ def test_chain_group_up_to_the_context_limit(tiny):
     max_len = tiny.lm.config.max_seq_len
     rnd = random.Random(5)
     prompts = [[rnd.randrange(3, 257) for _ in range(n)] for n in (max_len - 12, max_len - 3, max_len - 1, 40)]
-    group = ChainGroup(tiny.lm, 6)  # a perfect draft: every chain runs to its end
+    member = chain_members(tiny.lm, 6)  # a perfect draft: every chain runs to its end
     engine = BatchEngine(tiny.lm, max_rows=4, max_context=max_len, step_tokens=128)
-    results = engine.run([BatchRequest(p, GEN, drafter=group.member()) for p in prompts])
+    results = engine.run([BatchRequest(p, GEN, drafter=member()) for p in prompts])
     for p, out in zip(prompts, results, strict=True):
         assert out.tokens == alone(tiny.lm, p)
 
@@ -233,8 +233,8 @@ def test_chain_group_drafts_what_a_lone_drafter_drafts(tiny_llama, spire_drafts,
     prompt: every step accepts the same number of tokens (a row reading another row's slots, features
     or memories, or a wrong position, would change them)."""
     lm = {"spire": spire_drafts["spire"], "plain-spire": plain_spire, "self1": self_drafts["llama"]}[draft]
-    group = ChainGroup(lm, 3)
-    drafters = [group.member() for _ in PROMPTS]
+    member = chain_members(lm, 3)
+    drafters = [member() for _ in PROMPTS]
     _, results = run_batch(tiny_llama.lm, drafters, AsProposed(), "auto", max_rows=4)
     for p, out in zip(PROMPTS, results, strict=True):
         lone = generate(tiny_llama.lm, p, GEN, drafter=ModelDrafter(lm, TreeParams.chain(3)))
@@ -253,15 +253,18 @@ def test_draft_caches_grow_with_their_rows(tiny_llama, spire_drafts, self_drafts
         monkeypatch.setattr(cache_module, "FIRST_SLOTS", first_slots)
         if draft == "magicdec":
             small = resolve_draft(tiny_llama.lm, DraftSources(draft="magicdec:6"), "cpu")
-            group = ChainGroup(small.lm, 3, small.window)
+            lm, window = small.lm, small.window
         else:
-            group = ChainGroup({"self1": self_drafts["llama"], "spire": spire_drafts["spire"]}[draft], 3)
-        _, results = run_batch(tiny_llama.lm, [group.member() for _ in PROMPTS], AsProposed(), "auto", max_rows=4)
-        return group, results
+            lm, window = {"self1": self_drafts["llama"], "spire": spire_drafts["spire"]}[draft], None
+        group = TreeGroup(lm, window)
+        drafters = [ChainDrafter(lm, 3, group=group) for _ in PROMPTS]
+        start = group.cache.capacity
+        _, results = run_batch(tiny_llama.lm, drafters, AsProposed(), "auto", max_rows=4)
+        return group, results, start
 
-    grown, results = run(1)
-    whole, reference = run(4096)
-    assert whole.cache.capacity == grown.cache.max_capacity  # the reference never grew
+    grown, results, _ = run(1)
+    whole, reference, start = run(4096)
+    assert whole.cache.capacity == start  # the reference never grew
     check(tiny_llama.lm, PROMPTS, results, draft)
     for r, ref in zip(results, reference, strict=True):
         assert [s.accepted for s in r.stats.steps] == [s.accepted for s in ref.stats.steps]

@@ -15,9 +15,8 @@ from lossless.test_sampling_equivalence import PROMPT, NextTwo, V, exact_pairs
 
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.batch_length import BassLength, CostAwareLength
-from specstack.drafting.batched_chain import ChainGroup
 from specstack.drafting.batched_tree import TreeGroup
-from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.drafting.model import ChainDrafter, ModelDrafter, TreeParams
 from specstack.drafting.staged import StagedDrafter
 from specstack.engine.batched import BatchEngine, BatchRequest
 
@@ -79,13 +78,13 @@ def check_alternating_settings(target, results) -> None:
 
 @pytest.mark.parametrize("rule", list(RULES))
 def test_chain_group_rows_follow_their_own_sampling_parameters(vocab8, rule):
-    """The same for chains drafted for all rows in one draft forward per step (ChainGroup): the engine lends
+    """The same for chains drafted for all rows in one draft forward per step (ChainDrafters of a TreeGroup): the engine lends
     each request a member of the group (its drafter pool), reused as rows finish and new ones join."""
     target, draft = vocab8
-    group = ChainGroup(draft, 3)
+    group = TreeGroup(draft)
     requests = [BatchRequest(PROMPT, GenerationConfig(max_new_tokens=2, stop_on_eos=False, sampling=SamplingParams(
         **SETTINGS[i % 2], seed=90_000 + i))) for i in range(2 * ROWS)]
-    engine = BatchEngine(target, max_rows=48, max_context=24, length=RULES[rule](), drafters=group.member)
+    engine = BatchEngine(target, max_rows=48, max_context=24, length=RULES[rule](), drafters=lambda: ChainDrafter(draft, 3, group=group))
     results = engine.run(requests)
     assert len(group.members) == 48  # one member a row, lent again and again
     check_alternating_settings(target, results)

@@ -158,13 +158,13 @@ def test_a_draft_models_own_prefix_cache_drafts_what_a_cold_draft_drafts(tiny, s
     """Drafters sharing a draft prefix cache (the draft's keys and values, not the target's) copy a cached
     prompt instead of running it: the outputs equal cold decoding, and so does every step's accepted
     count, which a wrong draft key or position would change (the output alone would not show it)."""
-    from specstack.drafting.batched_chain import ChainGroup
+    from specstack.drafting.model import chain_members
 
     draft = self_drafts[tiny.arch]
 
     def factory(prefix):
         if kind == "chain-group":
-            return ChainGroup(draft, 3, None, prefix).member
+            return chain_members(draft, 3, None, prefix)
         return lambda: ModelDrafter(draft, TreeParams(width=2, budget=6, depth=3, expand_per_forward=2), prefix=prefix)
 
     prompts = [BASE, BASE + tail(9, 2), BASE[:43] + tail(20, 1), BASE]

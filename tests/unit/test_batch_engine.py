@@ -191,15 +191,15 @@ def test_engine_tau_counts_rounds_whatever_they_drafted(tiny_llama):
     fewer nodes than their drafter proposed, or none: a perfect draft cut to 2 nodes gives exactly 3,
     plain rows 1, and both side by side their pooled share."""
     from specstack.drafting.batch_length import FixedLength
-    from specstack.drafting.batched_chain import ChainGroup
+    from specstack.drafting.model import chain_members
 
     gen = GenerationConfig(max_new_tokens=30, stop_on_eos=False)
     prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]
 
     def run(speculate: list[bool]):
-        group = ChainGroup(tiny_llama.lm, 4)  # the target drafting for itself: every node accepted
+        member = chain_members(tiny_llama.lm, 4)  # the target drafting for itself: every node accepted
         engine = BatchEngine(tiny_llama.lm, max_rows=3, max_context=64, length=FixedLength(2))
-        engine.run([BatchRequest(p, gen, drafter=group.member() if s else None, speculate=s)
+        engine.run([BatchRequest(p, gen, drafter=member() if s else None, speculate=s)
                     for p, s in zip(prompts, speculate, strict=True)])
         return engine.stats
 
