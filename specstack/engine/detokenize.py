@@ -40,7 +40,11 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Any, incremental: bool | None = None) -> None:
         self.tokenizer = tokenizer
-        self.incremental = decodes_incrementally(tokenizer) if incremental is None else incremental
+        fast = decodes_incrementally(tokenizer)
+        self.incremental = fast if incremental is None else incremental
+        # a tokenizer that passes the check decodes as its tokenizers-library backend does (transformers'
+        # wrapper adds only the clean-up it lacks), and the wrapper's own cost is most of a short decode
+        self._window_decode = tokenizer.backend_tokenizer.decode if fast else None
         self.prefix_offset = 0  # the window's first token: its left context
         self.read_offset = 0  # tokens before it are final text
         self._read_text = ""  # the text of tokens[:read_offset], final
@@ -62,12 +66,17 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False) if self.tokenizer is not None else ""
 
+    def _decode_window(self, ids: Sequence[int]) -> str:
+        if self._window_decode is None:
+            return self._decode(ids)
+        return self._window_decode(list(ids), skip_special_tokens=False)
+
     def update(self, tokens: Sequence[int]) -> None:
         """Decode what `tokens` (all of them, the same list grown) added since the last update."""
         if not self.incremental:
             self._unread_text = self._decode(tokens)
             return
-        window = self._decode(tokens[self.prefix_offset :])
+        window = self._decode_window(tokens[self.prefix_offset :])
         if not window.startswith(self._prefix_text):
             # the decoder rewrote its left context after all: full decodes from here on, which stay exact
             self.incremental = False
@@ -80,7 +89,7 @@ class IncrementalDetokenizer:
             self._read_text += new
             self._unread_text = ""
             self.prefix_offset, self.read_offset = self.read_offset, len(tokens)
-            self._prefix_text = self._decode(tokens[self.prefix_offset : self.read_offset])
+            self._prefix_text = self._decode_window(tokens[self.prefix_offset : self.read_offset])
         else:
             # an incomplete character (or nothing yet): the window grows until it is whole
             self._unread_text = new

@@ -9,7 +9,7 @@ import torch
 
 from specstack.engine.rows import Block, Row
 from specstack.processing import TokenLogprob, token_logprobs
-from specstack.verify import VerifyResult, verify_tree, walk_greedy
+from specstack.verify import VerifyResult, argmax_rows, verify_tree, walk_greedy
 
 Verdict = tuple[VerifyResult, list[TokenLogprob] | None]  # a row's verification and its tokens' log-probabilities
 
@@ -31,7 +31,7 @@ def verify_rows(rows: Sequence[Row], blocks: Sequence[Block], logits: torch.Tens
             k = 1 + len(block.tree)  # root + tree
             raw = logits[at : at + k]
             if gen.sampling.greedy and row.processor is None:
-                best = logits.argmax(-1).tolist() if best is None else best
+                best = argmax_rows(logits) if best is None else best
                 result = walk_greedy(block.tree, best[at : at + k])
             else:
                 scores = raw if row.processor is None else row.processor.process(raw, block.tree)

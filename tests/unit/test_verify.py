@@ -11,7 +11,7 @@ import torch
 
 from specstack.config import SamplingParams
 from specstack.tree import DraftTree
-from specstack.verify import verify_greedy, verify_rrs, verify_sample_walk, walk_greedy
+from specstack.verify import argmax_rows, verify_greedy, verify_rrs, verify_sample_walk, walk_greedy
 from specstack.verify import verify_tree as verify
 
 V = 8
@@ -249,3 +249,17 @@ def test_engine_verify_dispatches_on_sampling_and_q():
     walk = [verify(tree_det, logits, sampling, g).accepted for _ in range(100)]
     assert all(acc == [0] for acc in rrs)
     assert all(acc in ([0], [1]) for acc in walk) and 20 <= sum(acc == [1] for acc in walk) <= 80
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_is_torchs_argmax_ties_and_nans_included(dtype):
+    """The greedy walk's argmax (NumPy's on the CPU) picks what torch's argmax picks: the first index on
+    ties, a NaN above every number, in fp32 and in bf16 (whose coarse values tie often)."""
+    gen = torch.Generator().manual_seed(7)
+    for rows in (1, 3, 40):
+        logits = (torch.randn(rows, 4099, generator=gen) * 4).round().to(dtype)  # rounded: many ties
+        logits[0, 17] = logits[0, 4000] = logits[0].max() + 1  # a tie for the maximum, far apart
+        if rows > 1:
+            logits[1, 9] = float("nan")
+        assert argmax_rows(logits) == logits.argmax(-1).tolist()
+        assert argmax_rows(logits)[0] == 17
