@@ -60,7 +60,7 @@ def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def roomy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The tiny checkpoint with the default model's tokenizer (its template writes no tools) and room for
     several tools' descriptions and a call's round trip (1024 tokens)."""
-    from fuzzing import build_tiny_checkpoint
+    from tiny_checkpoints import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("roomy")
     server = start_server(build_tiny_checkpoint(root / "model", context=1024), root, "--max-batch", "2")
