@@ -22,16 +22,63 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_p, idx = torch.sort(probs, dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the token crossing it is kept), and always
-        # the most likely token: a top_p below float32's smallest value rounds to 0 in the comparison,
-        # which would drop every token (as transformers' min_tokens_to_keep=1 does)
-        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        probs = probs.masked_fill(nucleus_drop(probs, params.top_p), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def nucleus_drop(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs [..., V] -> the tokens top-p drops [..., V] (bool): all but the shortest prefix of the
+    tokens in descending probability (ties in index order) whose mass reaches top_p, and never the
+    first (a top_p below float32's smallest value rounds to 0 in the comparison, which would drop
+    every token; transformers' min_tokens_to_keep=1 does the same).
+
+    Sorting a 150k vocabulary costs more than a model's step on a CPU; the prefix is decided by the
+    largest few probabilities unless the distribution is flat, so the candidates are the top
+    `_NUCLEUS_FIRST` (torch.topk, a partial selection) and grow only while the prefix could reach
+    past the tokens they surely contain; the whole sort is the last resort."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    V = flat.shape[-1]
+    drop = torch.ones_like(flat, dtype=torch.bool)
+    rows = torch.arange(flat.shape[0], device=flat.device)  # the rows not decided yet
+    k = min(V, _NUCLEUS_FIRST)
+    while True:
+        vals, idx = _descending(flat[rows], k)
+        # the prefix's length: 1 + the positions whose inclusive mass stays below top_p (a cumsum of
+        # non-negatives is monotone, so this is a prefix); at most every candidate
+        n_keep = ((vals.cumsum(-1) < top_p).sum(-1, keepdim=True) + 1).clamp(max=k)
+        keep = torch.arange(k, device=flat.device) < n_keep
+        if k == V:
+            drop[rows] = drop[rows].scatter_(-1, idx, ~keep)
+            break
+        # the candidates surely hold every token above the smallest candidate's probability, in the
+        # whole order's positions; where the prefix ends inside those (or the rest is all zero) the
+        # candidates decide the row; the others look again at more
+        last = vals[:, -1:]
+        decided = ((n_keep <= (vals > last).sum(-1, keepdim=True)) | (last == 0)).squeeze(-1)
+        drop[rows[decided]] = drop[rows[decided]].scatter_(-1, idx[decided], ~keep[decided])
+        rows = rows[~decided]
+        if not rows.numel():
+            break
+        k = min(V, k * _NUCLEUS_GROWTH)
+    return drop.view(probs.shape)
+
+
+# candidates top-p looks at first, and the factor it widens them by (a torch.topk of 16k of a 150k
+# vocabulary still costs a tenth of a sort)
+_NUCLEUS_FIRST = 1024
+_NUCLEUS_GROWTH = 16
+
+
+def _descending(flat: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of each row of flat [N, V], in descending order with ties in index order (a
+    stable sort's order, whatever order torch.topk leaves equal values in): values and indices."""
+    if k == flat.shape[-1]:
+        return torch.sort(flat, dim=-1, descending=True, stable=True)
+    vals, idx = torch.topk(flat, k, dim=-1)
+    idx, by_index = idx.sort(-1)
+    vals, order = vals.gather(-1, by_index).sort(dim=-1, descending=True, stable=True)
+    return vals, idx.gather(-1, order)
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:

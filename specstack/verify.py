@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -29,6 +30,27 @@ class VerifyResult:
     @property
     def next_token(self) -> int:
         return self.tokens[-1]
+
+
+class Rows(Protocol):
+    """p as the sampling verifiers read it: one [V] row at a time, by position."""
+
+    def __getitem__(self, i: int, /) -> torch.Tensor: ...
+
+
+class WarpedRows:
+    """The target's rows warped as a walk reaches them: a walk reads the rows of its accepted path and
+    the node it stops at, not the whole tree's, and a warp of a large vocabulary (top-k, top-p) costs
+    a visible share of a CPU step. Each row is warped alone, as the same row is in a batch."""
+
+    def __init__(self, logits: torch.Tensor, sampling: SamplingParams) -> None:
+        self.logits, self.sampling = logits, sampling
+        self.warped: dict[int, torch.Tensor] = {}
+
+    def __getitem__(self, i: int, /) -> torch.Tensor:
+        if i not in self.warped:
+            self.warped[i] = warp(self.logits[i], self.sampling)
+        return self.warped[i]
 
 
 def _row(node: int) -> int:
@@ -76,7 +98,7 @@ def _draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(sample(p, generator))
 
 
-def verify_sample_walk(tree: DraftTree, p: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:
+def verify_sample_walk(tree: DraftTree, p: Rows, generator: torch.Generator | None = None) -> VerifyResult:
     """Lossless for any drafter, no q needed: draw x ~ p at the current node; descend into the child
     with token x if there is one, else emit x and stop (staged paper)."""
     kids = _children(tree)
@@ -90,7 +112,7 @@ def verify_sample_walk(tree: DraftTree, p: torch.Tensor, generator: torch.Genera
         node = nxt
 
 
-def verify_rrs(tree: DraftTree, p: torch.Tensor, generator: torch.Generator | None = None) -> VerifyResult:
+def verify_rrs(tree: DraftTree, p: Rows, generator: torch.Generator | None = None) -> VerifyResult:
     """Recursive rejection sampling (Jeon et al. 2024, Sequoia): the children of a node were drawn
     from q without replacement, in insertion order. Child x is accepted with probability
     min(1, p[x] / q[x]); on rejection p <- norm(max(p - q, 0)) and q[x] <- 0, q renormalised. If every
@@ -131,7 +153,7 @@ def verify_tree(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams,
     the root's row then one per node."""
     if sampling.greedy:
         return verify_greedy(tree, logits)
-    p = warp(logits, sampling)
+    p = WarpedRows(logits, sampling)
     if len(tree) and all(q is not None for q in tree.q):
         return verify_rrs(tree, p, generator)
     return verify_sample_walk(tree, p, generator)

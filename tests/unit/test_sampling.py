@@ -211,3 +211,63 @@ def test_first_token_distribution_matches_warp(tiny_llama):
     expected = p[support].double()
     stat, pvalue = chisquare(counts[support].double().numpy(), (n * expected / expected.sum()).numpy())
     assert pvalue > 1e-3, f"chi-square {stat:.1f}, p-value {pvalue:.2g}"
+
+
+def nucleus_by_whole_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """top-p's definition, each row sorted whole (descending, ties in index order): the drop mask."""
+    drop = torch.ones_like(probs, dtype=torch.bool)
+    for r, row in enumerate(probs):
+        order = sorted(range(row.numel()), key=lambda i: (-float(row[i]), i))
+        cum = row[order].cumsum(0)
+        n_keep = min(int((cum < top_p).sum()) + 1, row.numel())
+        drop[r, order[:n_keep]] = False
+    return drop
+
+
+def ragged_rows(seed: int, vocab: int) -> torch.Tensor:
+    """Rows that exercise every way the candidates can end: peaked and flat rows, rows of equal values
+    (ties across any candidate boundary), a row with a long zero tail (top-k before top-p)."""
+    g = torch.Generator().manual_seed(seed)
+    peaked = 8.0 * torch.randn(vocab, generator=g)
+    flat = 0.05 * torch.randn(vocab, generator=g)
+    steps = torch.randint(0, 4, (vocab,), generator=g).float()  # four values, thousands of ties each
+    uniform = torch.zeros(vocab)
+    cut = torch.randn(vocab, generator=g)
+    cut[torch.randperm(vocab, generator=g)[: vocab - 7]] = float("-inf")
+    return torch.softmax(torch.stack([peaked, flat, steps, uniform, cut]), -1)
+
+
+@pytest.mark.parametrize("first", [4, 64, 1024])
+@pytest.mark.parametrize("top_p", [1e-9, 0.1, 0.5, 0.9, 0.999])
+def test_top_p_from_candidates_equals_the_whole_sort(monkeypatch, first, top_p):
+    """top-p looks at the largest probabilities first and sorts the whole vocabulary only when they cannot
+    decide; whichever way it ends, it drops exactly what the definition drops."""
+    from specstack import sampling
+
+    monkeypatch.setattr(sampling, "_NUCLEUS_FIRST", first)
+    for seed, vocab in [(0, 300), (1, 2000), (2, 5000)]:
+        probs = ragged_rows(seed, vocab)
+        expected = nucleus_by_whole_sort(probs, top_p)
+        assert torch.equal(sampling.nucleus_drop(probs, top_p), expected), (seed, vocab)  # rows decided apart
+        for r in range(len(probs)):
+            assert torch.equal(sampling.nucleus_drop(probs[r], top_p), expected[r]), (seed, vocab, r)
+    batched = ragged_rows(3, 2000).view(5, 1, 2000)  # any leading shape
+    assert torch.equal(sampling.nucleus_drop(batched, top_p).view(5, 2000), nucleus_by_whole_sort(batched.view(5, 2000), top_p))
+
+
+def test_top_p_after_top_k_never_sorts_the_vocabulary(monkeypatch):
+    """Behind top-k every token past the k-th has probability 0: the candidates hold the whole nucleus,
+    and the warp must not fall back to sorting a 150k vocabulary (its cost was most of a step)."""
+    from specstack import sampling
+
+    widths: list[int] = []
+    descending = sampling._descending
+    monkeypatch.setattr(sampling, "_descending", lambda flat, k: widths.append(k) or descending(flat, k))
+    x = logits(4, 20000, seed=8, scale=0.01)  # flat: top-p alone would need most of the vocabulary
+    for top_p in (0.999, 1 - 1e-9):  # the second is 1 in float32: the k tokens' mass may stay below it
+        p = warp(x, SamplingParams(temperature=1.0, top_k=40, top_p=top_p))
+        assert widths == [sampling._NUCLEUS_FIRST]
+        assert ((p > 0).sum(-1) == 40).all()
+        widths.clear()
+    warp(x, SamplingParams(temperature=1.0, top_p=0.999))
+    assert widths[-1] == 20000  # and the flat row alone does sort it (the spy sees every width)

@@ -263,3 +263,61 @@ def test_argmax_rows_is_torchs_argmax_ties_and_nans_included(dtype):
             logits[1, 9] = float("nan")
         assert argmax_rows(logits) == logits.argmax(-1).tolist()
         assert argmax_rows(logits)[0] == 17
+
+
+# -- the target's rows warped as the walk reaches them ---------------------------------------------
+SETTINGS = [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=20),
+            SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.2, top_k=50, top_p=0.95)]
+
+
+@pytest.mark.parametrize("sampling", SETTINGS)
+def test_a_row_warped_alone_is_the_row_warped_in_its_batch(sampling):
+    from specstack.sampling import warp
+
+    x = 3 * torch.randn(9, 3000, generator=torch.Generator().manual_seed(4))
+    together = warp(x, sampling)
+    for i in range(len(x)):
+        assert torch.equal(warp(x[i], sampling), together[i])
+
+
+def random_sampled_tree(rng: random.Random, vocab: int, with_q: bool) -> DraftTree:
+    """A random tree of up to 12 nodes: tokens at random (distinct siblings), siblings sharing one q."""
+    tokens: list[int] = []
+    parent: list[int] = []
+    qs: list[torch.Tensor | None] = []
+    for _ in range(rng.randint(0, 12)):
+        par = rng.randint(-1, len(tokens) - 1)
+        q = torch.softmax(torch.randn(vocab, generator=torch.Generator().manual_seed(rng.randint(0, 10**6))), -1)
+        siblings = {tokens[i] for i in range(len(tokens)) if parent[i] == par}
+        tok = rng.choice([t for t in range(vocab) if t not in siblings])
+        tokens.append(tok)
+        parent.append(par)
+        qs.append(q if with_q else None)
+    # siblings share their parent's q (children are drawn from one distribution)
+    for i, par in enumerate(parent):
+        first = parent.index(par)
+        qs[i] = qs[first]
+    return DraftTree(tokens, parent, q=qs if with_q else [])
+
+
+@pytest.mark.parametrize("sampling", SETTINGS)
+def test_rows_warped_on_demand_give_the_verdicts_of_the_whole_warp(monkeypatch, sampling):
+    """verify_tree warps a row when the walk reaches it: the same seeded verdicts as verifying the whole
+    warped block, and no more rows warped than the walk read (its accepted path and the stop)."""
+    from specstack import sampling as sampling_module
+    from specstack import verify as verify_module
+
+    rng = random.Random(7)
+    vocab = 40
+    warped: list[int] = []
+    real_warp = sampling_module.warp
+    monkeypatch.setattr(verify_module, "warp", lambda x, s: warped.append(x.shape[0] if x.dim() > 1 else 1) or real_warp(x, s))
+    for case in range(60):
+        tree = random_sampled_tree(rng, vocab, with_q=case % 2 == 0)
+        logits = 2 * torch.randn(1 + len(tree), vocab, generator=torch.Generator().manual_seed(case))
+        warped.clear()
+        lazy = verify(tree, logits, sampling, torch.Generator().manual_seed(case))
+        assert sum(warped) <= len(lazy.accepted) + 1
+        whole = real_warp(logits, sampling)
+        pure = verify_rrs if case % 2 == 0 and len(tree) else verify_sample_walk
+        assert lazy == pure(tree, whole, torch.Generator().manual_seed(case)), case
