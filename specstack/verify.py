@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 
 from specstack.config import SamplingParams
-from specstack.sampling import sample, warp
+from specstack.sampling import argmax_rows, sample, warp
 from specstack.tree import DraftTree
 
 
@@ -56,15 +56,6 @@ class WarpedRows:
 def _row(node: int) -> int:
     """Row of p holding the distribution for the children of `node` (-1 = root)."""
     return node + 1
-
-
-def argmax_rows(logits: torch.Tensor) -> list[int]:
-    """The argmax of each row of logits [N, V] (the first index on ties, NaN above all, as torch's).
-    On the CPU through NumPy, whose argmax is vectorised where torch's is a scalar loop over the row:
-    at one row of a small model this is a visible share of the step."""
-    if logits.device.type != "cpu":
-        return logits.argmax(-1).tolist()
-    return logits.detach().float().numpy().argmax(-1).tolist()
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:

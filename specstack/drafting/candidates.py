@@ -21,7 +21,7 @@ import torch
 from specstack.config import SamplingParams
 from specstack.drafting.base import DraftContext
 from specstack.models.base import ModelOutput
-from specstack.sampling import warp
+from specstack.sampling import argmax_rows, warp
 from specstack.tree import DraftTree, Origin
 
 
@@ -115,20 +115,55 @@ class CandidateTree:
 def children_of(probs: torch.Tensor, width: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> list[list[tuple[int, float]]]:
     """(column, prob) of the children of every row of probs [T, V']. Greedy: the top-`width`
-    columns. Sampling: `width` draws without replacement from each row (Gumbel top-k), in draw
-    order, as recursive rejection sampling expects. Zero-probability columns are never children.
-    One top-k call for the whole block: a staged step has tens of rows, and a call per row paid its
+    columns. Sampling: `width` draws without replacement from each row, in draw order, as recursive
+    rejection sampling expects. Zero-probability columns are never children.
+    One call for the whole block: a staged step has tens of rows, and a call per row paid its
     dispatch for each (docs/bench-history, "Small costs behind the code's choices"); the probabilities
     come from one gather, not an index per child."""
     k = min(width, probs.shape[-1])
-    if sampling.greedy:
-        idx = torch.topk(probs, k, dim=-1).indices
+    if not sampling.greedy:
+        return _drawn_children(probs, k, generator)
+    if k == 1:  # a chain's step: the argmax through NumPy, a vectorised scan (torch.topk's is not)
+        idx = torch.tensor(argmax_rows(probs), device=probs.device).unsqueeze(-1)
     else:
-        u = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(1e-20, 1.0)
-        idx = torch.topk(probs.log() - (-u.log()).log(), k, dim=-1).indices
-    vals = probs.gather(-1, idx)
+        idx = torch.topk(probs, k, dim=-1).indices
+    return _listed(idx, probs.gather(-1, idx))
+
+
+def _listed(idx: torch.Tensor, vals: torch.Tensor) -> list[list[tuple[int, float]]]:
     return [[(c, v) for c, v in zip(ri, rv, strict=True) if v > 0]
             for ri, rv in zip(idx.tolist(), vals.tolist(), strict=True)]
+
+
+def _drawn_children(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[list[tuple[int, float]]]:
+    """k draws without replacement from each row of probs [T, V'], in draw order: an exponential race
+    (Efraimidis-Spirakis; the Gumbel top-k trick in another form): column c finishes at E_c / p_c with
+    E_c ~ Exp(1), and the first k to finish are the draws. Only the columns of positive probability
+    run: behind top-k or top-p they are a few of a 150k vocabulary, and a uniform draw per column was
+    most of a draft step's picking."""
+    if 4 * int((probs > 0).sum()) > probs.numel():  # mostly positive (temperature alone): every column runs
+        u = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(min=1e-20)
+        idx = torch.topk(probs / -u.log(), k, dim=-1).indices
+        return _listed(idx, probs.gather(-1, idx))
+    rows, cols = probs.nonzero(as_tuple=True)  # row-major: each row's columns together
+    n = rows.numel()
+    if n == 0:
+        return [[] for _ in range(probs.shape[0])]
+    p = probs[rows, cols]
+    u = torch.rand(n, generator=generator, device=probs.device, dtype=torch.float64).clamp_(min=1e-300)
+    speed = p.double() / -u.log()  # larger is sooner
+    counts = torch.bincount(rows, minlength=probs.shape[0])
+    starts = counts.cumsum(0) - counts
+    width = int(counts.max())
+    race = torch.full((probs.shape[0], width), -1.0, dtype=torch.float64, device=probs.device)
+    at = torch.arange(n, device=probs.device) - starts[rows]
+    race[rows, at] = speed
+    column = torch.zeros((probs.shape[0], width), dtype=torch.long, device=probs.device)
+    column[rows, at] = cols
+    first = torch.topk(race, min(k, width), dim=-1).indices
+    idx = column.gather(-1, first)
+    vals = torch.where(race.gather(-1, first) > 0, probs.gather(-1, idx), torch.zeros((), dtype=probs.dtype))
+    return _listed(idx, vals)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import torch
 
 from specstack.engine.rows import Block, Row
 from specstack.processing import TokenLogprob, token_logprobs
-from specstack.verify import VerifyResult, argmax_rows, verify_tree, walk_greedy
+from specstack.sampling import argmax_rows
+from specstack.verify import VerifyResult, verify_tree, walk_greedy
 
 Verdict = tuple[VerifyResult, list[TokenLogprob] | None]  # a row's verification and its tokens' log-probabilities
 

@@ -321,3 +321,45 @@ def test_a_groups_members_propose_what_lone_drafters_propose(tiny_llama, kind, s
             lone.observe(ref, result)
             ctx += result.tokens
     assert group.draft_forwards() < sum(lone.group.draft_forwards() for lone in lones)
+
+
+def ordered_draw_probability(p: list[float], draws: tuple[int, ...]) -> float:
+    """The probability that sampling without replacement from p draws `draws`, in that order."""
+    left, prob = 1.0, 1.0
+    for c in draws:
+        prob *= p[c] / left
+        left -= p[c]
+    return prob
+
+
+@pytest.mark.parametrize("vocab", [5, 60])  # every column positive; 5 positive of 60 (behind top-k / top-p)
+def test_sampled_children_are_draws_without_replacement_in_draw_order(vocab):
+    """children_of under sampling: each row's `width` children are ordered draws without replacement from
+    its row (chi-square over every ordered triple), never a zero-probability column, the rows of a block
+    drawn apart (a row with fewer positive columns than the width, next to a wider one)."""
+    from scipy.stats import chisquare
+
+    p = [0.4, 0.25, 0.2, 0.1, 0.05]
+    probs = torch.zeros(2, vocab)
+    cols = [0, 1, 2, 3, 4] if vocab == 5 else [3, 17, 0, 42, 59]
+    probs[0, cols] = torch.tensor(p)
+    probs[1, [7 % vocab, 0]] = torch.tensor([0.7, 0.3])  # two positive columns, one of them column 0 (the
+    # race pads a short row with column 0): two children, not three
+    if vocab == 5:
+        probs[1] = torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2])
+    g = torch.Generator().manual_seed(11)
+    counts: dict[tuple[int, ...], int] = {}
+    n = 6000
+    for _ in range(n):
+        kids = children_of(probs, 3, SamplingParams(temperature=1.0), g)
+        draws = tuple(cols.index(c) for c, _ in kids[0])
+        assert [v for _, v in kids[0]] == pytest.approx([p[d] for d in draws])
+        counts[draws] = counts.get(draws, 0) + 1
+        second = [c for c, _ in kids[1]]
+        assert len(set(second)) == len(second) and all(probs[1, c] > 0 for c in second)
+        assert len(second) == (3 if vocab == 5 else 2)
+    triples = [(a, b, c) for a in range(5) for b in range(5) for c in range(5) if len({a, b, c}) == 3]
+    assert set(counts) <= set(triples)
+    expected = [n * ordered_draw_probability(p, t) for t in triples]
+    _, pvalue = chisquare([counts.get(t, 0) for t in triples], expected)
+    assert pvalue > 1e-3, pvalue

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from specstack.config import SamplingParams
+from specstack.sampling import argmax_rows
 from specstack.tree import DraftTree
-from specstack.verify import argmax_rows, verify_greedy, verify_rrs, verify_sample_walk, walk_greedy
+from specstack.verify import verify_greedy, verify_rrs, verify_sample_walk, walk_greedy
 from specstack.verify import verify_tree as verify
 
 V = 8
