@@ -58,9 +58,9 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     for name, sampling in SETTINGS.items():
         rows = [logits[i : i + 1] for i in range(len(logits))]
-        w = statistics.median(median_us(lambda r=r: warp(r, sampling), args.repeats) for r in rows)
+        w = statistics.median(median_us(lambda r=r, s=sampling: warp(r, s), args.repeats) for r in rows)
         probs = [warp(r, sampling) for r in rows]
-        c = statistics.median(median_us(lambda p=p: children_of(p, args.width, sampling, g), args.repeats) for p in probs)
+        c = statistics.median(median_us(lambda p=p, s=sampling: children_of(p, args.width, s, g), args.repeats) for p in probs)
         kept = statistics.median(int((p > 0).sum()) for p in probs)
         print(f"| {name} | {w:.0f} | {c:.0f} | {kept} |")
 
