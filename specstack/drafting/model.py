@@ -61,9 +61,6 @@ class ModelDrafter:
     # Under sampling, sampled children carry the draft's q and a tree of them is verified by recursive
     # rejection sampling. A subclass whose trees are verified by sample-walk sets this False.
     carries_q = True
-    # Whether it stops growing nodes the step's length rule would cut (ctx.size) where that is lossless;
-    # a subclass whose draft the rule chooses from whole sets this False.
-    sizes_itself = True
 
     def __init__(self, draft: LoadedModel, params: TreeParams, window: WindowSpec | None = None,
                  prefix: PrefixCache | None = None, group: TreeGroup | None = None) -> None:
@@ -119,7 +116,7 @@ class ModelDrafter:
     def begin(self, ctx: DraftContext) -> bool:
         """Start a round; returns whether it runs the draft."""
         # sizing by the nodes' own scores is lossless for a greedy target and for sample-walk only
-        self.sized = self.sizes_itself and ctx.size is not None and (ctx.sampling.greedy or not self.carries_q)
+        self.sized = ctx.size is not None and (ctx.sampling.greedy or not self.carries_q)
         self._size = ctx.size if self.sized else None
         self.candidates = CandidateTree()
         self._limit = self.params.budget if ctx.limit is None else min(ctx.limit, self.params.budget)
@@ -189,10 +186,9 @@ class ModelDrafter:
 
 class ChainDrafter(ModelDrafter):
     """A chain of k draft tokens (BASS; Leviathan et al.): the best-first tree of width 1, each level
-    running the chain's last token. Drafted whole before the step's length rule chooses its prefix (the
-    cost rule's and BASS's lengths are chosen from whole chains), so it does not size itself."""
-
-    sizes_itself = False
+    running the chain's last token. Under the cost rule and a greedy target it stops where the rule would
+    cut it, as a tree does (the nodes past the cut were drafted and never verified); BASS's rule chooses
+    from whole chains (it gives no sizer)."""
 
     def __init__(self, draft: LoadedModel, k: int, window: WindowSpec | None = None,
                  prefix: PrefixCache | None = None, group: TreeGroup | None = None) -> None:

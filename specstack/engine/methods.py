@@ -221,7 +221,8 @@ def build_chain(target: LoadedModel, p: Params, sources: DraftSources, device: s
 
 
 def chain_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
-    if p["cost"]:  # a chain is drafted whole before the rule sees it: drafting pauses while no draft token pays
+    if p["cost"]:  # each draft token costs a draft forward: drafting pauses while none pays (and a greedy chain
+        # stops growing where the rule would cut it)
         return CostAwareLength(forward_cost(target, rows), pause=True)
     if p["max"]:
         return BassLength(start=p["k"], cap=p["max"])

@@ -12,7 +12,7 @@ import torch
 
 from specstack.config import GenerationConfig
 from specstack.drafting.batch_length import CostAwareLength
-from specstack.drafting.model import ModelDrafter, TreeParams
+from specstack.drafting.model import ChainDrafter, ModelDrafter, TreeParams
 from specstack.engine.batched import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -77,14 +77,16 @@ def test_speculative_greedy_equals_autoregressive(tiny, drafts, shape):
                     assert all(st.accepted >= 1 for st in steps)
 
 
+@pytest.mark.parametrize("kind", ["tree", "chain"])
 @pytest.mark.parametrize("costs", ["flat", "steep"])
-def test_cost_sized_trees_equal_autoregressive(tiny, drafts, costs):
-    """Trees sized each step by the cost-aware rule, as they grow and once grown (on a flat cost curve
-    every node pays: the full 36-node tree; a wall after 3 nodes cuts them to 3 or fewer), from every
-    draft: the output is still autoregressive's."""
+def test_cost_sized_trees_equal_autoregressive(tiny, drafts, costs, kind):
+    """Trees (and chains of 8) sized each step by the cost-aware rule, as they grow and once grown (on a
+    flat cost curve every node pays: the full 36-node tree, the whole chain; a wall after 3 nodes cuts
+    them to 3 or fewer), from every draft: the output is still autoregressive's."""
     curve = [1.0] * 37 if costs == "flat" else [1.0, 1.1, 1.2, 1.3] + [100.0] * 33
+    whole = 36 if kind == "tree" else 8
     for d, name in enumerate(DRAFTS):
-        drafter = ModelDrafter(drafts[name], SHAPES["tree4-36-8-4"])
+        drafter = ModelDrafter(drafts[name], SHAPES["tree4-36-8-4"]) if kind == "tree" else ChainDrafter(drafts[name], 8)
         sizes = []
         for i in range(2 * d, 2 * d + 2):
             prompt = PROMPTS[i % len(PROMPTS)]
@@ -94,7 +96,7 @@ def test_cost_sized_trees_equal_autoregressive(tiny, drafts, costs):
         if costs == "steep":
             assert max(sizes) <= 3 and min(sizes) == 0  # the random draft's trees are not worth a node
         else:
-            assert max(sizes) == 36
+            assert max(sizes) == whole
 
 
 @pytest.mark.parametrize("shape", ["chain4", "tree4-36-8-4"])

@@ -173,10 +173,12 @@ def test_in_growth_size_is_the_rule_for_the_last_step_shape():
     assert rule.size(scores) == 3
 
 
-def test_the_engine_hands_the_rule_to_a_growing_tree(tiny_llama, monkeypatch):
-    """ctx.size comes from the step's rule, and the draft stops expanding nodes it would cut."""
+@pytest.mark.parametrize("kind", ["tree", "chain"])
+def test_the_engine_hands_the_rule_to_a_growing_tree(tiny_llama, monkeypatch, kind):
+    """ctx.size comes from the step's rule, and the draft stops expanding nodes it would cut (a tree, and a
+    chain, the tree of width one)."""
     from specstack.config import GenerationConfig
-    from specstack.drafting.model import ModelDrafter, TreeParams
+    from specstack.drafting.model import ChainDrafter, ModelDrafter, TreeParams
     from specstack.engine.batched import generate
 
     lm = tiny_llama.lm
@@ -197,7 +199,8 @@ def test_the_engine_hands_the_rule_to_a_growing_tree(tiny_llama, monkeypatch):
     runs = []
     for rule in (CutToOne(), SizedToOne()):
         forwards.clear()
-        out = generate(lm, prompt, gen, drafter=ModelDrafter(lm, TreeParams(4, 12, 4, 2)), length=rule)
+        drafter = ModelDrafter(lm, TreeParams(4, 12, 4, 2)) if kind == "tree" else ChainDrafter(lm, 4)
+        out = generate(lm, prompt, gen, drafter=drafter, length=rule)
         runs.append((out.tokens, [st.tree_size for st in out.stats.steps], len(forwards)))
     (cut_tokens, cut_sizes, cut_forwards), (sized_tokens, sized_sizes, sized_forwards) = runs
     assert sized_tokens == cut_tokens and sized_sizes == cut_sizes and max(sized_sizes) == 1
