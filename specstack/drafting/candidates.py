@@ -9,7 +9,8 @@ Terms (staged paper, DESIGN §4):
 - target batch: the best candidates by rank (`CandidateTree.best`), a prefix-closed set, sent to the
   target as a DraftTree (`CandidateTree.draft_tree`).
 - children of a row: greedy, the draft's top-`width` tokens; sampling, `width` draws without
-  replacement from the warped q (Gumbel top-k), in draw order, as recursive rejection sampling expects.
+  replacement from the warped q (an exponential race over its positive columns), in draw order, as
+  recursive rejection sampling expects.
 """
 from __future__ import annotations
 
