@@ -56,7 +56,8 @@ def nucleus_drop(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         # candidates decide the row; the others look again at more
         last = vals[:, -1:]
         decided = ((n_keep <= (vals > last).sum(-1, keepdim=True)) | (last == 0)).squeeze(-1)
-        drop[rows[decided]] = drop[rows[decided]].scatter_(-1, idx[decided], ~keep[decided])
+        done = rows[decided]
+        drop[done] = drop[done].scatter_(-1, idx[decided], ~keep[decided])
         rows = rows[~decided]
         if not rows.numel():
             break
