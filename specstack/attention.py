@@ -288,7 +288,8 @@ def row_blocks_batch(cache: KVCache, parents: Sequence[Sequence[int]], layout: L
         while 0 < n <= PAD_RUN_TOKENS and short < b and 0 < counts[short] <= PAD_RUN_TOKENS:
             short += 1
         if short > stop:  # short blocks of different sizes: one padded call
-            runs.append(_padded_run(cache, parents, counts, range(r, short), first, positions[0]))
+            rows = range(r, short)
+            runs.append(_padded_run(cache, [ancestor_mask(parents[i]) for i in rows], rows, first, positions[0]))
             first += sum(counts[r:short])
             r = short
             continue
@@ -310,27 +311,67 @@ def row_blocks_batch(cache: KVCache, parents: Sequence[Sequence[int]], layout: L
     return AttentionBatch(positions, None, tuple(counts), runs=tuple(runs))
 
 
-def _padded_run(cache: KVCache, parents: Sequence[Sequence[int]], counts: Sequence[int], rows: range, first: int,
-                positions: torch.Tensor) -> RowRun:
-    """Rows of short blocks (1..PAD_RUN_TOKENS tokens each, packed from `first`) as one call of
-    max(counts) queries a row: row r's query j < counts[r] is its token j; past that it repeats the
-    row's first token (its mask and position), and its output is dropped."""
+def _padded_run(cache: KVCache, inners: Sequence[torch.Tensor], rows: range, first: int, positions: torch.Tensor,
+                prior: int = 0) -> RowRun:
+    """Rows of blocks of different sizes (inners[k]: row rows[k]'s block mask [c, prior + c], build_batch's,
+    its c >= 1 tokens packed from `first` on) as one call of max(c) queries a row: row r's query j < c is
+    its token j; past that it repeats the row's first token (its position; it sees that token only), and
+    its output is dropped."""
     dev = cache.device
-    n = max(counts[i] for i in rows)
-    gather, real, inner = [], [], torch.zeros(len(rows), n, n, dtype=torch.bool)
+    n = max(m.shape[0] for m in inners)
+    gather, real, inner = [], [], torch.zeros(len(rows), n, prior + n, dtype=torch.bool)
     at = first
-    for k, i in enumerate(rows):
-        c = counts[i]
-        inner[k, :c, :c] = ancestor_mask(parents[i])
-        inner[k, c:, 0] = True
+    for k, m in enumerate(inners):
+        c = m.shape[0]
+        inner[k, :c, : prior + c] = m
+        inner[k, c:, prior] = True
         gather += [at + j for j in range(c)] + [at] * (n - c)
         real += [k * n + j for j in range(c)]
         at += c
     index = torch.tensor(gather, device=dev)
     pos = positions[index].view(len(rows), n)
-    mask = _slot_mask(cache, rows, inner.to(dev), pos, 0)
-    return RowRun(rows.start, rows.stop, n, first, max(cache.lengths[i] for i in rows) + n, mask,
+    mask = _slot_mask(cache, rows, inner.to(dev), pos, prior)
+    return RowRun(rows.start, rows.stop, n, first, max(cache.lengths[i] for i in rows) + prior + n, mask,
                   gather=index, real=torch.tensor(real, device=dev))
+
+
+def packed_append_batch(cache: KVCache, masks: Sequence[torch.Tensor | None],
+                        offsets: Sequence[torch.Tensor | None]) -> AttentionBatch:
+    """Row b's new tokens appended to this round's scratch (P = cache.scratch slots written by earlier
+    blocks), packed without padding (positions [1, N], row 0's tokens first): masks[b] [n_b, P + n_b] is
+    its block mask (build_batch's with append), offsets[b] [n_b] their positions from the row's next
+    position; None: the row takes no tokens. The linear layers see the N real tokens; attention is one
+    call a stretch of consecutive rows that take tokens, padded to its widest row (`_padded_run`): a
+    draft group's levels differ in width from row to row, and a row whose tree is grown takes none
+    (drafting/batched_tree.py)."""
+    prior, b = cache.scratch, cache.batch_size
+    if len(masks) != b or len(offsets) != b:
+        raise ValueError(f"{len(masks)} row blocks for {b} live rows")
+    counts = [0 if m is None else m.shape[0] for m in masks]
+    if sum(counts) == 0:
+        raise ValueError("a forward needs at least one token")
+    for m, o, n in zip(masks, offsets, counts, strict=True):
+        if m is not None and (tuple(m.shape) != (n, prior + n) or o is None or o.shape != (n,)):
+            raise ValueError(f"a block of {n} tokens after {prior} in scratch needs a [{n}, {prior + n}] mask "
+                             f"and {n} offsets")
+    cache.check_room(prior + max(counts))  # the padded calls see the widest row's slots in every row
+    dev = cache.device
+    positions = torch.cat([cache.next_pos[r] + o for r, o in enumerate(offsets) if o is not None]).to(dev)
+    runs: list[RowRun] = []
+    r, first = 0, 0
+    while r < b:
+        if not counts[r]:
+            r += 1
+            continue
+        stop = r + 1
+        while stop < b and counts[stop]:
+            stop += 1
+        rows = range(r, stop)
+        runs.append(_padded_run(cache, [masks[i] for i in rows if masks[i] is not None], rows, first, positions,
+                                prior))
+        first += sum(counts[r:stop])
+        r = stop
+    return AttentionBatch(positions.unsqueeze(0), None, tuple(counts), append=True, runs=tuple(runs))
 
 
 # Rows carrying up to this many tokens share one padded attention call in SPLIT (RowRun): with at most

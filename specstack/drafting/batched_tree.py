@@ -10,19 +10,22 @@ members' trees together (`propose_rows`), pays one draft forward per level for a
 row. A lone ModelDrafter is a group of one (its forwards are the ones it always ran).
 
 A round, for the members that draft (`begin`):
-  1. catch-up: every member's pending tokens as a causal chain, padded to the longest (PAD layout,
-     n_valid per row); the last real row of each is its root's distribution, from which its generator
-     starts. In a group of several rows a long pending chain (a prompt) is read ahead first, packed
-     (DraftCache.read_ahead), so the padding stays short;
-  2. levels: each member's `chosen` nodes (`Level`: tokens, the scratch slots of their paths), padded to
-     the widest member's, appended to the round's scratch; a node sees its own row's pending slots and
+  1. catch-up: every member's pending tokens as a causal chain, packed (the target's SPLIT layout); the
+     last token of each is its root's distribution, from which its generator starts. In a group of
+     several rows a long pending chain (a prompt) is read ahead first (DraftCache.read_ahead), so a
+     round's scratch stays short;
+  2. levels: each member's `chosen` nodes (`Level`: tokens, the scratch slots of their paths), packed
+     (attention.packed_append_batch: the linear layers see real nodes only, attention pads each row to
+     the widest), appended to the round's scratch; a node sees its own row's pending slots and
      its ancestors' slots (attention.scratch_tree_mask, a mask per row), never another row's; it sits at
      its root's position + its depth. Each member gets its rows of the output (its picker, its context:
      its sampling parameters, generator and logits rule) and yields its next level, until every
-     generator is done (a member that is done sits the next levels out: n_valid 0);
+     generator is done (a member that is done sits the next levels out: it takes no tokens);
   3. each member's target batch as a DraftTree (`finish`).
 A member's node j of a level sits at the scratch slot the level starts at + j (`Level`), the slot its
-`observe` commits if the target accepts it.
+`observe` commits if the target accepts it (packed or not: a block takes the widest row's slots in every
+row). A lone member's blocks are [1, T] (nothing to pack), and so are those of a draft that reads the
+target's activations (its feature input reads [B, T] blocks): padded to the widest row's.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from typing import Protocol
 
 import torch
 
-from specstack.attention import build_batch, scratch_tree_mask
+from specstack.attention import build_batch, packed_append_batch, row_blocks_batch, scratch_tree_mask
 from specstack.config import WindowSpec
 from specstack.drafting.base import DraftContext, Drafter
 from specstack.drafting.candidates import ChildPicker, NextTokens
@@ -107,8 +110,8 @@ class TreeGroup:
         self._pending = self._levels = self._width = 0
 
     def join(self, member: TreeMember) -> int:
-        """A new member's row. A round's scratch holds the padded catch-up and the levels, each padded to
-        the widest member's: rows may grow to the context plus that, for the widest and longest members."""
+        """A new member's row. A round's scratch holds the catch-up and the levels, each as wide as the
+        widest member's: rows may grow to the context plus that, for the widest and longest members."""
         levels, width = member.level_shape()
         self._pending = max(self._pending, member.pending_bound())
         self._levels, self._width = max(self._levels, levels), max(self._width, width)
@@ -134,58 +137,92 @@ class TreeGroup:
         return [m.finish(ctx) if self.state.ran[m.row] else DraftTree() for m, ctx in rows]
 
     def _round(self, drafting: list[tuple[TreeMember, DraftContext]]) -> None:
-        cache, dev = self.cache, self.state.device
+        cache = self.cache
         if cache.batch_size > 1:  # (one row pads nothing: it runs its pending chain as it is)
             self.state.read_ahead([m.row for m, _ in drafting if len(m.pending) > m.pending_bound()])
-        # 1. catch-up, padded to the longest pending chain
-        counts = [0] * cache.batch_size
-        for m, _ in drafting:
-            counts[m.row] = len(m.pending)
-        width = max(counts)
-        tokens = torch.zeros(cache.batch_size, width, dtype=torch.long)
-        for m, _ in drafting:
-            tokens[m.row, : len(m.pending)] = torch.tensor(m.pending)
-        index = torch.tensor([m.row * width + len(m.pending) - 1 for m, _ in drafting], device=dev)
-        out = self.state.forward(tokens.to(dev), build_batch(cache, width, n_valid=counts), index)
+        # 1. catch-up: each member's pending chain; the last real row of each is its root's distribution
+        out, at = self._catch_up(drafting)
         live = []
         for j, (m, ctx) in enumerate(drafting):
-            growth = m.grow(m.picker.pick(_rows(out, j, 1), ctx), ctx)
+            growth = m.grow(m.picker.pick(_rows(out, at[j], 1), ctx), ctx)
             live.append(_Growing(m, ctx, growth, _next(growth, None)))
         # 2. one forward a level for every member still growing
         live = [g for g in live if g.chosen]
         while live:
             levels = [g.member.level(g.chosen or [], cache.scratch) for g in live]
-            out = self._level(live, levels)
-            at = 0
-            for g, level in zip(live, levels, strict=True):
+            out, at = self._level(live, levels)
+            for g, level, first in zip(live, levels, at, strict=True):
                 n = len(level.tokens)
-                g.chosen = _next(g.growth, g.member.picker.pick(_rows(out, at, n), g.ctx, level.paths))
-                at += n
+                g.chosen = _next(g.growth, g.member.picker.pick(_rows(out, first, n), g.ctx, level.paths))
             live = [g for g in live if g.chosen]
 
-    def _level(self, live: Sequence[_Growing], levels: Sequence[Level]) -> ModelOutput:
-        """One draft forward over every live member's level, padded to the widest; rows of the output are
-        the members' nodes, in order."""
+    def _packs(self) -> bool:
+        """Whether rows' blocks are packed (no padding: the linear layers see real tokens only) rather than
+        padded to the widest row's. A lone row pads nothing (and keeps the native decoder, which takes
+        [B, T] blocks); a draft that reads the target's activations keeps the padded layout, which its
+        feature input reads."""
+        return self.cache.batch_size > 1 and self.state.reader is None
+
+    def _catch_up(self, drafting: Sequence[tuple[TreeMember, DraftContext]]) -> tuple[ModelOutput, list[int]]:
+        """Every drafting member's pending tokens as a causal chain (packed, or padded to the longest);
+        the output's rows are their roots, and the index of each member's."""
         cache, dev = self.cache, self.state.device
-        rows, t = cache.batch_size, max(len(level.tokens) for level in levels)
+        counts = [0] * cache.batch_size
+        for m, _ in drafting:
+            counts[m.row] = len(m.pending)
+        if self._packs():
+            starts = [sum(counts[:r]) for r in range(cache.batch_size)]
+            ids = torch.tensor([[t for m, _ in sorted(drafting, key=lambda d: d[0].row) for t in m.pending]])
+            batch = row_blocks_batch(cache, [list(range(-1, n - 1)) for n in counts], "split")
+        else:
+            width = max(counts)
+            starts = [r * width for r in range(cache.batch_size)]
+            ids = torch.zeros(cache.batch_size, width, dtype=torch.long)
+            for m, _ in drafting:
+                ids[m.row, : len(m.pending)] = torch.tensor(m.pending)
+            batch = build_batch(cache, width, n_valid=counts)
+        index = torch.tensor([starts[m.row] + len(m.pending) - 1 for m, _ in drafting], device=dev)
+        return self.state.forward(ids.to(dev), batch, index), list(range(len(drafting)))
+
+    def _level(self, live: Sequence[_Growing], levels: Sequence[Level]) -> tuple[ModelOutput, list[int]]:
+        """One draft forward over every live member's level (packed, or padded to the widest); the output's
+        rows are the members' nodes, and the index of each member's first."""
+        cache, dev = self.cache, self.state.device
+        rows = cache.batch_size
+        blocks: list[tuple[torch.Tensor, torch.Tensor, list[int]] | None] = [None] * rows
+        for g, level in zip(live, levels, strict=True):
+            trunk = len(g.member.pending)
+            # its pending chain up to the root, its ancestors and itself; at the root's position + its depth
+            blocks[g.member.row] = (scratch_tree_mask(level.slots, trunk, cache.scratch + len(level.tokens)),
+                                    torch.tensor([len(s) for s in level.slots]) + trunk - 1, level.tokens)
+        if self._packs():
+            ids = torch.tensor([[t for block in blocks if block is not None for t in block[2]]])
+            batch = packed_append_batch(cache, [b and b[0] for b in blocks], [b and b[1] for b in blocks])
+            counts = [0 if b is None else len(b[2]) for b in blocks]
+            starts = [sum(counts[:r]) for r in range(rows)]
+            return (self.state.forward(ids.to(dev), batch, slice(None)),
+                    [starts[g.member.row] for g in live])
+        t = max(len(level.tokens) for level in levels)
         width = cache.scratch + t
         mask = torch.zeros(rows, t, width, dtype=torch.bool)
         offsets = torch.zeros(rows, t, dtype=torch.long)
         ids = torch.zeros(rows, t, dtype=torch.long)
         n_valid = [0] * rows
         index: list[int] = []
-        for g, level in zip(live, levels, strict=True):
-            r, n, trunk = g.member.row, len(level.tokens), len(g.member.pending)
-            # its pending chain up to the root, its ancestors and itself; at the root's position + its depth
-            mask[r, :n] = scratch_tree_mask(level.slots, trunk, width)
-            offsets[r, :n] = torch.tensor([len(s) for s in level.slots]) + trunk - 1
-            ids[r, :n] = torch.tensor(level.tokens)
-            n_valid[r] = n
+        firsts: list[int] = []
+        for r, block in enumerate(blocks):
+            if block is not None:
+                n = len(block[2])
+                mask[r, :n, : cache.scratch + n] = block[0]
+                offsets[r, :n], ids[r, :n], n_valid[r] = block[1], torch.tensor(block[2]), n
+        for g in live:
+            r, n = g.member.row, n_valid[g.member.row]
+            firsts.append(len(index))
             index.extend(range(r * t, r * t + n))
         batch = build_batch(cache, t, mask, offsets, n_valid, append=True)
         # a lone member's rows are all real: all its logits, no gather
         logit_rows = slice(None) if rows == 1 else torch.tensor(index, device=dev)
-        return self.state.forward(ids.to(dev), batch, logit_rows)
+        return self.state.forward(ids.to(dev), batch, logit_rows), firsts
 
 
 def _rows(out: ModelOutput, first: int, n: int) -> ModelOutput:

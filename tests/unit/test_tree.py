@@ -281,8 +281,8 @@ class Successors:
 @pytest.mark.parametrize("kind, sampling", [("tree", SamplingParams()), ("tree", SamplingParams(temperature=1.0)),
                                             ("staged", SamplingParams())], ids=["tree", "tree-sampled", "staged"])
 def test_a_groups_members_propose_what_lone_drafters_propose(tiny_llama, kind, sampling):
-    """Members of a TreeGroup drafting together (one padded catch-up with the long prompts read ahead, one
-    padded forward a level, a mask per row) propose the trees lone drafters of the same draft propose: the
+    """Members of a TreeGroup drafting together (one packed catch-up with the long prompts read ahead, one
+    packed forward a level, a mask per row) propose the trees lone drafters of the same draft propose: the
     same nodes, path probabilities and q, round after round, whatever paths were accepted. A row seeing
     another row's slots, its padding, or the wrong positions changes the probabilities."""
     from specstack.drafting.batched_tree import TreeGroup
@@ -297,6 +297,14 @@ def test_a_groups_members_propose_what_lone_drafters_propose(tiny_llama, kind, s
         return ModelDrafter(lm, params, group=group)
 
     group = TreeGroup(lm)
+    tokens_run: list[tuple[int, int]] = []  # (tokens the draft forward read, real tokens among them)
+    forward = group.state.forward
+
+    def counting(ids, batch, logit_rows):
+        tokens_run.append((ids.numel(), sum(batch.n_valid)))
+        return forward(ids, batch, logit_rows)
+
+    group.state.forward = counting
     prompts = [PROMPTS[0], PROMPTS[1], [(7 * i) % 251 + 3 for i in range(20)], PROMPTS[2]]
     members, lones = [make(group) for _ in prompts], [make() for _ in prompts]
     ctxs = [list(p) for p in prompts]
@@ -321,6 +329,9 @@ def test_a_groups_members_propose_what_lone_drafters_propose(tiny_llama, kind, s
             lone.observe(ref, result)
             ctx += result.tokens
     assert group.draft_forwards() < sum(lone.group.draft_forwards() for lone in lones)
+    # rows' levels and pending chains are packed: no forward reads a padding token (rows' levels differ in
+    # width, and a row whose tree is grown takes none)
+    assert tokens_run and all(read == real for read, real in tokens_run), tokens_run
 
 
 def ordered_draw_probability(p: list[float], draws: tuple[int, ...]) -> float:
