@@ -316,9 +316,6 @@ DEPTH = size("depth", 8, "D: the tree's maximum depth")
 # a tree method's rows share their draft forwards; 0 runs them row by row (the baseline it is measured against)
 SHARED = Param("shared", 1, "1: the rows of a step share each draft forward (one a tree level for all rows)", low=0,
                high=1, zero="each row runs its own draft forwards (row by row)")
-# staged's levels (a spine token and draft2's tree under it) differ most between rows: padded to the widest
-# in a shared forward they cost the draft more than row by row does (docs/bench-history/36)
-STAGED_SHARED = Param("shared", 0, SHARED.doc, low=0, high=1, zero=SHARED.zero)
 COST = Param("cost", 0, "1: verify each step only the best nodes that pay for their width, by the draft's path "
              "probabilities and the target's measured forward cost per width", low=0, high=1, zero="all n nodes")
 DRAFT = frozenset({"draft", "draft_dtype", "draft_vocab"})  # the DraftSources fields of a draft model
@@ -389,7 +386,7 @@ register(Method("staged", "the draft's tree with draft2 (the trigram) speculatin
                 build_staged, (WIDTH, BUDGET, DEPTH, COST, size(
                     "d2", 0, "N: draft2's proposal under each spine token is a chain of N tokens (a narrower "
                     "draft forward: on the 2-core CPU it pays, docs/bench-history)", low=0,
-                    zero="the paper's tree (widths 12, 7, 4, 1, 1, 1)"), STAGED_SHARED),
+                    zero="the paper's tree (widths 12, 7, 4, 1, 1, 1)"), SHARED),
                 sources=DRAFT | TRIGRAM, measures=tree_measures, length=tree_length))
 register(Method("auto", f"the fastest lossless choice measured here: {AUTO} (the trigram and context lookup, "
                 "each step's length by the measured forward cost)", build_auto, sources=TRIGRAM,

@@ -40,7 +40,7 @@ def test_defaults_are_filled_in_and_given_values_kept():
     assert parse_method(" chain ") == MethodSpec("chain", {"k": 4, "max": 0, "cost": 0})
     assert parse_method("tree:budget=12, depth=4") == MethodSpec(
         "tree", {"width": 4, "budget": 12, "depth": 4, "expand": 4, "cost": 0, "shared": 1})
-    assert str(parse_method("staged:d2=3")) == "staged:width=4,budget=36,depth=8,cost=0,d2=3,shared=0"
+    assert str(parse_method("staged:d2=3")) == "staged:width=4,budget=36,depth=8,cost=0,d2=3,shared=1"
     assert list(METHODS) == ["ar", "chain", "tree", "ngram", "staged", "auto"]
 
 
