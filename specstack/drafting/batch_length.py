@@ -4,8 +4,8 @@ and a forward of one row over T tokens costs cost(1, T).
 
 Terms. A *step* scores every row's block in one forward: decoding rows carry their root plus the
 nodes kept from their drafter's tree, prompt rows a chunk of their prompt. A rule acts before the
-drafters propose, `limit()`: the most nodes any row's tree may have (draft work beyond it would be cut
-anyway), and after, `choose(trees, rows, tokens)`: the number of nodes of each tree to keep (always a
+drafters propose, `limit(shape)`: the most nodes any row's tree may have (draft work beyond it would be
+cut anyway; `StepShape`: the rows and tokens the plan gives the step), and after, `choose(trees, rows, tokens)`: the number of nodes of each tree to keep (always a
 prefix in tree order, so the kept nodes are still a tree: parents precede children).
 `observe(trees, accepted)` then reports the kept trees and how many nodes of each the target accepted.
 Drafters own no rule: they propose up to ctx.limit and say what they know of each node
@@ -53,13 +53,24 @@ ForwardCost = Callable[[int, int], float]
 Sizer = Callable[[Sequence[float]], int]
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """A step's forward besides its draft nodes: `rows` rows carrying `tokens` tokens in all (every
+    row's root or prompt chunk), `trees` of the rows drafting (at least 1)."""
+
+    rows: int
+    tokens: int
+    trees: int = 1
+
+
 class BatchLength(Protocol):
     @property
     def size(self) -> Sizer | None:
         """While a best-first tree grows, how many of its nodes the rule would keep (None: no estimate)."""
 
-    def limit(self) -> int | None:
-        """Before proposing: the most nodes a row's tree may have this step (None: no limit)."""
+    def limit(self, shape: StepShape | None = None) -> int | None:
+        """Before proposing: the most nodes a row's tree may have this step (None: no limit). shape: the
+        step's, as far as the plan knows it before drafting (None: as the last step's)."""
 
     def choose(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> list[int]:
         """Nodes of each tree to verify (a prefix of it). rows: rows in the forward; tokens: the tokens
@@ -81,7 +92,7 @@ class FixedLength:
     k: int | None = None  # None: as proposed
     size = None
 
-    def limit(self) -> int | None:
+    def limit(self, shape: StepShape | None = None) -> int | None:
         return self.k
 
     def choose(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> list[int]:
@@ -146,14 +157,16 @@ class CostAwareLength:
     _predicted: float = field(init=False, default=1.0)
     _idle: int = field(init=False, default=0)  # consecutive steps that kept no node
     _began: float | None = field(init=False, default=None)  # when this step's drafting began (limit)
-    _last: tuple[int, int, int] = field(init=False, default=(1, 1, 1))  # the last step's rows, tokens, trees
+    _last: StepShape = field(init=False, default=StepShape(1, 1))  # the last step's
+    _step: StepShape | None = field(init=False, default=None)  # this step's, as limit() was told it
 
     def __post_init__(self) -> None:
         self.rates = AcceptanceRates(self.prior)
 
-    def limit(self) -> int | None:
+    def limit(self, shape: StepShape | None = None) -> int | None:
         self._began = self.clock()
-        paused = self.pause and self._last[0] >= self.pause and self._idle >= self.quiet
+        self._step = shape
+        paused = self.pause and self._last.rows >= self.pause and self._idle >= self.quiet
         if paused and (self._idle - self.quiet) % self.probe:
             return 0
         return self.longest
@@ -188,10 +201,11 @@ class CostAwareLength:
 
     def size(self, scores: Sequence[float]) -> int:
         """While a best-first tree grows: how many of its nodes (scores: cumulative draft probabilities,
-        best first) pay, were they the only draft of a step shaped like the last one."""
-        rows, tokens, trees = self._last
+        best first) pay, were they the only draft of this step (its shape as limit() was told it, else
+        the last step's: a step that also reads a prompt chunk makes nodes cheaper than a decode step)."""
+        shape = self._step or self._last
         gains = self.calibrated(scores[: self.longest])
-        return best_prefixes([gains], self.step_cost(rows, tokens), float(trees))[0]
+        return best_prefixes([gains], self.step_cost(shape.rows, shape.tokens), float(shape.trees))[0]
 
     def learn(self, lessons: Sequence[tuple[Evidence, bool]]) -> None:
         for cls, right in lessons:
@@ -204,7 +218,7 @@ class CostAwareLength:
                              emitted=float(len(trees)))
         keep = [len(t) if g is None else k for t, g, k in zip(trees, gains, keep, strict=True)]
         self._idle = self._idle + 1 if trees and not any(keep) else 0
-        self._last = (rows, tokens, max(1, len(trees)))
+        self._last, self._step = StepShape(rows, tokens, max(1, len(trees))), None
         return keep
 
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:

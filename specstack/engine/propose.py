@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from specstack.drafting.base import Drafter, DraftGroup
-from specstack.drafting.batch_length import BatchLength
+from specstack.drafting.batch_length import BatchLength, StepShape
 from specstack.engine.forced import forced_chain
 from specstack.engine.plan import StepPlan
 from specstack.engine.rows import Block, Row
@@ -22,12 +22,13 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
     drafter with no group runs none); a drafter's first tree (its row reached its root for the first
     time) comes after it was reset with the prompt and, for one that reads them, the prompt's
     activations (d_model wide on `device`, gathered chunk by chunk in row.hidden)."""
-    limit = length.limit()
+    takes = [plan.reads.get(row.handle, 0) for row in rows]
+    trees = sum(take == len(row.pending) and row.drafter is not None for row, take in zip(rows, takes, strict=True))
+    limit = length.limit(StepShape(len(rows), sum(takes), max(1, trees)))
     blocks: list[Block] = []
     drafting: dict[int, tuple[Drafter, int]] = {}  # row -> its drafter and the most nodes it may verify
     grammar: dict[int, DraftTree] = {}  # row -> the tokens its grammar forces, as its tree this step
-    for i, row in enumerate(rows):
-        take = plan.reads.get(row.handle, 0)
+    for i, (row, take) in enumerate(zip(rows, takes, strict=True)):
         blocks.append(Block(row.pending[:take], DraftTree(), reaches_root=take == len(row.pending)))
         drafter = row.drafter
         if take == len(row.pending) and drafter is not None:  # a tree off the root

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareLength, FixedLength
+from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareLength, FixedLength, StepShape
 from specstack.drafting.draft_length import best_prefixes
 from specstack.tree import DraftTree
 
@@ -164,13 +164,55 @@ def test_what_drafters_learned_of_nodes_cut_unverified_counts_before_the_choice(
     assert CostAwareLength(rule.cost).choose([evidence_chain("m")], 1, 1) == [0]  # 1.5 / 1.5: a tie keeps none
 
 
-def test_in_growth_size_is_the_rule_for_the_last_step_shape():
-    """`size` (ctx.size) answers for a growing tree as `choose` would for it alone in a step like the last."""
+def test_in_growth_size_is_the_rule_for_the_step_shape():
+    """`size` (ctx.size) answers for a growing tree as `choose` would for it alone in this step: its shape
+    as limit() was told it, else a step like the last."""
     rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows))
     scores = [0.9, 0.8, 0.6]
     assert rule.size(scores) == rule.choose([chain(3, scores)], 1, 1)[0] == 2  # 2.7 / 2 against 2.3 / 1.5
     rule.choose([chain(0)] * 4, 4, 4)  # a step of four rows: a node now costs an eighth of the forward
     assert rule.size(scores) == 3
+    # told this step's shape: one drafting row beside a prompt chunk, whose tokens already made the
+    # forward as dear as its nodes will (the cost is flat past one token here: nodes are free)
+    flat = CostAwareLength(lambda rows, tokens: 1.0 if tokens == 1 else 2.0)
+    unsure = [0.4, 0.3, 0.2]
+    assert flat.size(unsure) == 0  # as after a one-token step: 1 / 1 beats 1.9 / 2
+    flat.limit(StepShape(rows=2, tokens=8, trees=1))
+    assert flat.size(unsure) == flat.choose([chain(3, unsure)], 2, 8)[0] == 3  # 1.9 / 2 beats 1 / 2
+    flat.limit()  # not told: the last step's shape (two rows, eight tokens)
+    assert flat.size(unsure) == 3
+    flat.limit(StepShape(rows=1, tokens=1))  # a decode step of the row alone
+    assert flat.size(unsure) == 0
+
+
+def test_the_engine_tells_the_rule_the_step_shape_before_drafting(tiny_llama):
+    """limit(shape) gets the rows and tokens that choose then gets, prompt chunks included (a row reading
+    its prompt beside a drafting one), so a tree grows by the step it will be verified in."""
+    from specstack.config import GenerationConfig
+    from specstack.drafting.model import ChainDrafter
+    from specstack.engine.batched import BatchEngine, BatchRequest
+
+    class Recorded(AsProposed):
+        def __init__(self):
+            super().__init__()
+            self.shapes, self.choices = [], []
+
+        def limit(self, shape=None):
+            self.shapes.append(shape)
+            return None
+
+        def choose(self, trees, rows, tokens):
+            self.choices.append((len(self.shapes) - 1, StepShape(rows, tokens, max(1, len(trees)))))
+            return super().choose(trees, rows, tokens)
+
+    rule = Recorded()
+    lm = tiny_llama.lm
+    gen = GenerationConfig(max_new_tokens=6, stop_on_eos=False)
+    engine = BatchEngine(lm, max_rows=2, step_tokens=16, length=rule)
+    prompts = [[5, 9, 3], [(7 * i) % 200 + 3 for i in range(40)]]  # the long one reads in chunks
+    engine.run([BatchRequest(p, gen, drafter=ChainDrafter(lm, 3)) for p in prompts])
+    assert rule.choices and all(rule.shapes[i] == shape for i, shape in rule.choices)
+    assert any(shape.tokens > shape.rows for _, shape in rule.choices)  # a step that also read a chunk
 
 
 @pytest.mark.parametrize("kind", ["tree", "chain"])
