@@ -23,8 +23,8 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
     time) comes after it was reset with the prompt and, for one that reads them, the prompt's
     activations (d_model wide on `device`, gathered chunk by chunk in row.hidden)."""
     takes = [plan.reads.get(row.handle, 0) for row in rows]
-    trees = sum(take == len(row.pending) and row.drafter is not None for row, take in zip(rows, takes, strict=True))
-    limit = length.limit(StepShape(len(rows), sum(takes), max(1, trees)))
+    rooted = sum(take == len(row.pending) and row.drafter is not None for row, take in zip(rows, takes, strict=True))
+    limit = length.limit(StepShape(len(rows), sum(takes), max(1, rooted)))
     blocks: list[Block] = []
     drafting: dict[int, tuple[Drafter, int]] = {}  # row -> its drafter and the most nodes it may verify
     grammar: dict[int, DraftTree] = {}  # row -> the tokens its grammar forces, as its tree this step
