@@ -88,7 +88,9 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     at one row of a small model this is a visible share of the step."""
     if logits.device.type != "cpu":
         return logits.argmax(-1).tolist()
-    return logits.detach().float().numpy().argmax(-1).tolist()
+    # (each torch call right after a forward costs tens of microseconds: benchmarks/after_forward.py)
+    rows = logits if logits.dtype == torch.float32 and not logits.requires_grad else logits.detach().float()
+    return rows.numpy().argmax(-1).tolist()
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:

@@ -264,6 +264,7 @@ def test_argmax_rows_is_torchs_argmax_ties_and_nans_included(dtype):
             logits[1, 9] = float("nan")
         assert argmax_rows(logits) == logits.argmax(-1).tolist()
         assert argmax_rows(logits)[0] == 17
+        assert argmax_rows(logits.float().requires_grad_()) == logits.argmax(-1).tolist()  # a tensor with grad
 
 
 # -- the target's rows warped as the walk reaches them ---------------------------------------------
