@@ -264,3 +264,31 @@ def test_a_tree_group_runs_one_draft_forward_a_level_for_all_rows(tiny_llama, sh
     else:
         assert full == [rows * depth] * len(full)
     assert engine.stats.draft_forwards == sum(s.draft_forwards for s in engine.stats.recent)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["group", "row-by-row"])
+def test_staged_rows_of_a_group_share_each_spine_step(tiny_llama, shared):
+    """B rows drafting staged trees (each spine step a token and draft2's tree under it, of different
+    widths from row to row) cost the draft at most the catch-up and D spine steps a step in a TreeGroup
+    (one more in the step a prompt is read ahead), and up to B times that row by row; every row's output
+    is its prompt's greedy decode."""
+    from unit.test_tree import Successors
+
+    from specstack.drafting.batched_tree import TreeGroup
+    from specstack.drafting.model import TreeParams
+    from specstack.drafting.staged import StagedDrafter
+
+    lm, rows, depth = tiny_llama.lm, 4, 3
+    params = TreeParams(width=2, budget=12, depth=depth)
+    group = TreeGroup(lm) if shared else None
+    drafters = [StagedDrafter(lm, Successors(), params, widths=(3, 1), group=group) for _ in range(rows)]
+    prompts = [[7 + i] * (3 + 4 * i) for i in range(rows)]
+    gen = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
+    engine = BatchEngine(lm, max_rows=rows, max_context=96, step_tokens=rows * (1 + params.budget))
+    results = engine.run([BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, drafters, strict=True)])
+    assert [r.tokens for r in results] == [generate(lm, p, gen).tokens for p in prompts]
+    forwards = [s.draft_forwards for s in engine.stats.recent]
+    if shared:
+        assert 0 < max(forwards) <= depth + 2
+    else:
+        assert max(forwards) > depth + 2  # the bound a group keeps is not one row by row keeps
