@@ -29,9 +29,10 @@ target's activations (its feature input reads [B, T] blocks): padded to the wide
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -85,6 +86,15 @@ class TreeMember(Protocol):
 
     def finish(self, ctx: DraftContext) -> DraftTree:
         """The round's target batch."""
+
+
+class _RowBlock(NamedTuple):
+    """A member's nodes of a level, as its cache row takes them: build_batch's block mask with append
+    [n, scratch + n], positions from its next one [n], tokens."""
+
+    mask: torch.Tensor
+    offsets: torch.Tensor
+    tokens: list[int]
 
 
 @dataclass
@@ -141,10 +151,10 @@ class TreeGroup:
         if cache.batch_size > 1:  # (one row pads nothing: it runs its pending chain as it is)
             self.state.read_ahead([m.row for m, _ in drafting if len(m.pending) > m.pending_bound()])
         # 1. catch-up: each member's pending chain; the last real row of each is its root's distribution
-        out, at = self._catch_up(drafting)
+        out = self._catch_up(drafting)
         live = []
         for j, (m, ctx) in enumerate(drafting):
-            growth = m.grow(m.picker.pick(_rows(out, at[j], 1), ctx), ctx)
+            growth = m.grow(m.picker.pick(_rows(out, j, 1), ctx), ctx)
             live.append(_Growing(m, ctx, growth, _next(growth, None)))
         # 2. one forward a level for every member still growing
         live = [g for g in live if g.chosen]
@@ -163,15 +173,15 @@ class TreeGroup:
         feature input reads."""
         return self.cache.batch_size > 1 and self.state.reader is None
 
-    def _catch_up(self, drafting: Sequence[tuple[TreeMember, DraftContext]]) -> tuple[ModelOutput, list[int]]:
+    def _catch_up(self, drafting: Sequence[tuple[TreeMember, DraftContext]]) -> ModelOutput:
         """Every drafting member's pending tokens as a causal chain (packed, or padded to the longest);
-        the output's rows are their roots, and the index of each member's."""
+        the output's rows are their roots, in `drafting`'s order."""
         cache, dev = self.cache, self.state.device
         counts = [0] * cache.batch_size
         for m, _ in drafting:
             counts[m.row] = len(m.pending)
         if self._packs():
-            starts = [sum(counts[:r]) for r in range(cache.batch_size)]
+            starts = list(itertools.accumulate(counts, initial=0))
             ids = torch.tensor([[t for m, _ in sorted(drafting, key=lambda d: d[0].row) for t in m.pending]])
             batch = row_blocks_batch(cache, [list(range(-1, n - 1)) for n in counts], "split")
         else:
@@ -182,26 +192,25 @@ class TreeGroup:
                 ids[m.row, : len(m.pending)] = torch.tensor(m.pending)
             batch = build_batch(cache, width, n_valid=counts)
         index = torch.tensor([starts[m.row] + len(m.pending) - 1 for m, _ in drafting], device=dev)
-        return self.state.forward(ids.to(dev), batch, index), list(range(len(drafting)))
+        return self.state.forward(ids.to(dev), batch, index)
 
     def _level(self, live: Sequence[_Growing], levels: Sequence[Level]) -> tuple[ModelOutput, list[int]]:
         """One draft forward over every live member's level (packed, or padded to the widest); the output's
         rows are the members' nodes, and the index of each member's first."""
         cache, dev = self.cache, self.state.device
         rows = cache.batch_size
-        blocks: list[tuple[torch.Tensor, torch.Tensor, list[int]] | None] = [None] * rows
+        blocks: list[_RowBlock | None] = [None] * rows  # by cache row
         for g, level in zip(live, levels, strict=True):
             trunk = len(g.member.pending)
             # its pending chain up to the root, its ancestors and itself; at the root's position + its depth
-            blocks[g.member.row] = (scratch_tree_mask(level.slots, trunk, cache.scratch + len(level.tokens)),
-                                    torch.tensor([len(s) for s in level.slots]) + trunk - 1, level.tokens)
+            blocks[g.member.row] = _RowBlock(scratch_tree_mask(level.slots, trunk, cache.scratch + len(level.tokens)),
+                                             torch.tensor([len(s) for s in level.slots]) + trunk - 1, level.tokens)
         if self._packs():
-            ids = torch.tensor([[t for block in blocks if block is not None for t in block[2]]])
-            batch = packed_append_batch(cache, [b and b[0] for b in blocks], [b and b[1] for b in blocks])
-            counts = [0 if b is None else len(b[2]) for b in blocks]
-            starts = [sum(counts[:r]) for r in range(rows)]
-            return (self.state.forward(ids.to(dev), batch, slice(None)),
-                    [starts[g.member.row] for g in live])
+            ids = torch.tensor([[t for b in blocks if b is not None for t in b.tokens]])
+            batch = packed_append_batch(cache, [None if b is None else b.mask for b in blocks],
+                                        [None if b is None else b.offsets for b in blocks])
+            starts = list(itertools.accumulate((0 if b is None else len(b.tokens) for b in blocks), initial=0))
+            return self.state.forward(ids.to(dev), batch, slice(None)), [starts[g.member.row] for g in live]
         t = max(len(level.tokens) for level in levels)
         width = cache.scratch + t
         mask = torch.zeros(rows, t, width, dtype=torch.bool)
@@ -210,11 +219,11 @@ class TreeGroup:
         n_valid = [0] * rows
         index: list[int] = []
         firsts: list[int] = []
-        for r, block in enumerate(blocks):
-            if block is not None:
-                n = len(block[2])
-                mask[r, :n, : cache.scratch + n] = block[0]
-                offsets[r, :n], ids[r, :n], n_valid[r] = block[1], torch.tensor(block[2]), n
+        for r, b in enumerate(blocks):
+            if b is not None:
+                n = len(b.tokens)
+                mask[r, :n, : cache.scratch + n] = b.mask
+                offsets[r, :n], ids[r, :n], n_valid[r] = b.offsets, torch.tensor(b.tokens), n
         for g in live:
             r, n = g.member.row, n_valid[g.member.row]
             firsts.append(len(index))

@@ -286,3 +286,50 @@ def test_split_pads_short_blocks_of_different_sizes_into_one_call(window):
     want = attend(padded, keys[:, :, :used], values[:, :, :used], pad).view(len(blocks), t, heads * d)
     for i, (s, c) in enumerate(zip(starts, counts, strict=True)):
         torch.testing.assert_close(got[s : s + c], want[i, :c], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, WindowSpec(sink=1, window=4)])
+def test_a_packed_level_attends_as_its_padded_block(window):
+    """Rows' nodes appended to a round's scratch (a draft group's level: attention.packed_append_batch)
+    packed without padding, rows of different widths and one row taking none, give every real token the
+    attention, positions and cache slots build_batch's padded block with append gives it; a mask of the
+    wrong shape is refused."""
+    from specstack.attention import attend, build_batch, packed_append_batch, scratch_tree_mask
+
+    cache = cache_with([3, 6, 2, 5], window=window, block=6)
+    cache.begin_block(torch.zeros(4, 3, dtype=torch.long) + torch.tensor(cache.next_pos).unsqueeze(1))  # a catch-up
+    prior = cache.scratch
+    # each row's level: its paths of scratch slots (the trunk first), None: the row sits this level out
+    paths = [[[3], [3, 4]], [[3]], None, [[3], [4], [3, 5]]]
+    trunks = [3, 2, 0, 1]  # each row's pending chain in the catch-up (the rest of its 3 slots: padding)
+    masks = [None if p is None else scratch_tree_mask(p, n, prior + len(p)) for p, n in zip(paths, trunks, strict=True)]
+    offsets = [None if p is None else torch.tensor([len(s) for s in p]) + n - 1 for p, n in zip(paths, trunks, strict=True)]
+    counts = [0 if p is None else len(p) for p in paths]
+    packed = packed_append_batch(cache, masks, offsets)
+    assert packed.counts == tuple(counts) and packed.append
+    assert [(r.start, r.stop) for r in packed.runs] == [(0, 2), (3, 4)]  # the idle row splits the stretch
+
+    t = max(counts)
+    inner = torch.zeros(4, t, prior + t, dtype=torch.bool)
+    offs = torch.zeros(4, t, dtype=torch.long)
+    for r, (m, o) in enumerate(zip(masks, offsets, strict=True)):
+        if m is not None:
+            inner[r, : len(o), : prior + len(o)], offs[r, : len(o)] = m, o
+    padded = build_batch(cache, t, inner, offs, counts, append=True)
+    heads, kv, d = CFG.n_heads, CFG.n_kv_heads, CFG.head_dim
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randn(4, kv, cache.k.shape[-2], d, generator=g)
+    values = torch.randn(4, kv, cache.k.shape[-2], d, generator=g)
+    q = torch.randn(1, sum(counts), heads, d, generator=g)
+    got = attend(q, keys, values, packed)
+    q_pad = torch.zeros(4, t, heads, d)
+    starts = [sum(counts[:r]) for r in range(4)]
+    for r, (s, c) in enumerate(zip(starts, counts, strict=True)):
+        q_pad[r, :c] = q[0, s : s + c]
+    used = padded.mask.shape[-1]
+    want = attend(q_pad, keys[:, :, :used], values[:, :, :used], padded).view(4, t, heads * d)
+    for r, (s, c) in enumerate(zip(starts, counts, strict=True)):
+        assert torch.equal(packed.positions[0, s : s + c], padded.positions[r, :c])
+        torch.testing.assert_close(got[s : s + c], want[r, :c], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="mask"):
+        packed_append_batch(cache, [masks[0][:, :-1], *masks[1:]], offsets)
