@@ -313,12 +313,16 @@ def row_blocks_batch(cache: KVCache, parents: Sequence[Sequence[int]], layout: L
 
 def _padded_run(cache: KVCache, inners: Sequence[torch.Tensor], rows: range, first: int, positions: torch.Tensor,
                 prior: int = 0) -> RowRun:
-    """Rows of blocks of different sizes (inners[k]: row rows[k]'s block mask [c, prior + c], build_batch's,
-    its c >= 1 tokens packed from `first` on) as one call of max(c) queries a row: row r's query j < c is
-    its token j; past that it repeats the row's first token (its position; it sees that token only), and
-    its output is dropped."""
+    """Rows of blocks (inners[k]: row rows[k]'s block mask [c, prior + c], build_batch's, its c >= 1 tokens
+    packed from `first` on) as one call of max(c) queries a row: row r's query j < c is its token j; past
+    that (blocks of different sizes) it repeats the row's first token (its position; it sees that token
+    only), and its output is dropped."""
     dev = cache.device
     n = max(m.shape[0] for m in inners)
+    keys = max(cache.lengths[i] for i in rows) + prior + n
+    if all(m.shape[0] == n for m in inners):  # nothing to pad: the queries as they are packed, no gather
+        pos = positions[first : first + len(rows) * n].view(len(rows), n)
+        return RowRun(rows.start, rows.stop, n, first, keys, _slot_mask(cache, rows, torch.stack(inners).to(dev), pos, prior))
     gather, real, inner = [], [], torch.zeros(len(rows), n, prior + n, dtype=torch.bool)
     at = first
     for k, m in enumerate(inners):
@@ -331,8 +335,7 @@ def _padded_run(cache: KVCache, inners: Sequence[torch.Tensor], rows: range, fir
     index = torch.tensor(gather, device=dev)
     pos = positions[index].view(len(rows), n)
     mask = _slot_mask(cache, rows, inner.to(dev), pos, prior)
-    return RowRun(rows.start, rows.stop, n, first, max(cache.lengths[i] for i in rows) + prior + n, mask,
-                  gather=index, real=torch.tensor(real, device=dev))
+    return RowRun(rows.start, rows.stop, n, first, keys, mask, gather=index, real=torch.tensor(real, device=dev))
 
 
 def packed_append_batch(cache: KVCache, masks: Sequence[torch.Tensor | None],
@@ -341,7 +344,8 @@ def packed_append_batch(cache: KVCache, masks: Sequence[torch.Tensor | None],
     blocks), packed without padding (positions [1, N], row 0's tokens first): masks[b] [n_b, P + n_b] is
     its block mask (build_batch's with append), offsets[b] [n_b] their positions from the row's next
     position; None: the row takes no tokens. The linear layers see the N real tokens; attention is one
-    call a stretch of consecutive rows that take tokens, padded to its widest row (`_padded_run`): a
+    call a stretch of consecutive rows that take tokens, padded to its widest row where widths differ
+    (`_padded_run`): a
     draft group's levels differ in width from row to row, and a row whose tree is grown takes none
     (drafting/batched_tree.py)."""
     prior, b = cache.scratch, cache.batch_size
@@ -367,8 +371,7 @@ def packed_append_batch(cache: KVCache, masks: Sequence[torch.Tensor | None],
         while stop < b and counts[stop]:
             stop += 1
         rows = range(r, stop)
-        runs.append(_padded_run(cache, [masks[i] for i in rows if masks[i] is not None], rows, first, positions,
-                                prior))
+        runs.append(_padded_run(cache, [m for m in masks[r:stop] if m is not None], rows, first, positions, prior))
         first += sum(counts[r:stop])
         r = stop
     return AttentionBatch(positions.unsqueeze(0), None, tuple(counts), append=True, runs=tuple(runs))

@@ -5,8 +5,9 @@ and a forward of one row over T tokens costs cost(1, T).
 Terms. A *step* scores every row's block in one forward: decoding rows carry their root plus the
 nodes kept from their drafter's tree, prompt rows a chunk of their prompt. A rule acts before the
 drafters propose, `limit(shape)`: the most nodes any row's tree may have (draft work beyond it would be
-cut anyway; `StepShape`: the rows and tokens the plan gives the step), and after, `choose(trees, rows, tokens)`: the number of nodes of each tree to keep (always a
-prefix in tree order, so the kept nodes are still a tree: parents precede children).
+cut anyway; `StepShape`: the rows and tokens the plan gives the step), and after,
+`choose(trees, rows, tokens)`: the number of nodes of each tree to keep (always a prefix in tree order,
+so the kept nodes are still a tree: parents precede children).
 `observe(trees, accepted)` then reports the kept trees and how many nodes of each the target accepted.
 Drafters own no rule: they propose up to ctx.limit and say what they know of each node
 (DraftTree.confidence, .evidence) and, in ctx.lessons, what they learned since of nodes cut unverified. A rule's `size` (None for most), handed to the drafters

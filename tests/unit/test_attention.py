@@ -288,26 +288,34 @@ def test_split_pads_short_blocks_of_different_sizes_into_one_call(window):
         torch.testing.assert_close(got[s : s + c], want[i, :c], rtol=1e-5, atol=1e-6)
 
 
+# each row's level: its paths of scratch slots (its nodes' ancestors and themselves), None: the row sits
+# the level out; the runs attention makes of them: (first row, last row + 1, padded queries?)
+LEVELS = {
+    "ragged": ([[[3], [3, 4]], [[3]], None, [[3], [4], [3, 5]]], [(0, 2, True), (3, 4, False)]),
+    "even": ([[[3], [3, 4]], [[3], [4]], [[3], [3, 4]], [[3], [4]]], [(0, 4, False)]),
+}
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
 @pytest.mark.parametrize("window", [None, WindowSpec(sink=1, window=4)])
-def test_a_packed_level_attends_as_its_padded_block(window):
+def test_a_packed_level_attends_as_its_padded_block(window, level):
     """Rows' nodes appended to a round's scratch (a draft group's level: attention.packed_append_batch)
-    packed without padding, rows of different widths and one row taking none, give every real token the
-    attention, positions and cache slots build_batch's padded block with append gives it; a mask of the
-    wrong shape is refused."""
+    packed without padding, rows of different widths and one row taking none, or all of one width (no
+    query padded), give every real token the attention, positions and cache slots build_batch's padded
+    block with append gives it; a mask of the wrong shape is refused."""
     from specstack.attention import attend, build_batch, packed_append_batch, scratch_tree_mask
 
     cache = cache_with([3, 6, 2, 5], window=window, block=6)
     cache.begin_block(torch.zeros(4, 3, dtype=torch.long) + torch.tensor(cache.next_pos).unsqueeze(1))  # a catch-up
     prior = cache.scratch
-    # each row's level: its paths of scratch slots (the trunk first), None: the row sits this level out
-    paths = [[[3], [3, 4]], [[3]], None, [[3], [4], [3, 5]]]
-    trunks = [3, 2, 0, 1]  # each row's pending chain in the catch-up (the rest of its 3 slots: padding)
+    paths, want_runs = LEVELS[level]
+    trunks = [3, 2, 0 if paths[2] is None else 3, 1]  # each row's pending chain in the catch-up (the rest: padding)
     masks = [None if p is None else scratch_tree_mask(p, n, prior + len(p)) for p, n in zip(paths, trunks, strict=True)]
     offsets = [None if p is None else torch.tensor([len(s) for s in p]) + n - 1 for p, n in zip(paths, trunks, strict=True)]
     counts = [0 if p is None else len(p) for p in paths]
     packed = packed_append_batch(cache, masks, offsets)
     assert packed.counts == tuple(counts) and packed.append
-    assert [(r.start, r.stop) for r in packed.runs] == [(0, 2), (3, 4)]  # the idle row splits the stretch
+    assert [(r.start, r.stop, r.gather is not None) for r in packed.runs] == want_runs  # an idle row splits a stretch
 
     t = max(counts)
     inner = torch.zeros(4, t, prior + t, dtype=torch.bool)
