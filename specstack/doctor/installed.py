@@ -115,7 +115,10 @@ def _converted(name: str, gguf: Path) -> list[str]:
     from specstack.models.loading import model_cache_dir
     from specstack.models.registry import ModelSource
 
-    folder = model_cache_dir(ModelSource(name, "gguf", gguf))
+    try:
+        folder = model_cache_dir(ModelSource(name, "gguf", gguf))  # hashes the GGUF once, if no record names it
+    except OSError:
+        return []
     return sorted(p.name for p in folder.glob("*.safetensors")) if folder.is_dir() else []
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,13 +176,11 @@ def tree_size(path: Path) -> int:
     return total
 
 
-CONVERTED = re.compile(r"^(?P<model>.+)-[0-9a-f]{16}$")  # models/loading.model_cache_dir's folder names
-
-
 def _describe(root: Path, item: Path, torch_version: str, assembled: dict[str, str]) -> list[CacheEntry]:
     """One or more entries for a top-level item of the cache folder, each with what it is."""
     from specstack.bench.llama_batched import BUILD_DEFAULT
     from specstack.engine.batch_cost import STORE_NAME
+    from specstack.models import model_cache
     from specstack.throughput.hardware import local_path
 
     rel = str(item.relative_to(root))
@@ -205,12 +202,14 @@ def _describe(root: Path, item: Path, torch_version: str, assembled: dict[str, s
         return [CacheEntry(rel, tree_size(item), "this machine's throughput-calibrate preset")]
     if item == BUILD_DEFAULT.parents[1]:
         return [CacheEntry(rel, tree_size(item), f"the llama.cpp peers' build ({LLAMA_BUILD})")]
-    m = CONVERTED.match(item.name)
+    m = model_cache.FOLDER.match(item.name)
     if m and item.is_dir():
         files = sorted(p.name for p in item.glob("*.safetensors"))
         tok = ", tokenizer" if (item / "tokenizer").is_dir() else ""
+        gone = " (its source is gone: removed when a model is next converted, or delete it)" \
+            if model_cache.stale(item) else ""
         return [CacheEntry(rel, tree_size(item),
-                           f"converted weights of {m['model']}: {', '.join(files) or 'none'}{tok}")]
+                           f"converted weights of {m['model']}: {', '.join(files) or 'none'}{tok}{gone}")]
     return [CacheEntry(rel, tree_size(item), "other")]
 
 

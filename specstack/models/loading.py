@@ -2,18 +2,18 @@
 
 Sources are first mapped to *canonical weights* (names below, float tensors in [out, in] layout, or
 Q4Weight for 4-bit GGUF blocks), then built into a Transformer in the requested format. The built
-model is cached on disk (safetensors), keyed by the source file's identity, format and device type, so
-the second load of a model is a file read.
+model is cached on disk (safetensors), in a folder keyed by the source's bytes (models/model_cache), a
+file per format and device type, so the second load of a model is a file read.
 
 Canonical names: embed, pos_embed (gpt2), layers.{i}.{attn_norm,mlp_norm}.{weight,bias},
 layers.{i}.{q,k,v,o,gate,up,down}[.bias], norm.{weight,bias}, head (absent when tied).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
@@ -26,7 +26,8 @@ from safetensors.torch import load_file, save_file
 
 from specstack.config import DEVICES, ModelConfig
 from specstack.errors import SpecstackError
-from specstack.files import cache_root  # noqa: F401  (re-exported: the engine's stores use it)
+from specstack.files import cache_root  # also re-exported: the engine's stores use it
+from specstack.models import model_cache
 from specstack.models.architectures import GGUF_BLOCK_TENSORS, GGUF_TOP_TENSORS, block_shapes, family
 from specstack.models.base import LoadedModel
 from specstack.models.configs import (
@@ -43,8 +44,6 @@ from specstack.models.quant import layout_variant, slow_layer_formats
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
 from specstack.weight_formats import FORMATS, head_format, requested_format, weight_format
-
-CACHE_VERSION = "6"  # bump whenever the built layout changes
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -330,18 +329,9 @@ def _cache_tokenizer(tok: Any, cached: Path) -> None:
 # The whole load, with the on-disk cache
 # ---------------------------------------------------------------------------------------------------
 def model_cache_dir(src: ModelSource, root: Path | None = None) -> Path:
-    """The folder where `load_model` keeps `src`'s converted weights and tokenizer: named by the
-    source and keyed by its files' identity (path, size, mtime) and the cache layout's version."""
-    return (root or cache_root()) / f"{src.name.replace('/', '--')}-{_source_key(src)}"
-
-
-def _source_key(src: ModelSource) -> str:
-    files = [src.path] if src.path.is_file() else sorted(p for p in src.path.iterdir() if p.is_file())
-    h = hashlib.sha256(CACHE_VERSION.encode())
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
+    """The folder where `load_model` keeps `src`'s converted weights and tokenizer: named by the source
+    and keyed by its bytes (models/model_cache.find; it may not exist yet)."""
+    return model_cache.find(src, root)
 
 
 def read_source(src: ModelSource, fmt: str = "fp32") -> tuple[ModelConfig, dict[str, Weight], dict[str, str]]:
@@ -389,10 +379,32 @@ def _load_built(cdir: Path, dtype: str, device: str) -> tuple[ModelConfig, Trans
     return cfg, model
 
 
+def _cache_folder(src: ModelSource) -> Path | None:
+    """`src`'s cache folder, existing and with `src` recorded in it before anything is built there; None
+    (with a warning: this load converts without a cache) when the cache folder cannot be written."""
+    try:
+        cdir = model_cache_dir(src)
+        model_cache.claim(src, cdir)
+    except OSError as e:
+        print(f"specstack: warning: the cache folder {cache_root()} cannot be used ({e.strerror or e}); the model "
+              "is converted without it", file=sys.stderr, flush=True)
+        return None
+    return cdir
+
+
 def _save_built(cdir: Path, dtype: str, device: str, cfg: ModelConfig, model: Transformer) -> None:
     """Cache a built model; each file is written whole or not at all (temp file, then rename), and an
-    interrupted save leaves no temp file."""
-    cdir.mkdir(parents=True, exist_ok=True)
+    interrupted save leaves no temp file. A cache that cannot be written (a full disk, a read-only
+    folder) costs a warning and the next load's conversion, never this load."""
+    try:
+        _write_built(cdir, dtype, device, cfg, model)
+    except (OSError, SafetensorError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        print(f"specstack: warning: the converted model was not cached in {cdir} ({reason}); the next load "
+              "converts it again", file=sys.stderr, flush=True)
+
+
+def _write_built(cdir: Path, dtype: str, device: str, cfg: ModelConfig, model: Transformer) -> None:
     built = _built_file(cdir, dtype, device)
     cfg_tmp, tmp = cdir / "config.json.tmp", built.with_suffix(".tmp")
     try:
@@ -419,7 +431,7 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
         raise SpecstackError(f"{dtype} has no CUDA kernel (its kernels are CPU code: on cuda it would run its "
                              "float64 reference, row by row); use --dtype bf16 or fp32 on cuda")
     src = resolve(name)
-    cdir = model_cache_dir(src) if use_cache else None
+    cdir = _cache_folder(src) if use_cache else None
     cached = _load_built(cdir, dtype, device) if cdir is not None else None
     if cached is not None:
         cfg, model = cached

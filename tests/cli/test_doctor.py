@@ -79,6 +79,12 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tu
     (root / "weights" / "Qwen2.5-Coder-0.5B-Instruct-AWQ.gguf").write_bytes(b"g" * 3000)
     (root / "my-model-0123456789abcdef").mkdir()
     (root / "my-model-0123456789abcdef" / "w4a8.r5-cpu.safetensors").write_bytes(b"w" * 2500)
+    source = root / "weights" / "Qwen2.5-Coder-0.5B-Instruct-AWQ.gguf"  # a file that is there, as recorded
+    st = source.stat()
+    (root / "my-model-0123456789abcdef" / "source.json").write_text(json.dumps(
+        {"sources": [[{"path": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}]]}))
+    (root / "gone-fedcba9876543210").mkdir()  # a folder of the old layout: no record, its source unknown
+    (root / "gone-fedcba9876543210" / "fp32-cpu.safetensors").write_bytes(b"f" * 100)
     (root / "batch_costs.json").write_text("{}")
     return root, listing(root)
 
@@ -238,13 +244,16 @@ def test_the_cache_folder_it_is_given(forced, seeded):
     assert f"{root} (SPECSTACK_CACHE)" in text
     entries = {e["path"]: e for e in cache["entries"]}
     assert set(entries) == {f"kernels/{torch.__version__}", "kernels/1.0.0", "my-model-0123456789abcdef",
-                            "weights/Qwen2.5-Coder-0.5B-Instruct-AWQ.gguf", "batch_costs.json"}
+                            "gone-fedcba9876543210", "weights/Qwen2.5-Coder-0.5B-Instruct-AWQ.gguf", "batch_costs.json"}
     assert entries[f"kernels/{torch.__version__}"]["what"] == f"native kernels for torch {torch.__version__}: w4a8"
     assert "another torch" in entries["kernels/1.0.0"]["what"]
     assert entries["weights/Qwen2.5-Coder-0.5B-Instruct-AWQ.gguf"] == {
         "path": "weights/Qwen2.5-Coder-0.5B-Instruct-AWQ.gguf", "bytes": 3000,
         "what": "assembled model qwen2.5-coder-0.5b"}
     assert entries["my-model-0123456789abcdef"]["what"] == "converted weights of my-model: w4a8.r5-cpu.safetensors"
+    assert entries["gone-fedcba9876543210"]["what"] == (
+        "converted weights of gone: fp32-cpu.safetensors (its source is gone: removed when a model is next converted, "
+        "or delete it)")
     assert cache["bytes"] == sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
     # the stand-in library is reported built, and was neither loaded (it is no library) nor rebuilt
     if native.supported("w4a8") and native.ninja():
