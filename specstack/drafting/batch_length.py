@@ -48,6 +48,8 @@ from typing import Protocol
 from specstack.drafting.draft_length import AcceptanceRates, Evidence, best_prefixes
 from specstack.tree import DraftTree
 
+BACKOFF = 8  # a paused rule's probes are at most this many times `probe` steps apart
+
 # seconds of one target forward over `rows` rows carrying `tokens` tokens in all (engine/batch_cost.py)
 ForwardCost = Callable[[int, int], float]
 # scores of a growing best-first tree's nodes, best first -> how many of them the rule would keep
@@ -142,9 +144,12 @@ class CostAwareLength:
     longest: the most nodes a row may verify (None: what its drafter proposes).
     pause: from how many rows drafting pauses (0: never; True, i.e. 1: always, for a drafter whose work
     costs real time even for one row, a draft model's chain): while the last step had that many rows,
-    after `quiet` steps in which the rule kept no node at all, `limit()` is 0 (the drafters do no work)
-    except every `probe`-th step, which proposes again to see whether drafts pay once more (a context
-    match, fewer rows). A server's rule pauses from 2 rows, so a stream alone keeps looking."""
+    after `quiet` steps whose drafts did not pay for their drafting (no node kept, or fewer expected
+    tokens a second than the step without drafts), `limit()` is 0 (the drafters do no work)
+    except for a probe, which proposes again to see whether drafts pay once more (a context match, fewer
+    rows): the first `probe` steps after the pause began, and each probe that finds nothing doubles the
+    wait for the next (up to `probe` x BACKOFF), so drafts that never pay cost ever fewer steps. A
+    server's rule pauses from 2 rows, so a stream alone keeps looking."""
 
     cost: ForwardCost
     longest: int | None = None
@@ -156,20 +161,25 @@ class CostAwareLength:
     rates: AcceptanceRates = field(init=False)
     _accepted: float = field(init=False, default=1.0)  # calibration of confidences: accepted / predicted
     _predicted: float = field(init=False, default=1.0)
-    _idle: int = field(init=False, default=0)  # consecutive steps that kept no node
+    _idle: int = field(init=False, default=0)  # consecutive steps whose drafts did not pay
+    _next: int = field(init=False, default=-1)  # while paused: the idle count at which the next probe drafts
+    _gap: int = field(init=False, default=0)  # steps from that probe to the one after, if it finds nothing
+    _probing: bool = field(init=False, default=False)  # this step is a paused rule's probe
     _began: float | None = field(init=False, default=None)  # when this step's drafting began (limit)
     _last: StepShape = field(init=False, default=StepShape(1, 1))  # the last step's
     _step: StepShape | None = field(init=False, default=None)  # this step's, as limit() was told it
 
     def __post_init__(self) -> None:
         self.rates = AcceptanceRates(self.prior)
+        self._next, self._gap = self.quiet, self.probe
 
     def limit(self, shape: StepShape | None = None) -> int | None:
         self._began = self.clock()
         self._step = shape
-        paused = self.pause and self._last.rows >= self.pause and self._idle >= self.quiet
-        if paused and (self._idle - self.quiet) % self.probe:
+        paused = bool(self.pause) and self._last.rows >= self.pause and self._idle >= self.quiet
+        if paused and self._idle < self._next:
             return 0
+        self._probing = paused
         return self.longest
 
     def classes(self, tree: DraftTree) -> list[Evidence]:
@@ -218,9 +228,29 @@ class CostAwareLength:
         keep = best_prefixes([(g or [])[: self.longest] for g in gains], self.step_cost(rows, fixed),
                              emitted=float(len(trees)))
         keep = [len(t) if g is None else k for t, g, k in zip(trees, gains, keep, strict=True)]
-        self._idle = self._idle + 1 if trees and not any(keep) else 0
+        self._idle = self._idle + 1 if trees and not self._pays(gains, keep, rows, tokens, fixed) else 0
+        if not self._idle:
+            self._next, self._gap = self.quiet, self.probe
+        elif self._probing:  # a probe that found nothing: the next one waits twice as long
+            self._next, self._gap = self._idle - 1 + self._gap, min(2 * self._gap, BACKOFF * self.probe)
+        self._probing = False
         self._last, self._step = StepShape(rows, tokens, max(1, len(trees))), None
         return keep
+
+    def _pays(self, gains: Sequence[list[float] | None], keep: Sequence[int], rows: int, tokens: int,
+              fixed: int) -> bool:
+        """Whether the step's kept nodes pay for all of its drafting: more expected tokens a second than
+        the same step with no draft at all (the drafting rows' one token each at cost(rows, tokens)). The
+        choice of nodes counts the drafting done so far as spent; this verdict does not, so a draft whose
+        forwards cost more than its accepted tokens save (a draft model beside a batched target whose
+        rows are nearly free) counts as idle and pauses, though some node of each step still pays."""
+        if not any(keep):
+            return False
+        if any(g is None for g in gains):
+            return True  # a tree verified whole: nothing to weigh it by
+        emitted = len(keep) + sum(sum(g[:k]) for g, k in zip(gains, keep, strict=True) if g is not None)
+        with_drafts = emitted / self.step_cost(rows, fixed)(sum(keep))
+        return with_drafts > len(keep) / self.cost(rows, tokens)
 
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:
         for tree, a in zip(trees, accepted, strict=True):

@@ -121,9 +121,9 @@ class ModelDrafter:
         self.candidates = CandidateTree()
         self._limit = self.params.budget if ctx.limit is None else min(ctx.limit, self.params.budget)
         self._tree_ids = []
-        # nothing will be verified: no draft forward; the pending tokens wait (up to a bound, so the next
-        # catch-up stays within the scratch)
-        self.state.ran[self.row] = not (self._limit == 0 and len(self.pending) <= self.params.depth)
+        # nothing will be verified: no draft forward; the pending tokens wait, however many steps drafting
+        # pauses (the next round's catch-up runs them: read ahead in a group of several rows)
+        self.state.ran[self.row] = self._limit != 0
         return self.state.ran[self.row]
 
     def finish(self, ctx: DraftContext) -> DraftTree:

@@ -292,3 +292,39 @@ def test_staged_rows_of_a_group_share_each_spine_step(tiny_llama, shared):
         assert 0 < max(forwards) <= depth + 2
     else:
         assert max(forwards) > depth + 2  # the bound a group keeps is not one row by row keeps
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_paused_drafter_runs_no_draft_forward_until_it_drafts_again(tiny_llama, rows):
+    """While the length rule pauses drafting (limit 0) the draft model runs nothing, however many tokens
+    wait (they are caught up on, read ahead in a group, when drafting resumes), and every row's output is
+    still its prompt's greedy decode."""
+    from specstack.drafting.batch_length import FixedLength
+    from specstack.drafting.batched_tree import TreeGroup
+    from specstack.drafting.model import ModelDrafter, TreeParams
+
+    class Paused(FixedLength):
+        """Drafting in steps 0-2 and from step 11 on, paused in between (longer than a tree's depth)."""
+
+        def __init__(self) -> None:
+            super().__init__(None)
+            self.limits: list[int | None] = []
+
+        def limit(self, shape=None) -> int | None:
+            self.limits.append(0 if 3 <= len(self.limits) < 11 else None)
+            return self.limits[-1]
+
+    lm, params = tiny_llama.lm, TreeParams(width=2, budget=6, depth=3)
+    group = TreeGroup(lm)
+    drafters = [ModelDrafter(lm, params, group=group) for _ in range(rows)]
+    prompts = [[7 + i] * (3 + 2 * i) for i in range(rows)]
+    gen = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
+    rule = Paused()
+    engine = BatchEngine(lm, max_rows=rows, max_context=64, length=rule, step_tokens=rows * (1 + params.budget))
+    results = engine.run([BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, drafters, strict=True)])
+    assert [r.tokens for r in results] == [generate(lm, p, gen).tokens for p in prompts]
+    steps = list(engine.stats.recent)  # the rule is asked once a step
+    assert len(steps) == len(rule.limits) > 12
+    paused = [s.draft_forwards for s, limit in zip(steps, rule.limits, strict=True) if limit == 0]
+    assert len(paused) == 8 and paused == [0] * 8
+    assert steps[11].draft_forwards > 0 and steps[11].drafted > 0  # it drafts again, the backlog caught up

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specstack.drafting.batch_length import AsProposed, BassLength, CostAwareLength, FixedLength, StepShape
+from specstack.drafting.batch_length import BACKOFF, AsProposed, BassLength, CostAwareLength, FixedLength, StepShape
 from specstack.drafting.draft_length import best_prefixes
 from specstack.tree import DraftTree
 
@@ -102,16 +102,46 @@ def test_sampled_trees_are_cut_only_by_what_was_known_before_the_draw():
     assert rule.choose([sampled_chain], 1, 1) == [0]
 
 
-def test_cost_rule_pauses_drafting_then_probes():
+def test_cost_rule_pauses_drafting_then_probes_ever_less_often():
     rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows), pause=True, quiet=2, probe=3)
-    limits = []
-    for _ in range(9):
-        limits.append(rule.limit())
-        rule.choose([chain(2, [0.1, 0.05]) if limits[-1] is None else chain(0)], 1, 1)
-    # two idle steps, then a probe every third step
-    assert limits == [None, None, None, 0, 0, None, 0, 0, None]
+
+    def steps(n: int) -> list[int | None]:
+        limits = []
+        for _ in range(n):
+            limits.append(rule.limit())
+            rule.choose([chain(2, [0.1, 0.05]) if limits[-1] is None else chain(0)], 1, 1)
+        return limits
+
+    # two idle steps, then probes 3, 6 and 12 steps apart (the next 24 later): each that finds nothing
+    # doubles the wait
+    probes = [i for i, limit in enumerate(steps(40)) if limit is None]
+    assert probes == [0, 1, 2, 5, 11, 23]
+    assert rule.limit() == 0
     rule.choose([chain(2, [1.0, 1.0])], 1, 1)  # a sure draft pays: drafting resumes
     assert rule.limit() is None
+    rule.choose([chain(2, [1.0, 1.0])], 1, 1)
+    # and a pause that follows waits the first gap again, up to BACKOFF x probe at most
+    assert [i for i, limit in enumerate(steps(200)) if limit is None][:5] == [0, 1, 2, 5, 11]
+    assert rule._gap == BACKOFF * 3
+
+
+@pytest.mark.parametrize("drafting,expect", [(3.0, [None, None, None, 0, 0, None]), (0.1, [None] * 6)])
+def test_drafts_that_do_not_pay_for_their_drafting_pause_it(drafting, expect):
+    """Each step's nodes are chosen with its drafting as spent (0.9-sure nodes are kept however long it
+    took), but whether the step paid counts that drafting: 2.71 expected tokens in 3 s of drafting and a
+    2 s forward are fewer a second than one token in the 1 s step without drafts, so such steps are idle and
+    drafting pauses; in 0.1 s of drafting they pay (2.71 in 2.1 s) and it never does."""
+    now = [0.0]
+    rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows), pause=True, quiet=2, probe=3,
+                           clock=lambda: now[0])
+    limits = []
+    for _ in range(6):
+        limits.append(rule.limit())
+        if limits[-1] is None:
+            now[0] += drafting  # the draft forwards of this step
+        tree = chain(2, [0.9, 0.81]) if limits[-1] is None else chain(0)
+        assert rule.choose([tree], 1, 1) == [len(tree)]  # what is drafted is kept: each node pays on its own
+    assert limits == expect
 
 
 def test_a_rule_pausing_from_two_rows_lets_a_lone_row_keep_proposing():
