@@ -177,10 +177,8 @@ class CostAwareLength:
         self._began = self.clock()
         self._step = shape
         paused = bool(self.pause) and self._last.rows >= self.pause and self._idle >= self.quiet
-        if paused and self._idle < self._next:
-            return 0
-        self._probing = paused
-        return self.longest
+        self._probing = paused and self._idle >= self._next
+        return 0 if paused and not self._probing else self.longest
 
     def classes(self, tree: DraftTree) -> list[Evidence]:
         """What each node's acceptance is learned and predicted by: its evidence on a deterministic

@@ -22,8 +22,10 @@ def server_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_server(server_model_dir: Path, server_tmp: Path) -> Iterator[Server]:
     """The default server (method auto) with room for 4 rows and a queue of 64; a request may pick a
-    draft-model method (the draft: the target's first layer)."""
-    server = start_server(server_model_dir, server_tmp, "--max-batch", "4", "--max-queue", "64", "--draft", "self:1")
+    draft-model method (the draft: the target's first layer, in fp32 as the target: the default draft
+    format would build its kernels in this server's empty cache during the first such request, ~45 s)."""
+    server = start_server(server_model_dir, server_tmp, "--max-batch", "4", "--max-queue", "64", "--draft", "self:1",
+                          "--draft-dtype", "fp32")
     yield server
     stop_server(server)
 
