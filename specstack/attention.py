@@ -345,9 +345,8 @@ def packed_append_batch(cache: KVCache, masks: Sequence[torch.Tensor | None],
     its block mask (build_batch's with append), offsets[b] [n_b] their positions from the row's next
     position; None: the row takes no tokens. The linear layers see the N real tokens; attention is one
     call a stretch of consecutive rows that take tokens, padded to its widest row where widths differ
-    (`_padded_run`): a
-    draft group's levels differ in width from row to row, and a row whose tree is grown takes none
-    (drafting/batched_tree.py)."""
+    (`_padded_run`): a draft group's levels differ in width from row to row, and a row whose tree is
+    grown takes none (drafting/batched_tree.py)."""
     prior, b = cache.scratch, cache.batch_size
     if len(masks) != b or len(offsets) != b:
         raise ValueError(f"{len(masks)} row blocks for {b} live rows")

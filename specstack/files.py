@@ -20,9 +20,32 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from specstack.errors import SpecstackError
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What identifies a file on disk without reading it (its resolved path, size and mtime): a rewrite or
+    a reinstall changes it (the chunked weights' assembly, the built-model cache's records)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileStamp:
+        st = path.stat()
+        return cls(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+    def holds(self) -> bool:
+        """Whether the file this stamp was taken of is still there as it was."""
+        try:
+            return FileStamp.of(Path(self.path)) == self
+        except OSError:
+            return False
 
 
 def cache_root() -> Path:

@@ -226,7 +226,7 @@ class CostAwareLength:
         keep = best_prefixes([(g or [])[: self.longest] for g in gains], self.step_cost(rows, fixed),
                              emitted=float(len(trees)))
         keep = [len(t) if g is None else k for t, g, k in zip(trees, gains, keep, strict=True)]
-        self._idle = self._idle + 1 if trees and not self._pays(gains, keep, rows, tokens, fixed) else 0
+        self._idle = self._idle + 1 if trees and not self._pays(gains, keep, rows, tokens) else 0
         if not self._idle:
             self._next, self._gap = self.quiet, self.probe
         elif self._probing:  # a probe that found nothing: the next one waits twice as long
@@ -235,8 +235,7 @@ class CostAwareLength:
         self._last, self._step = StepShape(rows, tokens, max(1, len(trees))), None
         return keep
 
-    def _pays(self, gains: Sequence[list[float] | None], keep: Sequence[int], rows: int, tokens: int,
-              fixed: int) -> bool:
+    def _pays(self, gains: Sequence[list[float] | None], keep: Sequence[int], rows: int, tokens: int) -> bool:
         """Whether the step's kept nodes pay for all of its drafting: more expected tokens a second than
         the same step with no draft at all (the drafting rows' one token each at cost(rows, tokens)). The
         choice of nodes counts the drafting done so far as spent; this verdict does not, so a draft whose
@@ -247,7 +246,7 @@ class CostAwareLength:
         if any(g is None for g in gains):
             return True  # a tree verified whole: nothing to weigh it by
         emitted = len(keep) + sum(sum(g[:k]) for g, k in zip(gains, keep, strict=True) if g is not None)
-        with_drafts = emitted / self.step_cost(rows, fixed)(sum(keep))
+        with_drafts = emitted / self.step_cost(rows, tokens)(sum(keep))
         return with_drafts > len(keep) / self.cost(rows, tokens)
 
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:

@@ -12,8 +12,8 @@ row. A lone ModelDrafter is a group of one (its forwards are the ones it always 
 A round, for the members that draft (`begin`):
   1. catch-up: every member's pending tokens as a causal chain, packed (the target's SPLIT layout); the
      last token of each is its root's distribution, from which its generator starts. In a group of
-     several rows a long pending chain (a prompt) is read ahead first (DraftCache.read_ahead), so a
-     round's scratch stays short;
+     several rows a long pending chain (a prompt, or what waited while drafting paused) is read ahead
+     first (DraftCache.read_ahead), so a round's scratch stays short;
   2. levels: each member's `chosen` nodes (`Level`: tokens, the scratch slots of their paths), packed
      (attention.packed_append_batch: the linear layers see real nodes only, attention pads each row to
      the widest), appended to the round's scratch; a node sees its own row's pending slots and

@@ -90,7 +90,7 @@ class ModelDrafter:
 
     def pending_bound(self) -> int:
         """The most pending tokens a round catches up on in a group (at most an accepted path and the
-        bonus token; a longer chain, a prompt, is read ahead first)."""
+        bonus token; a longer chain, a prompt or what waited while drafting paused, is read ahead first)."""
         return self.params.depth + 2
 
     def level_shape(self) -> tuple[int, int]:

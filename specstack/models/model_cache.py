@@ -23,37 +23,16 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from specstack.files import cache_root
+from specstack.files import FileStamp, atomic_write_text, cache_root
 from specstack.models.registry import ModelSource
 
 CACHE_VERSION = "7"  # bump whenever the built layout (or the key's recipe) changes
 RECORD = "source.json"
 FOLDER = re.compile(r"^(?P<model>.+)-(?P<key>[0-9a-f]{16})$")
 CHUNK = 1 << 22
-
-
-@dataclass(frozen=True)
-class FileStamp:
-    """What identifies a source file on disk without reading it; another path, size or mtime is
-    another stamp (and the file may hold other bytes)."""
-    path: str
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, path: Path) -> FileStamp:
-        st = path.stat()
-        return cls(str(path.resolve()), st.st_size, st.st_mtime_ns)
-
-    def holds(self) -> bool:
-        """Whether the file this stamp was taken of is still there as it was."""
-        try:
-            return FileStamp.of(Path(self.path)) == self
-        except OSError:
-            return False
 
 
 def source_files(src: ModelSource) -> list[Path]:
@@ -90,12 +69,10 @@ def read_record(folder: Path) -> list[Source] | None:
 
 
 def _write_record(folder: Path, sources: list[Source]) -> None:
-    tmp = folder / f"{RECORD}.{os.getpid()}.tmp"
     try:
-        tmp.write_text(json.dumps({"sources": [[asdict(s) for s in source] for source in sources]}))
-        tmp.replace(folder / RECORD)
+        atomic_write_text(folder / RECORD, json.dumps({"sources": [[asdict(s) for s in source] for source in sources]}))
     except OSError:  # the disk is full or the folder was removed: the record is a memo, the key stays right
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def _holds(source: Source) -> bool:
@@ -118,11 +95,12 @@ def find(src: ModelSource, root: Path | None = None) -> Path:
     """The folder for `src`'s built models (it may not exist yet). A folder whose record holds the
     source's current stamps is it; otherwise the source's bytes are hashed once to name it."""
     root = root or cache_root()
-    source = tuple(FileStamp.of(f) for f in source_files(src))
+    files = source_files(src)
+    source = tuple(FileStamp.of(f) for f in files)
     for folder in _entries(root, _prefix(src)):
         if source in (read_record(folder) or []):
             return folder
-    return root / f"{_prefix(src)}-{content_key(source_files(src))}"
+    return root / f"{_prefix(src)}-{content_key(files)}"
 
 
 def claim(src: ModelSource, folder: Path) -> None:

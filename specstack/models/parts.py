@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specstack.errors import SpecstackError
-from specstack.files import cache_root
+from specstack.files import FileStamp, cache_root
 
 CHUNK = 1 << 22  # bytes read and hashed at a time
 
@@ -127,12 +127,9 @@ class ChunkedGGUF:
 
 
 def _stamp(parts: list[Path]) -> list[list[object]]:
-    """What identifies the installed parts (path, size, mtime): a reinstall changes it."""
-    out: list[list[object]] = []
-    for p in parts:
-        st = p.stat()
-        out.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
-    return out
+    """What identifies the installed parts (path, size, mtime; a reinstall changes it), as the stamp file
+    keeps it."""
+    return [[s.path, s.size, s.mtime_ns] for s in map(FileStamp.of, parts)]
 
 
 def _read_stamp(path: Path) -> object:

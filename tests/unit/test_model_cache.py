@@ -12,18 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from unit.test_corrupt_checkpoints import _from_cache_only, _logits
 
 from specstack.models import loading, model_cache
 from specstack.models.loading import load_model, model_cache_dir
 from specstack.models.registry import resolve
-
-
-def _logits(lm) -> torch.Tensor:
-    from specstack.attention import build_batch
-
-    ids = torch.tensor([[1, 5, 9, 200, 3]])
-    cache = lm.model.new_cache(1)
-    return lm.model.forward(ids, build_batch(cache, ids.shape[1]), cache).logits
 
 
 def _load(path: Path) -> torch.Tensor:
@@ -32,13 +25,6 @@ def _load(path: Path) -> torch.Tensor:
 
 def _folders(cache: Path) -> list[Path]:
     return sorted(p for p in cache.iterdir() if model_cache.FOLDER.match(p.name))
-
-
-def _no_conversion(monkeypatch) -> None:
-    def no_source(*_a, **_k):
-        raise AssertionError("the model was converted from its source, not read from the cache")
-
-    monkeypatch.setattr(loading, "read_source", no_source)
 
 
 @pytest.fixture
@@ -67,7 +53,7 @@ def test_the_same_weights_at_another_path_share_one_folder(tiny_llama, tmp_path,
     (folder,) = _folders(cache)
     shutil.rmtree(first)  # the old environment is gone, the same weights installed elsewhere
     second = _copy(tiny_llama.path, tmp_path / "venv-b" / "model")  # a folder is named by the source's name
-    _no_conversion(monkeypatch)
+    _from_cache_only(monkeypatch)
     assert torch.equal(_load(second), expected)
     assert _folders(cache) == [folder]
     record = model_cache.read_record(folder)
@@ -83,7 +69,7 @@ def test_a_recorded_source_is_found_without_reading_its_bytes(tiny_llama, tmp_pa
         raise AssertionError("the source was hashed although its folder's record names it")
 
     monkeypatch.setattr(model_cache, "content_key", no_hashing)
-    _no_conversion(monkeypatch)
+    _from_cache_only(monkeypatch)
     assert torch.equal(_load(src), expected)
     assert model_cache_dir(resolve(str(src))) == _folders(cache)[0]
 
@@ -122,7 +108,7 @@ def test_a_damaged_record_is_rewritten_and_the_folder_still_found(tiny_llama, tm
     expected = _load(src)
     (folder,) = _folders(cache)
     (folder / model_cache.RECORD).write_text("{")
-    _no_conversion(monkeypatch)
+    _from_cache_only(monkeypatch)
     assert torch.equal(_load(src), expected)  # found by hashing the source, and recorded again
     assert json.loads((folder / model_cache.RECORD).read_text())["sources"]
     assert _folders(cache) == [folder]
