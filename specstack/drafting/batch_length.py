@@ -75,6 +75,10 @@ class BatchLength(Protocol):
         """Before proposing: the most nodes a row's tree may have this step (None: no limit). shape: the
         step's, as far as the plan knows it before drafting (None: as the last step's)."""
 
+    def trial(self) -> int | None:
+        """After limit(): how many of the step's rooted rows may draft (None: every one; the first rows
+        in batch order draft)."""
+
     def choose(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> list[int]:
         """Nodes of each tree to verify (a prefix of it). rows: rows in the forward; tokens: the tokens
         it carries besides the trees (every row's root or prompt chunk)."""
@@ -97,6 +101,9 @@ class FixedLength:
 
     def limit(self, shape: StepShape | None = None) -> int | None:
         return self.k
+
+    def trial(self) -> int | None:
+        return None
 
     def choose(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> list[int]:
         return [len(t) if self.k is None else min(self.k, len(t)) for t in trees]
@@ -149,13 +156,18 @@ class CostAwareLength:
     except for a probe, which proposes again to see whether drafts pay once more (a context match, fewer
     rows): the first `probe` steps after the pause began, and each probe that finds nothing doubles the
     wait for the next (up to `probe` x BACKOFF), so drafts that never pay cost ever fewer steps. A
-    server's rule pauses from 2 rows, so a stream alone keeps looking."""
+    server's rule pauses from 2 rows, so a stream alone keeps looking.
+    trial_rows: while drafting has not paid (before any step did, and after each step that did not), only
+    this many of a batch's rows draft (0: every row): a draft model's forwards and its reading of each
+    row's prompt cost the batch real time, and one row's drafts tell whether drafting pays as well as
+    all rows' do; the step after one that paid, every row drafts."""
 
     cost: ForwardCost
     longest: int | None = None
     pause: int = 0
     quiet: int = 3
     probe: int = 8
+    trial_rows: int = 0
     prior: tuple[float, float] = (1.0, 1.0)  # Beta pseudo-counts of each class's acceptance
     clock: Callable[[], float] = time.perf_counter  # seconds, for the step's drafting time
     rates: AcceptanceRates = field(init=False)
@@ -165,6 +177,7 @@ class CostAwareLength:
     _next: int = field(init=False, default=-1)  # while paused: the idle count at which the next probe drafts
     _gap: int = field(init=False, default=0)  # steps from that probe to the one after, if it finds nothing
     _probing: bool = field(init=False, default=False)  # this step is a paused rule's probe
+    _paid: bool = field(init=False, default=False)  # the last step with drafting rows paid for it
     _began: float | None = field(init=False, default=None)  # when this step's drafting began (limit)
     _last: StepShape = field(init=False, default=StepShape(1, 1))  # the last step's
     _step: StepShape | None = field(init=False, default=None)  # this step's, as limit() was told it
@@ -179,6 +192,9 @@ class CostAwareLength:
         paused = bool(self.pause) and self._last.rows >= self.pause and self._idle >= self.quiet
         self._probing = paused and self._idle >= self._next
         return 0 if paused and not self._probing else self.longest
+
+    def trial(self) -> int | None:
+        return self.trial_rows if self.trial_rows and not self._paid else None
 
     def classes(self, tree: DraftTree) -> list[Evidence]:
         """What each node's acceptance is learned and predicted by: its evidence on a deterministic
@@ -226,7 +242,9 @@ class CostAwareLength:
         keep = best_prefixes([(g or [])[: self.longest] for g in gains], self.step_cost(rows, fixed),
                              emitted=float(len(trees)))
         keep = [len(t) if g is None else k for t, g, k in zip(trees, gains, keep, strict=True)]
-        self._idle = self._idle + 1 if trees and not self._pays(gains, keep, rows, tokens) else 0
+        if trees:
+            self._paid = self._pays(gains, keep, rows, tokens)
+        self._idle = 0 if self._paid or not trees else self._idle + 1
         if not self._idle:
             self._next, self._gap = self.quiet, self.probe
         elif self._probing:  # a probe that found nothing: the next one waits twice as long

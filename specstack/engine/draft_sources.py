@@ -22,7 +22,7 @@ from specstack.models.draft_file import load_draft_file
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, shipped_draft
 from specstack.models.loading import load_model
 from specstack.models.quant import default_format
-from specstack.models.registry import default_ngram_path, token_rank_path
+from specstack.models.registry import default_draft_vocab, default_ngram_path, token_rank_path
 from specstack.models.transformer import Transformer
 from specstack.prefix_cache import PrefixCache
 
@@ -68,6 +68,7 @@ class DraftSources:
     draft_dtype: str | None = None
     ngram: str | None = None
     draft_vocab: int | None = None  # FR-Spec: the draft's head over the target's K most frequent tokens
+    vocab_by_default: bool = False  # draft_vocab is the registry's: a draft whose head cannot be cut keeps it
     # the most a draft model's prefix cache (prefix_cache.py) may keep, shared by the drafters of one
     # method; 0: each drafter runs its whole prompt through the draft
     prefix_cache_bytes: int = 0
@@ -85,12 +86,17 @@ class DraftSources:
     @classmethod
     def for_model(cls, model_name: str, draft: str | None = None, draft_dtype: str | None = None,
                   ngram: str | None = None, draft_vocab: int | None = None) -> DraftSources:
-        """The sources a user asked for, the draft not given taken from the model's registry entry: the
-        one place where command-line choices and per-model defaults merge."""
+        """The sources a user asked for, the draft and the draft's vocabulary not given taken from the
+        model's registry entry: the one place where command-line choices and per-model defaults merge.
+        draft_vocab 0: the draft's full head, whatever the entry says."""
         shipped = shipped_draft(model_name)
         if draft is None and shipped is not None:
             draft = str(shipped)
-        return cls(draft=draft, draft_dtype=draft_dtype, ngram=ngram, draft_vocab=draft_vocab)
+        by_default = draft_vocab is None and default_draft_vocab(model_name) is not None
+        if by_default:
+            draft_vocab = default_draft_vocab(model_name)
+        return cls(draft=draft, draft_dtype=draft_dtype, ngram=ngram, draft_vocab=draft_vocab or None,
+                   vocab_by_default=by_default)
 
     def draft_format(self, spec: DraftSpec, device: str = "cpu") -> str:
         if self.draft_dtype is not None:
@@ -145,7 +151,7 @@ def resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> Dr
 def _resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> DraftModel:
     spec = choose_draft(sources.draft, target.config.n_layers).resolved(target.name)
     drafted = DRAFT_LOADERS[spec.kind](target, spec, sources.draft_format(spec, device), device)
-    if sources.draft_vocab is None:
+    if sources.draft_vocab is None or (sources.vocab_by_default and not isinstance(drafted.lm.model, Transformer)):
         return drafted
     return DraftModel(restricted_head(drafted.lm, target.name, sources.draft_vocab), drafted.window)
 
@@ -159,7 +165,8 @@ def restricted_head(draft: LoadedModel, target_name: str, k: int) -> LoadedModel
                              "makes one)")
     ranked = np.load(path)
     if not 1 <= k <= len(ranked):
-        raise SpecstackError(f"--draft-vocab must be in [1, {len(ranked)}] for {target_name}, got {k}")
+        raise SpecstackError(f"--draft-vocab must be in [1, {len(ranked)}] for {target_name} (0: the full "
+                             f"vocabulary), got {k}")
     model = draft.model
     if not isinstance(model, Transformer):
         raise SpecstackError(f"--draft-vocab: the draft {draft.name} is not a plain decoder (its head cannot be cut)")

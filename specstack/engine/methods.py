@@ -189,6 +189,9 @@ def length_rule(method: MethodSpec, target: LoadedModel, rows: int = 1) -> Batch
 # tree and n-gram drafting pauses while the step has this many rows or more and no draft token pays (a
 # row alone keeps proposing: its next context match, or a sure tree node, pays); a chain pauses even alone
 PAUSE_ROWS = 2
+# while a draft model's drafting has not paid in a batch, one row tries it (CostAwareLength.trial_rows): its
+# forwards and each row's prompt read into it cost the whole batch
+DRAFT_MODEL_TRIAL = 1
 
 
 def forward_cost(target: LoadedModel, rows: int, widths: int = 0) -> ForwardCost:
@@ -223,7 +226,7 @@ def build_chain(target: LoadedModel, p: Params, sources: DraftSources, device: s
 def chain_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
     if p["cost"]:  # each draft token costs a draft forward: drafting pauses while none pays (and a greedy chain
         # stops growing where the rule would cut it)
-        return CostAwareLength(forward_cost(target, rows), pause=True)
+        return CostAwareLength(forward_cost(target, rows), pause=True, trial_rows=DRAFT_MODEL_TRIAL)
     if p["max"]:
         return BassLength(start=p["k"], cap=p["max"])
     return AsProposed()
@@ -252,7 +255,8 @@ def tree_length(target: LoadedModel, p: Params, rows: int) -> BatchLength:
     the rule also sizes each tree while it grows (ctx.size), so a lone row whose nodes do not pay costs a
     catch-up forward, and only a batch's rows pause their drafting while none pays."""
     if p["cost"]:
-        return CostAwareLength(forward_cost(target, rows, tree_measures(p)), pause=PAUSE_ROWS)
+        return CostAwareLength(forward_cost(target, rows, tree_measures(p)), pause=PAUSE_ROWS,
+                               trial_rows=DRAFT_MODEL_TRIAL)
     return AsProposed()
 
 

@@ -25,6 +25,7 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
     takes = [plan.reads.get(row.handle, 0) for row in rows]
     rooted = sum(take == len(row.pending) and row.drafter is not None for row, take in zip(rows, takes, strict=True))
     limit = length.limit(StepShape(len(rows), sum(takes), max(1, rooted)))
+    trial = length.trial()  # the rows that may draft (None: all): the first in batch order
     blocks: list[Block] = []
     drafting: dict[int, tuple[Drafter, int]] = {}  # row -> its drafter and the most nodes it may verify
     grammar: dict[int, DraftTree] = {}  # row -> the tokens its grammar forces, as its tree this step
@@ -37,6 +38,8 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
                 row.started, row.hidden = True, []
             cap = plan.drafts.get(row.handle, 0)
             row.ctx.limit = cap if limit is None else min(limit, cap)
+            if trial is not None and row.ctx.limit:
+                row.ctx.limit, trial = (row.ctx.limit, trial - 1) if trial else (0, 0)
             row.ctx.size = length.size  # a best-first drafter sizes its tree by the rule as it grows
             drafting[i] = drafter, row.ctx.limit
             forced = row.processor.forced() if row.processor is not None else []

@@ -49,6 +49,8 @@ class RegisteredModel:
     chunked: ChunkedGGUF | None = None  # the GGUF ships in parts (then package and gguf are unused)
     draft_model: str | None = None  # a registered model that drafts for this one (`--draft default`)
     token_rank: str | None = None  # its tokens by corpus frequency in DATA_DIR (`--draft-vocab K`, FR-Spec)
+    # FR-Spec's K that its drafts' heads take unless `--draft-vocab` says otherwise (measured faster here)
+    draft_vocab: int | None = None
     auto: str | None = None  # what `--method auto` runs for it (measured fastest here), else the default
     fim: str | None = None  # its fill-in-the-middle template (a row of fim.FIM_TEMPLATES); None: it has none
     # named trained drafts in DATA_DIR (`--draft NAME`, e.g. `--draft spire`), beside the default one
@@ -83,7 +85,7 @@ MODELS: dict[str, RegisteredModel] = {
         drafts={"spire": "smollm2-135m-spire-draft.safetensors"}),
     "qwen2.5-coder-1.5b": RegisteredModel(
         "", "", QWEN_INSTALL, trigram="qwen2.5-coder-code-trigram.npz", draft_model="qwen2.5-coder-0.5b",
-        token_rank="qwen2.5-coder-token-rank.npy",
+        token_rank="qwen2.5-coder-token-rank.npy", draft_vocab=32768,
         # measured fastest of our methods on code and on chat (docs/bench-history, "The real pair"): the
         # 0.5B's chains and trees lose while one of its tokens costs a large share of a target step and a
         # verified chain more than a step
@@ -132,6 +134,12 @@ def token_rank_path(model_name: str) -> Path | None:
     """The token ranking shipped for a registered model (FR-Spec's draft vocabulary), or None."""
     entry = MODELS.get(model_name)
     return _shipped(entry.token_rank) if entry else None
+
+
+def default_draft_vocab(model_name: str) -> int | None:
+    """FR-Spec's K a registered model's drafts take by default (None: their full heads)."""
+    entry = MODELS.get(model_name)
+    return entry.draft_vocab if entry else None
 
 
 def fim_template(model_name: str, tokenizer: Any) -> FimTemplate:

@@ -8,13 +8,16 @@ import pytest
 import torch
 from stats.test_lossless_distribution import T1, Toy, run_and_check, sampled_tree
 
-from specstack.config import GenerationConfig, SamplingParams
+from specstack.config import GenerationConfig, SamplingParams, WindowSpec
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine import draft_sources
 from specstack.engine.batched import generate
 from specstack.engine.draft_sources import DraftSources, resolve_draft
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
+from specstack.models.draft_file import save_draft
+from specstack.models.spire_draft import SpireDraft
+from specstack.training.prune import build_draft
 from specstack.verify import verify_rrs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -90,6 +93,28 @@ def test_draft_vocab_through_the_sources(tiny_llama, monkeypatch, tmp_path):
     monkeypatch.setattr(draft_sources, "token_rank_path", lambda name: None)
     with pytest.raises(SpecstackError, match="no token ranking ships"):
         resolve_draft(target, DraftSources(draft=str(tiny_llama.path), draft_dtype="fp32", draft_vocab=5), "cpu")
+
+
+def test_a_registry_default_vocab_cuts_what_it_can(tiny_llama, monkeypatch, tmp_path):
+    """A model's registry K (RegisteredModel.draft_vocab) cuts a plain decoder draft's head unless
+    --draft-vocab 0 asks for the full one; a draft whose head cannot be cut (a trained SPIRe draft) keeps
+    it under the default, and is an error only where K was asked for."""
+    rank = tmp_path / "rank.npy"
+    np.save(rank, np.arange(256, -1, -1, dtype=np.int32)[:200])
+    monkeypatch.setattr(draft_sources, "token_rank_path", lambda name: rank)
+    monkeypatch.setattr(draft_sources, "default_draft_vocab", lambda name: 50)
+    target = tiny_llama.lm
+    plain = str(tiny_llama.path)
+    cut = resolve_draft(target, DraftSources.for_model(target.name, plain, "fp32"), "cpu")
+    assert cut.lm.model.head_tokens.tolist() == list(range(207, 257))
+    full = resolve_draft(target, DraftSources.for_model(target.name, plain, "fp32", draft_vocab=0), "cpu")
+    assert full.lm.model.head_tokens is None
+    trained = tmp_path / "d.safetensors"
+    save_draft(build_draft(target.model, 1, keep=[0], window=WindowSpec(1, 8)), trained)
+    kept_whole = resolve_draft(target, DraftSources.for_model(target.name, str(trained), "fp32"), "cpu")
+    assert isinstance(kept_whole.lm.model, SpireDraft)
+    with pytest.raises(SpecstackError, match="its head cannot be cut"):
+        resolve_draft(target, DraftSources.for_model(target.name, str(trained), "fp32", draft_vocab=50), "cpu")
 
 
 def test_sampled_rows_with_a_restricted_draft_run(tiny_llama):

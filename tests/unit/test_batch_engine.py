@@ -328,3 +328,51 @@ def test_a_paused_drafter_runs_no_draft_forward_until_it_drafts_again(tiny_llama
     paused = [s.draft_forwards for s, limit in zip(steps, rule.limits, strict=True) if limit == 0]
     assert len(paused) == 8 and paused == [0] * 8
     assert steps[11].draft_forwards > 0 and steps[11].drafted > 0  # it drafts again, the backlog caught up
+
+
+def test_a_trial_drafts_with_the_first_rooted_row_only(tiny_llama):
+    """While the rule tries drafting with one row (trial() == 1), only the first row that reached its
+    root drafts: the others' drafters run nothing, their prompts unread by the draft, until the rule lets
+    every row draft; every row's output is still its prompt's greedy decode."""
+    from specstack.drafting.batch_length import FixedLength
+    from specstack.drafting.batched_tree import TreeGroup
+    from specstack.drafting.model import ModelDrafter, TreeParams
+
+    class Trial(FixedLength):
+        """One row drafts in steps 1-5, every row after."""
+
+        def __init__(self) -> None:
+            super().__init__(None)
+            self.steps = 0
+
+        def limit(self, shape=None) -> int | None:
+            self.steps += 1
+            return None
+
+        def trial(self) -> int | None:
+            return 1 if self.steps <= 5 else None
+
+    class Logged(ModelDrafter):
+        def begin(self, ctx):
+            ran = super().begin(ctx)
+            log.append((rule.steps, self.row, ran, len(self.state.pending[self.row])))
+            return ran
+
+    log: list[tuple[int, int, bool, int]] = []
+    lm, params, rows = tiny_llama.lm, TreeParams(width=2, budget=4, depth=2), 3
+    group = TreeGroup(lm)
+    drafters = [Logged(lm, params, group=group) for _ in range(rows)]
+    prompts = [[7 + i] * (3 + 2 * i) for i in range(rows)]
+    gen = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
+    rule = Trial()
+    engine = BatchEngine(lm, max_rows=rows, max_context=64, length=rule, step_tokens=rows * (1 + params.budget))
+    results = engine.run([BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, drafters, strict=True)])
+    assert [r.tokens for r in results] == [generate(lm, p, gen).tokens for p in prompts]
+    trial = [[ran for step, _, ran, _ in log if step == s] for s in range(1, 6)]
+    assert sum(map(len, trial)) >= 10  # rows reached their roots in the trial steps
+    assert all(ran == [True] + [False] * (len(ran) - 1) for ran in trial if ran)  # the first row alone
+    later = {row for step, row, ran, _ in log if step > 5 and ran}
+    assert later == {d.row for d in drafters}  # every row drafts once the trial is over
+    # the other rows' prompts waited unread: their first round read all of it ahead
+    firsts = [next(p for step, r, ran, p in log if r == d.row and ran) for d in drafters[1:]]
+    assert all(p >= len(prompt) for p, prompt in zip(firsts, prompts[1:], strict=True))

@@ -144,6 +144,21 @@ def test_drafts_that_do_not_pay_for_their_drafting_pause_it(drafting, expect):
     assert limits == expect
 
 
+def test_a_trial_rule_lets_one_row_draft_until_drafting_pays():
+    """trial_rows=1: one row drafts at first and after every step whose drafting did not pay, every row
+    the step after one that paid; a step with no drafting row changes nothing; without trial_rows every
+    row always may."""
+    rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows), pause=True, quiet=5, trial_rows=1)
+    seen = []
+    for tree in [chain(2, [0.1, 0.05]), chain(2, [1.0, 1.0]), None, chain(2, [1.0, 1.0]), chain(2, [0.1, 0.05])]:
+        rule.limit()
+        seen.append(rule.trial())
+        rule.choose([] if tree is None else [tree, chain(0), chain(0)], 3, 3)
+    rule.limit()
+    assert seen + [rule.trial()] == [1, 1, None, None, None, 1]
+    assert CostAwareLength(lambda rows, tokens: rows, pause=True).trial() is None
+
+
 def test_a_rule_pausing_from_two_rows_lets_a_lone_row_keep_proposing():
     """A server's n-gram rule (pause=2): idle steps of one row never pause its drafting; the same idle
     steps of two rows do, until a probe."""

@@ -230,6 +230,12 @@ def test_sources_merge_what_was_given_with_the_registry():
     assert DraftSources.for_model("smollm2-135m") == DraftSources(draft="default")
     assert DraftSources.for_model("smollm2-135m", "self:2", "bf16", "t.npz") == DraftSources("self:2", "bf16", "t.npz")
     assert DraftSources.for_model("some/other-model") == DraftSources()
+    # the pair's drafts take FR-Spec's head by default (RegisteredModel.draft_vocab), 0 the full one
+    qwen = DraftSources.for_model("qwen2.5-coder-1.5b")
+    assert (qwen.draft_vocab, qwen.vocab_by_default) == (32768, True)
+    assert DraftSources.for_model("qwen2.5-coder-1.5b", draft_vocab=0).draft_vocab is None
+    asked = DraftSources.for_model("qwen2.5-coder-1.5b", draft_vocab=100)
+    assert (asked.draft_vocab, asked.vocab_by_default) == (100, False)
 
 
 def test_sources_load_the_spec_they_name(tiny_llama, monkeypatch, tmp_path):
