@@ -153,24 +153,28 @@ def _resolve_draft(target: LoadedModel, sources: DraftSources, device: str) -> D
     drafted = DRAFT_LOADERS[spec.kind](target, spec, sources.draft_format(spec, device), device)
     if sources.draft_vocab is None or (sources.vocab_by_default and not isinstance(drafted.lm.model, Transformer)):
         return drafted
-    return DraftModel(restricted_head(drafted.lm, target.name, sources.draft_vocab), drafted.window)
+    return DraftModel(restricted_head(drafted.lm, target, sources.draft_vocab), drafted.window)
 
 
-def restricted_head(draft: LoadedModel, target_name: str, k: int) -> LoadedModel:
+def restricted_head(draft: LoadedModel, target: LoadedModel, k: int) -> LoadedModel:
     """The draft with its head over the target's `k` most frequent tokens (FR-Spec; the ranking ships
-    with the target's registry entry). The target verifies over the full vocabulary: same output."""
-    path = token_rank_path(target_name)
+    with the target's registry entry) and its tokenizer's special tokens (end of text, the chat and
+    fill-in-the-middle markers: a corpus ranking holds none, and a draft that cannot propose the end of a
+    turn misses it every turn). The target verifies over the full vocabulary: same output."""
+    path = token_rank_path(target.name)
     if path is None:
-        raise SpecstackError(f"--draft-vocab: no token ranking ships for {target_name} (benchmarks/draft_vocab.py "
+        raise SpecstackError(f"--draft-vocab: no token ranking ships for {target.name} (benchmarks/draft_vocab.py "
                              "makes one)")
     ranked = np.load(path)
     if not 1 <= k <= len(ranked):
-        raise SpecstackError(f"--draft-vocab must be in [1, {len(ranked)}] for {target_name} (0: the full "
+        raise SpecstackError(f"--draft-vocab must be in [1, {len(ranked)}] for {target.name} (0: the full "
                              f"vocabulary), got {k}")
     model = draft.model
     if not isinstance(model, Transformer):
         raise SpecstackError(f"--draft-vocab: the draft {draft.name} is not a plain decoder (its head cannot be cut)")
-    small = model.with_head_over(torch.from_numpy(ranked[:k].astype(np.int64)))
+    special = {*target.eos_token_ids, *(target.tokenizer.added_tokens_encoder.values() if target.tokenizer else ())}
+    kept = np.union1d(ranked[:k], np.fromiter(special, dtype=np.int64, count=len(special)))
+    small = model.with_head_over(torch.from_numpy(kept.astype(np.int64)))
     return LoadedModel(f"{draft.name}[vocab {k}]", small, draft.tokenizer, small.config, draft.fmt, source=draft.source)
 
 

@@ -132,7 +132,7 @@ def model_acceptance(draft: Transformer, teacher: OnlineTeacher, k: int, context
 
 def load_model_design(design: str, target: LoadedModel, device: str) -> Transformer:
     """The model of a `MODEL[@K]` design in bf16, its head cut to the target's K most frequent tokens
-    when K is given; an error when its vocabulary is not the target's."""
+    (and its special tokens) when K is given; an error when its vocabulary is not the target's."""
     from specstack.engine.draft_sources import restricted_head
 
     name, k = model_design(design)
@@ -140,7 +140,7 @@ def load_model_design(design: str, target: LoadedModel, device: str) -> Transfor
     if lm.config.vocab_size != target.config.vocab_size:
         raise SpecstackError(f"{design}: its vocabulary ({lm.config.vocab_size} tokens) is not the target's "
                              f"({target.config.vocab_size})")
-    return (restricted_head(lm, target.name, k) if k is not None else lm).model
+    return (restricted_head(lm, target, k) if k is not None else lm).model
 
 
 def magicdec_acceptance(target: Transformer, teacher: OnlineTeacher, k: int, contexts: tuple[int, ...],

@@ -12,10 +12,11 @@ from specstack.config import GenerationConfig, SamplingParams, WindowSpec
 from specstack.drafting.model import ModelDrafter, TreeParams
 from specstack.engine import draft_sources
 from specstack.engine.batched import generate
-from specstack.engine.draft_sources import DraftSources, resolve_draft
+from specstack.engine.draft_sources import DraftSources, resolve_draft, restricted_head
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 from specstack.models.draft_file import save_draft
+from specstack.models.loading import load_model
 from specstack.models.spire_draft import SpireDraft
 from specstack.training.prune import build_draft
 from specstack.verify import verify_rrs
@@ -81,18 +82,33 @@ def test_sampling_with_a_restricted_draft_keeps_the_targets_distribution(widths)
 
 
 def test_draft_vocab_through_the_sources(tiny_llama, monkeypatch, tmp_path):
-    """--draft-vocab K takes the first K of the target's shipped ranking; K past the ranking is an error."""
+    """--draft-vocab K takes the first K of the target's shipped ranking and its end of text (a token the
+    ranking need not hold); K past the ranking is an error."""
     rank = tmp_path / "rank.npy"
     np.save(rank, np.arange(256, -1, -1, dtype=np.int32)[:200])
     monkeypatch.setattr(draft_sources, "token_rank_path", lambda name: rank)
     target = tiny_llama.lm
     got = resolve_draft(target, DraftSources(draft=str(tiny_llama.path), draft_dtype="fp32", draft_vocab=50), "cpu")
-    assert got.lm.model.head_tokens.tolist() == list(range(207, 257))
+    assert target.eos_token_ids == (2,)
+    assert got.lm.model.head_tokens.tolist() == [2, *range(207, 257)]
     with pytest.raises(SpecstackError, match=r"--draft-vocab must be in \[1, 200\]"):
         resolve_draft(target, DraftSources(draft=str(tiny_llama.path), draft_dtype="fp32", draft_vocab=201), "cpu")
     monkeypatch.setattr(draft_sources, "token_rank_path", lambda name: None)
     with pytest.raises(SpecstackError, match="no token ranking ships"):
         resolve_draft(target, DraftSources(draft=str(tiny_llama.path), draft_dtype="fp32", draft_vocab=5), "cpu")
+
+
+def test_a_restricted_head_keeps_the_tokenizers_special_tokens(monkeypatch, tmp_path):
+    """The chat and end-of-text markers a corpus ranking lacks stay in the cut head (the default model's
+    real tokenizer), beside the K ranked tokens."""
+    rank = tmp_path / "rank.npy"
+    np.save(rank, np.arange(1000, 2000, dtype=np.int32))
+    monkeypatch.setattr(draft_sources, "token_rank_path", lambda name: rank)
+    lm = load_model("smollm2-135m", dtype="fp32")
+    special = set(lm.tokenizer.added_tokens_encoder.values())
+    assert special and max(special) < 1000 and set(lm.eos_token_ids) <= special
+    cut = restricted_head(lm, lm, 20)
+    assert set(cut.model.head_tokens.tolist()) == special | set(range(1000, 1020))
 
 
 def test_a_registry_default_vocab_cuts_what_it_can(tiny_llama, monkeypatch, tmp_path):
@@ -106,7 +122,7 @@ def test_a_registry_default_vocab_cuts_what_it_can(tiny_llama, monkeypatch, tmp_
     target = tiny_llama.lm
     plain = str(tiny_llama.path)
     cut = resolve_draft(target, DraftSources.for_model(target.name, plain, "fp32"), "cpu")
-    assert cut.lm.model.head_tokens.tolist() == list(range(207, 257))
+    assert cut.lm.model.head_tokens.tolist() == [2, *range(207, 257)]
     full = resolve_draft(target, DraftSources.for_model(target.name, plain, "fp32", draft_vocab=0), "cpu")
     assert full.lm.model.head_tokens is None
     trained = tmp_path / "d.safetensors"
