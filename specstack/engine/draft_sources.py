@@ -92,9 +92,10 @@ class DraftSources:
         shipped = shipped_draft(model_name)
         if draft is None and shipped is not None:
             draft = str(shipped)
-        by_default = draft_vocab is None and default_draft_vocab(model_name) is not None
+        registry_vocab = default_draft_vocab(model_name)
+        by_default = draft_vocab is None and registry_vocab is not None
         if by_default:
-            draft_vocab = default_draft_vocab(model_name)
+            draft_vocab = registry_vocab
         return cls(draft=draft, draft_dtype=draft_dtype, ngram=ngram, draft_vocab=draft_vocab or None,
                    vocab_by_default=by_default)
 

@@ -38,11 +38,12 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
                 row.started, row.hidden = True, []
             cap = plan.drafts.get(row.handle, 0)
             row.ctx.limit = cap if limit is None else min(limit, cap)
-            if trial is not None and row.ctx.limit:
-                row.ctx.limit, trial = (row.ctx.limit, trial - 1) if trial else (0, 0)
+            forced = row.processor.forced() if row.processor is not None else []
+            if trial is not None and row.ctx.limit and not forced:  # a trial: the first rows draft, the rest wait
+                row.ctx.limit = row.ctx.limit if trial else 0
+                trial = max(0, trial - 1)
             row.ctx.size = length.size  # a best-first drafter sizes its tree by the rule as it grows
             drafting[i] = drafter, row.ctx.limit
-            forced = row.processor.forced() if row.processor is not None else []
             if forced and row.ctx.limit:  # the grammar drafts this step; the drafter only catches up
                 grammar[i] = forced_chain(forced, row.ctx.limit)
                 row.ctx.limit = 0

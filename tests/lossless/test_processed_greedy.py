@@ -202,3 +202,24 @@ def test_a_draft_reading_the_targets_activations_drafts_beside_forced_tokens(lm,
     assert "grammar" in out.origins and "draft" in out.origins, out.origins
     steps = out.stats.steps[:-1]  # the last may stop inside its tree
     assert [s.accepted for s in steps] == [s.tree_size for s in steps]
+
+
+def test_a_trial_of_the_draft_leaves_forced_tokens_to_every_row(lm, ids, references):
+    """While the length rule lets no row draft with its model (a trial of none), rows whose grammar forces
+    tokens still take them as their trees (they cost no draft forward): every row of a batch under a JSON
+    schema has grammar tokens, and each equals its greedy decode."""
+    from specstack.drafting.batch_length import FixedLength
+    from specstack.engine.batched import BatchEngine, BatchRequest
+
+    class NoneTries(FixedLength):
+        def trial(self) -> int | None:
+            return 0
+
+    spec = parse_method("chain:k=4")
+    drafters = [build_drafter(spec, lm, DraftSources.for_model("smollm2-135m")) for _ in range(3)]
+    gen = GenerationConfig(max_new_tokens=N, **OPTIONS["json_schema"])
+    engine = BatchEngine(lm, max_rows=3, length=NoneTries(None))
+    results = engine.run([BatchRequest(ids, gen, drafter=d) for d in drafters])
+    for out in results:
+        assert out.tokens == references["json_schema"].tokens
+        assert "grammar" in out.origins and "draft" not in out.origins, out.origins
