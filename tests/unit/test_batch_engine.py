@@ -294,6 +294,18 @@ def test_staged_rows_of_a_group_share_each_spine_step(tiny_llama, shared):
         assert max(forwards) > depth + 2  # the bound a group keeps is not one row by row keeps
 
 
+def decode_group(lm, rule, drafters, budget: int) -> tuple[BatchEngine, list[list[int]]]:
+    """A row a drafter, prompts [7 + i] * (3 + 2 i), 20 tokens each under the length rule `rule`: every
+    row's output is its prompt's greedy decode. The engine (its stats) and the prompts."""
+    rows = len(drafters)
+    prompts = [[7 + i] * (3 + 2 * i) for i in range(rows)]
+    gen = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
+    engine = BatchEngine(lm, max_rows=rows, max_context=64, length=rule, step_tokens=rows * (1 + budget))
+    results = engine.run([BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, drafters, strict=True)])
+    assert [r.tokens for r in results] == [generate(lm, p, gen).tokens for p in prompts]
+    return engine, prompts
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 def test_a_paused_drafter_runs_no_draft_forward_until_it_drafts_again(tiny_llama, rows):
     """While the length rule pauses drafting (limit 0) the draft model runs nothing, however many tokens
@@ -316,13 +328,8 @@ def test_a_paused_drafter_runs_no_draft_forward_until_it_drafts_again(tiny_llama
 
     lm, params = tiny_llama.lm, TreeParams(width=2, budget=6, depth=3)
     group = TreeGroup(lm)
-    drafters = [ModelDrafter(lm, params, group=group) for _ in range(rows)]
-    prompts = [[7 + i] * (3 + 2 * i) for i in range(rows)]
-    gen = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
     rule = Paused()
-    engine = BatchEngine(lm, max_rows=rows, max_context=64, length=rule, step_tokens=rows * (1 + params.budget))
-    results = engine.run([BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, drafters, strict=True)])
-    assert [r.tokens for r in results] == [generate(lm, p, gen).tokens for p in prompts]
+    engine, _ = decode_group(lm, rule, [ModelDrafter(lm, params, group=group) for _ in range(rows)], params.budget)
     steps = list(engine.stats.recent)  # the rule is asked once a step
     assert len(steps) == len(rule.limits) > 12
     paused = [s.draft_forwards for s, limit in zip(steps, rule.limits, strict=True) if limit == 0]
@@ -359,15 +366,11 @@ def test_a_trial_drafts_with_the_first_rooted_row_only(tiny_llama):
             return ran
 
     log: list[tuple[int, int, bool, int]] = []
-    lm, params, rows = tiny_llama.lm, TreeParams(width=2, budget=4, depth=2), 3
+    lm, params = tiny_llama.lm, TreeParams(width=2, budget=4, depth=2)
     group = TreeGroup(lm)
-    drafters = [Logged(lm, params, group=group) for _ in range(rows)]
-    prompts = [[7 + i] * (3 + 2 * i) for i in range(rows)]
-    gen = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
+    drafters = [Logged(lm, params, group=group) for _ in range(3)]
     rule = Trial()
-    engine = BatchEngine(lm, max_rows=rows, max_context=64, length=rule, step_tokens=rows * (1 + params.budget))
-    results = engine.run([BatchRequest(p, gen, drafter=d) for p, d in zip(prompts, drafters, strict=True)])
-    assert [r.tokens for r in results] == [generate(lm, p, gen).tokens for p in prompts]
+    _, prompts = decode_group(lm, rule, drafters, params.budget)
     trial = [[ran for step, _, ran, _ in log if step == s] for s in range(1, 6)]
     assert sum(map(len, trial)) >= 10  # rows reached their roots in the trial steps
     assert all(ran == [True] + [False] * (len(ran) - 1) for ran in trial if ran)  # the first row alone
