@@ -162,7 +162,7 @@ class CostAwareLength:
     trial_rows: while drafting has not paid (before any step did, and after each step that did not), only
     this many of a batch's rows draft (0: every row): a draft model's forwards and its reading of each
     row's prompt cost the batch real time, and one row's drafts tell whether drafting pays as well as
-    all rows' do; the step after one that paid, every row drafts."""
+    all rows' do; the step after one of decoding rows only that paid, every row drafts."""
 
     cost: ForwardCost
     longest: int | None = None
@@ -180,6 +180,7 @@ class CostAwareLength:
     _gap: int = field(init=False, default=0)  # steps from that probe to the one after, if it finds nothing
     _probing: bool = field(init=False, default=False)  # this step is a paused rule's probe
     _paid: bool = field(init=False, default=False)  # the last step with drafting rows paid for it
+    _open: bool = field(init=False, default=False)  # no trial: every row drafts (trial_rows)
     _began: float | None = field(init=False, default=None)  # when this step's drafting began (limit)
     _last: StepShape = field(init=False, default=StepShape(1, 1))  # the last step's
     _step: StepShape | None = field(init=False, default=None)  # this step's, as limit() was told it
@@ -196,7 +197,7 @@ class CostAwareLength:
         return 0 if paused and not self._probing else self.longest
 
     def trial(self) -> int | None:
-        return self.trial_rows if self.trial_rows and not self._paid else None
+        return self.trial_rows if self.trial_rows and not self._open else None
 
     def classes(self, tree: DraftTree) -> list[Evidence]:
         """What each node's acceptance is learned and predicted by: its evidence on a deterministic
@@ -246,6 +247,9 @@ class CostAwareLength:
         keep = [len(t) if g is None else k for t, g, k in zip(trees, gains, keep, strict=True)]
         if trees:
             self._paid = self._pays(gains, keep, rows, tokens)
+            # a trial ends with a paying step of decoding rows only: one that also reads prompt chunks is
+            # long anyway, so its drafts look cheaper than they will be in the decoding steps that follow
+            self._open = self._paid and (self._open or tokens <= rows)
         self._idle = 0 if self._paid or not trees else self._idle + 1
         if not self._idle:
             self._next, self._gap = self.quiet, self.probe

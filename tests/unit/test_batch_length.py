@@ -146,16 +146,18 @@ def test_drafts_that_do_not_pay_for_their_drafting_pause_it(drafting, expect):
 
 def test_a_trial_rule_lets_one_row_draft_until_drafting_pays():
     """trial_rows=1: one row drafts at first and after every step whose drafting did not pay, every row
-    the step after one that paid; a step with no drafting row changes nothing; without trial_rows every
-    row always may."""
+    the step after one of decoding rows only that paid (a step that also reads a prompt chunk, 40 tokens,
+    does not end a trial, though its drafts paid); a step with no drafting row changes nothing; without
+    trial_rows every row always may."""
     rule = CostAwareLength(lambda rows, tokens: rows + 0.5 * (tokens - rows), pause=True, quiet=5, trial_rows=1)
+    sure, unsure = chain(2, [1.0, 1.0]), chain(2, [0.1, 0.05])
     seen = []
-    for tree in [chain(2, [0.1, 0.05]), chain(2, [1.0, 1.0]), None, chain(2, [1.0, 1.0]), chain(2, [0.1, 0.05])]:
+    for tree, tokens in [(unsure, 3), (sure, 40), (sure, 3), (None, 3), (sure, 40), (unsure, 3)]:
         rule.limit()
         seen.append(rule.trial())
-        rule.choose([] if tree is None else [tree, chain(0), chain(0)], 3, 3)
+        rule.choose([] if tree is None else [tree, chain(0), chain(0)], 3, tokens)
     rule.limit()
-    assert seen + [rule.trial()] == [1, 1, None, None, None, 1]
+    assert seen + [rule.trial()] == [1, 1, 1, None, None, None, 1]
     assert CostAwareLength(lambda rows, tokens: rows, pause=True).trial() is None
 
 
