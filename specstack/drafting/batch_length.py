@@ -179,7 +179,6 @@ class CostAwareLength:
     _next: int = field(init=False, default=-1)  # while paused: the idle count at which the next probe drafts
     _gap: int = field(init=False, default=0)  # steps from that probe to the one after, if it finds nothing
     _probing: bool = field(init=False, default=False)  # this step is a paused rule's probe
-    _paid: bool = field(init=False, default=False)  # the last step with drafting rows paid for it
     _open: bool = field(init=False, default=False)  # no trial: every row drafts (trial_rows)
     _began: float | None = field(init=False, default=None)  # when this step's drafting began (limit)
     _last: StepShape = field(init=False, default=StepShape(1, 1))  # the last step's
@@ -245,12 +244,12 @@ class CostAwareLength:
         keep = best_prefixes([(g or [])[: self.longest] for g in gains], self.step_cost(rows, fixed),
                              emitted=float(len(trees)))
         keep = [len(t) if g is None else k for t, g, k in zip(trees, gains, keep, strict=True)]
+        paid = bool(trees) and self._pays(gains, keep, rows, tokens)
         if trees:
-            self._paid = self._pays(gains, keep, rows, tokens)
             # a trial ends with a paying step of decoding rows only: one that also reads prompt chunks is
             # long anyway, so its drafts look cheaper than they will be in the decoding steps that follow
-            self._open = self._paid and (self._open or tokens <= rows)
-        self._idle = 0 if self._paid or not trees else self._idle + 1
+            self._open = paid and (self._open or tokens <= rows)
+        self._idle = 0 if paid or not trees else self._idle + 1
         if not self._idle:
             self._next, self._gap = self.quiet, self.probe
         elif self._probing:  # a probe that found nothing: the next one waits twice as long
