@@ -155,10 +155,8 @@ class CostAwareLength:
     tokens a second than the step without drafts), `limit()` is 0 (the drafters do no work)
     except for a probe, which proposes again to see whether drafts pay once more (a context match, fewer
     rows): the first `probe` steps after the pause began, and each probe that finds nothing doubles the
-    wait for the next (up to `probe` x BACKOFF), so drafts that never pay cost ever fewer steps; in a
-    batch, a step whose drafting could not have paid even had every node of its trees' deepest paths been
-    accepted (`_hopeless`) sets the longest wait at once. A server's rule pauses from 2 rows, so a stream
-    alone keeps looking.
+    wait for the next (up to `probe` x BACKOFF), so drafts that never pay cost ever fewer steps. A
+    server's rule pauses from 2 rows, so a stream alone keeps looking.
     trial_rows: while drafting has not paid (before any step did, and after each step that did not), only
     this many of a batch's rows draft (0: every row): a draft model's forwards and its reading of each
     row's prompt cost the batch real time, and one row's drafts tell whether drafting pays as well as
@@ -254,9 +252,6 @@ class CostAwareLength:
             self._next, self._gap = self.quiet, self.probe
         elif self._probing:  # a probe that found nothing: the next one waits twice as long
             self._next, self._gap = self._idle - 1 + self._gap, min(2 * self._gap, BACKOFF * self.probe)
-        if self._idle and rows > 1 and self._hopeless(trees, rows, tokens):  # the longest wait at once
-            self._gap = BACKOFF * self.probe
-            self._next = max(self._next, self._idle - 1 + self._gap)
         self._probing = False
         self._last, self._step = StepShape(rows, tokens, max(1, len(trees))), None
         return keep
@@ -274,16 +269,6 @@ class CostAwareLength:
         emitted = len(keep) + sum(sum(g[:k]) for g, k in zip(gains, keep, strict=True) if g is not None)
         with_drafts = emitted / self.step_cost(rows, tokens)(sum(keep))
         return with_drafts > len(keep) / self.cost(rows, tokens)
-
-    def _hopeless(self, trees: Sequence[DraftTree], rows: int, tokens: int) -> bool:
-        """Whether the step's drafting could not have paid even had the target accepted every node of each
-        tree's deepest path (and verified no other): in a batch whose rows cost the forward little, a draft
-        model's forwards can cost more than any acceptance returns. Then probing soon learns nothing."""
-        deepest = [max(t.depth, default=0) for t in trees]
-        if not any(deepest):
-            return False  # nothing drafted: nothing learned
-        best = (len(trees) + sum(deepest)) / self.step_cost(rows, tokens)(sum(deepest))
-        return best <= len(trees) / self.cost(rows, tokens)
 
     def observe(self, trees: Sequence[DraftTree], accepted: Sequence[int]) -> None:
         for tree, a in zip(trees, accepted, strict=True):

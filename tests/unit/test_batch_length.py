@@ -161,28 +161,6 @@ def test_a_trial_rule_lets_one_row_draft_until_drafting_pays():
     assert CostAwareLength(lambda rows, tokens: rows, pause=True).trial() is None
 
 
-@pytest.mark.parametrize("rows,drafting,low,expect", [
-    (4, 3.0, False, [0, 1, 25, 49]),  # could not pay at any acceptance: the longest wait at once
-    (4, 0.1, True, [0, 1, 2, 5, 11, 23, 47]),  # cheap drafts that were not accepted: the usual back-off
-    (1, 3.0, False, [0, 1, 2, 5, 11, 23, 47]),  # one row: the usual back-off
-])
-def test_drafting_that_could_not_pay_probes_after_the_longest_wait(rows, drafting, low, expect):
-    """A batch step whose drafting (3 s) costs more than the step's forward (4 s) could return were both
-    nodes of its one drafting row's chain accepted (6 tokens in 8 s against 4 in 4 s) pauses with its first
-    probe BACKOFF x probe steps on; a step that was idle only for its low acceptance backs off as before."""
-    now = [0.0]
-    rule = CostAwareLength(lambda r, tokens: r + 0.5 * (tokens - r), pause=True, quiet=2, probe=3,
-                           clock=lambda: now[0])
-    probes = []
-    for step in range(60):
-        if rule.limit() is None:
-            probes.append(step)
-            now[0] += drafting
-        tree = chain(2, [0.1, 0.05] if low else [0.9, 0.81]) if probes[-1:] == [step] else chain(0)
-        rule.choose([tree] + [chain(0)] * (rows - 1), rows, rows)
-    assert probes == expect
-
-
 def test_a_rule_pausing_from_two_rows_lets_a_lone_row_keep_proposing():
     """A server's n-gram rule (pause=2): idle steps of one row never pause its drafting; the same idle
     steps of two rows do, until a probe."""
