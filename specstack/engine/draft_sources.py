@@ -20,6 +20,7 @@ from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
 from specstack.models.draft_file import load_draft_file
 from specstack.models.drafts import DraftKind, DraftSpec, choose_draft, shipped_draft
+from specstack.models.huge_pages import move_to_huge_pages
 from specstack.models.loading import load_model
 from specstack.models.quant import default_format
 from specstack.models.registry import default_draft_vocab, default_ngram_path, token_rank_path
@@ -176,6 +177,7 @@ def restricted_head(draft: LoadedModel, target: LoadedModel, k: int) -> LoadedMo
     special = {*target.eos_token_ids, *(target.tokenizer.added_tokens_encoder.values() if target.tokenizer else ())}
     kept = np.union1d(ranked[:k], np.fromiter(special, dtype=np.int64, count=len(special)))
     small = model.with_head_over(torch.from_numpy(kept.astype(np.int64)))
+    move_to_huge_pages(small.head.buffers())  # the cut head is new memory; the rest is the draft's
     return LoadedModel(f"{draft.name}[vocab {k}]", small, draft.tokenizer, small.config, draft.fmt, source=draft.source)
 
 

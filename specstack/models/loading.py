@@ -40,6 +40,7 @@ from specstack.models.configs import (
     read_json_object,
 )
 from specstack.models.gguf_quants import layer_format, read_tensor
+from specstack.models.huge_pages import move_to_huge_pages
 from specstack.models.quant import layout_variant, slow_layer_formats
 from specstack.models.registry import ModelSource, resolve
 from specstack.models.transformer import Transformer, Weight
@@ -444,5 +445,8 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
         if cdir is not None:
             _save_built(cdir, dtype, device, cfg, model)
     model = model.to(device).eval()
+    # what a step streams: the model's buffers (its layers' codes and scales, the head); the embedding,
+    # a parameter, is read a row a token
+    move_to_huge_pages(model.buffers())
     tok = load_tokenizer(src, cdir) if tokenizer and src.has_tokenizer else None
     return LoadedModel(src.name, model, tok, cfg, dtype, source=name)
