@@ -124,7 +124,7 @@ def _decoder(w4a8_path: str | None, attention: str | None) -> KernelTable:
 
 
 def choices() -> Choices:
-    from specstack.models import fixed_attention, native, w4a8, w8a8
+    from specstack.models import fixed_attention, huge_pages, native, w4a8, w8a8
     from specstack.models.linear_methods import native_bf16
     from specstack.models.quant import default_format
 
@@ -156,7 +156,8 @@ def choices() -> Choices:
                + when.get(w4.state, f"is {FIRST_BUILD}"))
     else:
         why = problem or "the w4a8 kernel cannot be had here"
-    return Choices(fmt, why, cxx, cxx_path, ninja_path, problem, consequence, fix, native_bf16(), kernels, tables)
+    return Choices(fmt, why, cxx, cxx_path, ninja_path, problem, consequence, fix, native_bf16(), huge_pages.describe(),
+                   kernels, tables)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ class Choices:
     native_consequence: str | None  # what that means for a run
     native_fix: str | None  # how to get them (None: nothing to do, e.g. a CPU without AVX2)
     bf16_native: bool
+    weight_pages: str  # where a loaded model's weights live (models/huge_pages.describe)
     kernels: list[NativeKernel]
     tables: list[KernelTable]
 

@@ -48,7 +48,8 @@ def render(report: Report) -> str:
                     ("C++ compiler", f"{c.compiler_path or 'not found'}"
                      + (f" (CXX={c.compiler})" if os.environ.get("CXX") is not None else "")),
                     ("ninja", c.ninja_path or "not found"),
-                    ("bf16 matmuls", "native" if c.bf16_native else "emulated (wide inputs multiply in fp32)")])
+                    ("bf16 matmuls", "native" if c.bf16_native else "emulated (wide inputs multiply in fp32)"),
+                    ("weights on", c.weight_pages)])
     if c.native_problem:
         lines.append(f"  ! {c.native_problem}: {c.native_consequence}")
         if c.native_fix:

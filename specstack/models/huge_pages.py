@@ -48,6 +48,17 @@ def enabled() -> bool:
     return os.environ.get(FORCE_ENV, "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
 
 
+def describe() -> str:
+    """Where a loaded model's weights will live, in words (`specstack doctor`)."""
+    mode = thp_mode()
+    if os.environ.get(FORCE_ENV, "1") == "0":
+        return f"4 KiB pages ({FORCE_ENV}=0)"
+    if not enabled():
+        why = "this kernel has no transparent huge pages" if mode is None else f"transparent huge pages are {mode}"
+        return f"4 KiB pages ({why})"
+    return f"huge pages, asked for at load (transparent huge pages: {mode}; {FORCE_ENV}=0 keeps 4 KiB pages)"
+
+
 def on_huge_pages(t: torch.Tensor) -> bool:
     """Whether `t`'s storage lives in a mapping this module made (advised for huge pages)."""
     return t.untyped_storage().data_ptr() in _MAPPINGS

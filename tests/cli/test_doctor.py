@@ -19,7 +19,7 @@ import torch
 from packaging.requirements import Requirement
 
 from specstack import doctor
-from specstack.models import fixed_attention, native, native_decoder, w4a8, w8a8
+from specstack.models import fixed_attention, huge_pages, native, native_decoder, w4a8, w8a8
 from specstack.models.parts import ChunkedGGUF
 from specstack.models.registry import MODELS, RegisteredModel
 
@@ -106,6 +106,8 @@ def test_every_section_and_field_is_there(fresh):
         assert env in text
     for name in (*MODELS, *native.CPU_FLAGS, "--dtype default", "C++ compiler", "llama-server"):
         assert name in text, name
+    assert re.search(r"^\s+weights on\s+(huge pages|4 KiB pages)", text, re.M)
+    assert report["choices"]["weight_pages"] == huge_pages.describe()
     assert set(report) == {"machine", "choices", "cache", "extras", "peer_binaries", "models", "problems",
                            "optional_missing", "ok", "summary"}
     assert report["summary"] == heads[-1] and report["ok"] == (not report["problems"])

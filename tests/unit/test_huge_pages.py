@@ -66,6 +66,20 @@ def test_turned_off_or_without_thp_nothing_moves(monkeypatch, tmp_path):
     assert huge_pages.thp_mode() is None and not huge_pages.enabled()
 
 
+def test_doctor_says_where_the_weights_will_live(monkeypatch, tmp_path):
+    mode = tmp_path / "enabled"
+    monkeypatch.setattr(huge_pages, "THP_MODE", mode)
+    mode.write_text("always madvise [never]\n")
+    assert huge_pages.describe() == "4 KiB pages (transparent huge pages are never)"
+    mode.write_text("[always] madvise never\n")
+    assert huge_pages.describe().startswith("huge pages, asked for at load (transparent huge pages: always;")
+    monkeypatch.setenv(huge_pages.FORCE_ENV, "0")
+    assert huge_pages.describe() == f"4 KiB pages ({huge_pages.FORCE_ENV}=0)"
+    monkeypatch.delenv(huge_pages.FORCE_ENV)
+    monkeypatch.setattr(huge_pages, "THP_MODE", tmp_path / "absent")
+    assert huge_pages.describe() == "4 KiB pages (this kernel has no transparent huge pages)"
+
+
 @needs_thp
 def test_a_loaded_model_streams_its_weights_from_huge_pages(monkeypatch, tmp_path):
     """The layers' codes and the head move at load, the embedding (read a row a token) stays; the model
