@@ -30,7 +30,7 @@ THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 # the start address of each live mapping: a storage already in one is not moved again (the entry goes
 # when the mapping is freed, so a later allocation at the same address is not mistaken for one)
-_MAPPINGS: dict[int, int] = {}
+_MAPPINGS: set[int] = set()
 
 
 def thp_mode() -> str | None:
@@ -98,6 +98,6 @@ def move_to_huge_pages(tensors: Iterable[torch.Tensor], min_bytes: int = MIN_BYT
             for t in on_storage[ptr]:  # the same bytes at the same offset, now in the mapping
                 t.set_(storage, at // t.element_size() + t.storage_offset(), t.size(), t.stride())
     key = storage.data_ptr()
-    _MAPPINGS[key] = total
-    weakref.finalize(mapping, _MAPPINGS.pop, key, None)
+    _MAPPINGS.add(key)
+    weakref.finalize(mapping, _MAPPINGS.discard, key)
     return total

@@ -445,8 +445,6 @@ def load_model(name: str, dtype: str = "bf16", device: str = "cpu", use_cache: b
         if cdir is not None:
             _save_built(cdir, dtype, device, cfg, model)
     model = model.to(device).eval()
-    # what a step streams: the model's buffers (its layers' codes and scales, the head); the embedding,
-    # a parameter, is read a row a token
-    move_to_huge_pages(model.buffers())
+    move_to_huge_pages(model.buffers())  # what a step streams (codes, scales, head): not the embedding, a parameter
     tok = load_tokenizer(src, cdir) if tokenizer and src.has_tokenizer else None
     return LoadedModel(src.name, model, tok, cfg, dtype, source=name)
