@@ -64,6 +64,13 @@ def on_huge_pages(t: torch.Tensor) -> bool:
     return t.untyped_storage().data_ptr() in _MAPPINGS
 
 
+def mapping_bytes(total: int) -> int:
+    """The length of a mapping for `total` bytes: whole huge pages over them from the first 2 MiB boundary
+    in it (a mapping that holds no whole aligned huge page, as a small move's could, gets none), and a huge
+    page's worth before them, wherever the kernel puts its start, to find that boundary in."""
+    return HUGE + -(-total // HUGE) * HUGE
+
+
 def move_to_huge_pages(tensors: Iterable[torch.Tensor], min_bytes: int = MIN_BYTES) -> int:
     """Move the CPU tensors among `tensors` whose storage holds at least `min_bytes` (each storage once,
     with every one of them on it) into one new mapping advised for huge pages; the bytes moved (0:
@@ -85,7 +92,7 @@ def move_to_huge_pages(tensors: Iterable[torch.Tensor], min_bytes: int = MIN_BYT
         offsets[ptr] = total
         total += -(-s.nbytes() // ALIGN) * ALIGN
     # private: a shared anonymous mapping is shmem, whose huge pages follow another setting
-    mapping = mmap.mmap(-1, total + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping = mmap.mmap(-1, mapping_bytes(total), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mapping.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: pages are chosen when first written
     whole = torch.frombuffer(mapping, dtype=torch.uint8)  # holds `mapping` while any tensor uses it
     start = -whole.data_ptr() % HUGE
