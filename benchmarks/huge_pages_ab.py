@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specstack.attention import build_batch
+from specstack.engine.timing import forward_steps, random_context
 from specstack.models import huge_pages
 from specstack.models.loading import load_model
 
@@ -30,25 +30,23 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     tokens = [int(v) for v in a.tokens.split(",")]
     print(f"weights: {huge_pages.describe()}", flush=True)
-    copies = {}
+    steps = {}
+    for label, setting in (("huge pages", "1"), ("4 KiB pages", "0")):
+        os.environ[huge_pages.FORCE_ENV] = setting
+        lm = load_model(a.model, dtype="w4a8", tokenizer=False)
+        ctx = random_context(a.context, lm.model.config.vocab_size)
+        steps[label] = forward_steps(lm, ctx, max(tokens))[f"specstack {lm.fmt} chain"]  # at the context, rolled back
+    os.environ.pop(huge_pages.FORCE_ENV)
+    huge = sum(int(line.split()[1]) for line in open("/proc/self/smaps") if line.startswith("AnonHugePages:")) >> 10
+    print(f"AnonHugePages of this process: {huge} MB", flush=True)
     with torch.inference_mode():
-        for label, setting in (("huge pages", "1"), ("4 KiB pages", "0")):
-            os.environ[huge_pages.FORCE_ENV] = setting
-            model = load_model(a.model, dtype="w4a8", tokenizer=False).model
-            cache = model.new_cache(1, capacity=a.context + (a.repeats + 2) * sum(tokens))
-            model.extend(torch.randint(0, 1000, (1, a.context), generator=torch.Generator().manual_seed(0)), cache)
-            copies[label] = (model, cache)
-        os.environ.pop(huge_pages.FORCE_ENV)
-        huge = sum(int(line.split()[1]) for line in open("/proc/self/smaps") if line.startswith("AnonHugePages:")) >> 10
-        print(f"AnonHugePages of this process: {huge} MB", flush=True)
         for t in tokens:
-            x = torch.randint(0, 1000, (1, t), generator=torch.Generator().manual_seed(t))
-            times: dict[str, list[float]] = {label: [] for label in copies}
+            x = torch.full((1, t), 5)
+            times: dict[str, list[float]] = {label: [] for label in steps}
             for rep in range(a.repeats + 2):
-                for label in list(copies)[:: 1 if rep % 2 else -1]:  # each copy first every other repeat
-                    model, cache = copies[label]
+                for label in list(steps)[:: 1 if rep % 2 else -1]:  # each copy first every other repeat
                     t0 = time.perf_counter()
-                    model.forward(x, build_batch(cache, t), cache)
+                    steps[label](x)
                     if rep >= 2:  # two warm-up rounds
                         times[label].append((time.perf_counter() - t0) * 1e3)
             on, off = (statistics.median(v) for v in times.values())

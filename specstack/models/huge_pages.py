@@ -77,20 +77,18 @@ def move_to_huge_pages(tensors: Iterable[torch.Tensor], min_bytes: int = MIN_BYT
     nothing to move, or huge pages cannot be asked for here)."""
     if not enabled():
         return 0
-    on_storage: dict[int, list[torch.Tensor]] = {}
-    storages: dict[int, torch.UntypedStorage] = {}
+    on_storage: dict[int, list[torch.Tensor]] = {}  # a storage's address -> the tensors on it
     for t in tensors:
         s = t.untyped_storage()
         if t.device.type != "cpu" or s.nbytes() < min_bytes or s.data_ptr() in _MAPPINGS:
             continue
         on_storage.setdefault(s.data_ptr(), []).append(t)
-        storages[s.data_ptr()] = s
-    if not storages:
+    if not on_storage:
         return 0
     offsets, total = {}, 0
-    for ptr, s in storages.items():
+    for ptr, on in on_storage.items():
         offsets[ptr] = total
-        total += -(-s.nbytes() // ALIGN) * ALIGN
+        total += -(-on[0].untyped_storage().nbytes() // ALIGN) * ALIGN
     # private: a shared anonymous mapping is shmem, whose huge pages follow another setting
     mapping = mmap.mmap(-1, mapping_bytes(total), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mapping.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: pages are chosen when first written
@@ -98,12 +96,13 @@ def move_to_huge_pages(tensors: Iterable[torch.Tensor], min_bytes: int = MIN_BYT
     start = -whole.data_ptr() % HUGE
     storage = whole.untyped_storage()
     with torch.no_grad():
-        for ptr in list(storages):
-            s = storages.pop(ptr)  # the last reference to the old bytes once their tensors move: freed as we go
+        for ptr, on in on_storage.items():
+            old = on[0].untyped_storage()  # freed once its tensors below point elsewhere
             at = start + offsets[ptr]
-            whole[at : at + s.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(s))
-            for t in on_storage[ptr]:  # the same bytes at the same offset, now in the mapping
+            whole[at : at + old.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(old))
+            for t in on:  # the same bytes at the same offset, now in the mapping
                 t.set_(storage, at // t.element_size() + t.storage_offset(), t.size(), t.stride())
+            del old
     key = storage.data_ptr()
     _MAPPINGS.add(key)
     weakref.finalize(mapping, _MAPPINGS.discard, key)
