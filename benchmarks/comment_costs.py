@@ -21,7 +21,7 @@ from specstack.machine import cpu_model
 from specstack.models.dense_copy_methods import _INT4_MM_CPU, INT4_GROUP
 from specstack.models.quant import QLinear
 from specstack.models.registry import default_ngram_path
-from specstack.models.transformer import rms_norm
+from specstack.models.row_ops import rms_norm
 
 # SmolLM2-135M, the default model: d 576, 9 query / 3 KV heads of 64, MLP 1536, 30 layers, vocab 49152
 D, KV, FF, LAYERS, VOCAB = 576, 192, 1536, 30, 49152

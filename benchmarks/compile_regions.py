@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from specstack.models import w8a8
 from specstack.models.loading import load_model
-from specstack.models.transformer import Block, rms_norm
+from specstack.models.row_ops import rms_norm
+from specstack.models.transformer import Block
 
 _OP = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
 _PACKS: list[torch.ScriptObject] = []

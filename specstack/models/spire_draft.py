@@ -47,7 +47,8 @@ from specstack.errors import SpecstackError
 from specstack.models.base import Extends, ModelOutput
 from specstack.models.feature_cache import FeatureCache
 from specstack.models.quant import QLinear
-from specstack.models.transformer import Block, BlockCache, Norm, apply_rope, blocks_of, register_rope, rms_norm
+from specstack.models.row_ops import apply_rope, rms_norm
+from specstack.models.transformer import Block, BlockCache, Norm, blocks_of, register_rope
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from specstack.models.fixed_attention import InvariantAttention, invariant_atten
 from specstack.models.linear_methods import activation_dtype, native_bf16
 from specstack.models.native_decoder import NativeDecoder, native_decoder
 from specstack.models.quant import QLinear
+from specstack.models.row_ops import TORCH, RowOps
 from specstack.weight_formats import head_format, weight_format
 
 Weight = torch.Tensor | CodedWeight
@@ -61,21 +62,6 @@ def blocks_of(layers: nn.ModuleList, kind: type[M]) -> list[M]:
     return out
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the last dim (head_dim) of x: rotate_half(x) * sin == roll(x, half) * [-sin | sin],
-    two kernels instead of four."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
-
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm through LayerNorm's fused kernel: [x, -x] has mean 0 and variance mean(x^2), so its
-    first half normalised is x / sqrt(mean(x^2) + eps). On CPU F.rms_norm is a composite of ~8
-    kernels; this is 4 (cat, neg, layer_norm, mul), and a norm runs twice a block (docs/bench-history,
-    "A faster decode step and a cost-aware chain length")."""
-    d = x.shape[-1]
-    return F.layer_norm(torch.cat([x, x.neg()], dim=-1), (2 * d,), None, None, eps)[..., :d] * w
-
-
 class Norm(BoundModule):
     """RMSNorm or LayerNorm with a bias (bound: see models/bound.py). trainable: its tensors take
     gradients (the SPIRe draft's blocks); the closure holds the parameters themselves, so an optimiser's
@@ -87,12 +73,19 @@ class Norm(BoundModule):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=trainable)
         self.bias = None if rms else nn.Parameter(torch.zeros(dim, dtype=dtype), requires_grad=trainable)
 
+    rows: RowOps = TORCH  # whose RMSNorm (use_rows)
+
+    def use_rows(self, rows: RowOps) -> None:
+        self.rows = rows
+        self.unbind()
+
     def bind(self) -> Forward:
         w, b, eps = self.weight, self.bias, self.eps
         d = w.shape[0]
         if not self.rms:
             return lambda x: F.layer_norm(x, (d,), w, b, eps)
-        return lambda x: rms_norm(x, w, eps)
+        rms = self.rows.rms_norm
+        return lambda x: rms(x, w, eps)
 
 
 class Projection(Protocol):
@@ -168,7 +161,15 @@ class Block(nn.Module, Generic[L]):
         self.gated = f.gated
         # the model's own attention call (models/fixed_attention.py), set by Transformer; None: torch's
         self.attention: AttentionFn | None = None
+        self.rows = TORCH  # its row operations (models/row_ops.py), set with the attention (use_rows)
         self.gather_parts()
+
+    def use_rows(self, rows: RowOps) -> None:
+        """Compute the block's row operations (and its norms') with `rows`."""
+        self.rows = rows
+        for norm in (self.attn_norm, self.mlp_norm, self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.use_rows(rows)
 
     def gather_parts(self) -> None:
         """Plain references to the submodules (nn.Module.__getattr__ costs microseconds a lookup, every
@@ -192,15 +193,14 @@ class Block(nn.Module, Generic[L]):
         if q_norm is not None and k_norm is not None:
             qk = torch.cat([q_norm.forward(qk[:, :, :nq]), k_norm.forward(qk[:, :, nq:])], dim=2)
         if rope is not None:  # rotate q and k heads in one go
-            qk = apply_rope(qk, *rope)
+            qk = self.rows.apply_rope(qk, *rope)
         k = qk[:, :, nq:].transpose(1, 2)
         v = qkv[:, cfg.q_dim + cfg.kv_dim :].view(b, t, nkv, hd).transpose(1, 2)
         keys, values = cache.write(self.layer, k, v)
         x = x + o_proj.forward(attend(qk[:, :, :nq], keys, values, batch, self.attention))
         h = up_proj.forward(mlp_norm.forward(x))
         if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
+            h = self.rows.silu_mul(h)
         else:
             h = F.gelu(h, approximate="tanh")
         return x + down_proj.forward(h)
@@ -355,6 +355,8 @@ class Transformer(Extends, nn.Module):
             self._invariant = invariant_attention(self.device)
             for blk in self.blocks():
                 blk.attention = self._invariant.run
+                blk.use_rows(self._invariant.rows)
+            self.norm.use_rows(self._invariant.rows)
         return self._invariant
 
     @property

@@ -6,20 +6,26 @@
 //
 // Why it exists: a one-token step of a small model is dozens of small torch calls a layer, each paying
 // Python's argument parsing and dispatch (microseconds) on top of its work, where the weights' read
-// is tens of microseconds a layer. Here those calls cost only ATen's C++ dispatch, and Python pays one
-// call a forward instead of one per operation.
+// is tens of microseconds a layer. Here Python pays one call a forward, and the block's row operations
+// (RMSNorm, the rotation, the SiLU-gated product, bias and residual adds, the cache's writes) are plain
+// loops on the rows, without ATen's dispatch and allocations: the eager blocks call the same loops as
+// ops (`rms_norm`, `rope`, `silu_mul`: models/row_ops.py), so both compute the same numbers.
 // Built once per machine by specstack/models/native.py; it needs the w4a8 and attention libraries loaded.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "vec_math.h"
 
 namespace {
 
@@ -27,6 +33,151 @@ using at::indexing::Slice;
 
 c10::OperatorHandle find_op(const std::string& name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "");
+}
+
+using specstack_vec::exp8;
+using specstack_vec::hsum;
+constexpr int64_t kLanes = 8;
+constexpr int64_t kRowWork = 1 << 15;  // floats a task of a row operation's parallel_for takes at least
+
+// f(r0, r1) over rows 0..n of d floats each, split over threads for long calls only (a row's numbers
+// never depend on the split: every row is computed on its own)
+template <class F>
+void over_rows(int64_t n, int64_t d, const F& f) {
+  if (n * d <= kRowWork) return f(0, n);  // a decode step's rows: no parallel region to enter
+  at::parallel_for(0, n, std::max<int64_t>(1, kRowWork / std::max<int64_t>(d, 1)), f);
+}
+
+// RMSNorm of rows x [n, d] (contiguous) into y: y = (x r) w with r = 1 / sqrt(sum(x^2) / d + eps), the sum
+// 8 lanes each over its columns in order, the lanes in one fixed order, then the tail columns in order.
+void rms_rows(const float* x, const float* w, int64_t n, int64_t d, float eps, float* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xr = x + i * d;
+    float* yr = y + i * d;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + kLanes <= d; c += kLanes) {
+      const __m256 v = _mm256_loadu_ps(xr + c);
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+    }
+    float ss = hsum(acc);
+    for (; c < d; ++c) ss += xr[c] * xr[c];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
+    const __m256 rv = _mm256_set1_ps(r);
+    for (c = 0; c + kLanes <= d; c += kLanes)
+      _mm256_storeu_ps(yr + c, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + c), rv), _mm256_loadu_ps(w + c)));
+    for (; c < d; ++c) yr[c] = (xr[c] * r) * w[c];
+  }
+}
+
+// The rotation of one head's d floats: y = fma(roll(x, d / 2), sin, x cos) (sin signed: [-sin | sin]),
+// the numbers of torch's addcmul(x * cos, x.roll(d / 2), sin), which fuses its multiply-add, bit for bit
+void rope_head(const float* x, const float* cs, const float* sn, int64_t d, float* y) {
+  const int64_t half = d / 2;
+  int64_t j = 0;
+  if (half % kLanes == 0) {
+    for (; j < d; j += kLanes) {
+      const __m256 rot = _mm256_loadu_ps(x + (j < half ? j + half : j - half));
+      const __m256 xc = _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(cs + j));
+      _mm256_storeu_ps(y + j, _mm256_fmadd_ps(rot, _mm256_loadu_ps(sn + j), xc));
+    }
+  }
+  for (; j < d; ++j) y[j] = std::fma(x[j < half ? j + half : j - half], sn[j], x[j] * cs[j]);
+}
+
+// silu(g) u of rows h [n, 2f] = [g | u] (contiguous) into y [n, f]: (g / (1 + exp(-g))) u, exp8's exp
+void silu_mul_rows(const float* h, int64_t n, int64_t f, float* y) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* g = h + i * 2 * f;
+    const float* u = g + f;
+    float* yr = y + i * f;
+    int64_t c = 0;
+    for (; c + kLanes <= f; c += kLanes) {
+      const __m256 gv = _mm256_loadu_ps(g + c);
+      const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_xor_ps(gv, sign))));
+      _mm256_storeu_ps(yr + c, _mm256_mul_ps(s, _mm256_loadu_ps(u + c)));
+    }
+    if (c < f) {  // the tail through the same vector operations, padded
+      alignas(32) float gt[kLanes] = {}, ut[kLanes] = {}, yt[kLanes];
+      std::copy(g + c, g + f, gt);
+      std::copy(u + c, u + f, ut);
+      const __m256 gv = _mm256_load_ps(gt);
+      const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_xor_ps(gv, sign))));
+      _mm256_store_ps(yt, _mm256_mul_ps(s, _mm256_load_ps(ut)));
+      std::copy(yt, yt + (f - c), yr + c);
+    }
+  }
+}
+
+// y += a elementwise (a bias of y's width broadcast over its rows when a has fewer elements): exact, as
+// ATen's add is, whichever operand comes first
+void add_into(at::Tensor& y, const at::Tensor& a) {
+  float* yp = y.data_ptr<float>();
+  const float* ap = a.data_ptr<float>();
+  const int64_t m = a.numel();
+  for (int64_t r = 0; r < y.numel() / m; ++r)
+    for (int64_t j = 0; j < m; ++j) yp[r * m + j] += ap[j];
+}
+
+bool plain_floats(const at::Tensor& t) { return t.scalar_type() == at::kFloat && t.is_contiguous(); }
+
+// -- the row operations as ops (models/row_ops.py): float32 tensors on the CPU --------------------------
+
+// x [..., d] normalised over its last dimension with weight w [d]
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 1 && x.dim() >= 1 &&
+                  x.size(-1) == w.size(0), "rms_norm: float32 x [..., d] and w [d]");
+  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+  at::Tensor y = at::empty(xc.sizes(), xc.options());
+  const int64_t d = w.size(0), n = d ? xc.numel() / d : 0;
+  const float *xp = xc.data_ptr<float>(), *wp = wc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  over_rows(n, d, [&](int64_t r0, int64_t r1) { rms_rows(xp + r0 * d, wp, r1 - r0, d, static_cast<float>(eps), yp + r0 * d); });
+  return y;
+}
+
+// x [B, T, H, D] rotated by the rows cos, sin [B, T, 1, D] of its tokens; contiguous out
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat && x.size(3) % 2 == 0,
+              "rope: float32 x [B, T, H, D] with D even");
+  const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
+  TORCH_CHECK(cos.dim() == 4 && cos.size(0) == b && cos.size(1) == t && cos.size(2) == 1 && cos.size(3) == d &&
+                  sin.sizes() == cos.sizes(), "rope: cos and sin [B, T, 1, D] for x [B, T, H, D]");
+  const at::Tensor xc = x.stride(3) == 1 ? x : x.contiguous();
+  const at::Tensor cc = cos.contiguous(), sc = sin.contiguous();
+  at::Tensor y = at::empty({b, t, h, d}, x.options());
+  const float *xp = xc.data_ptr<float>(), *cp = cc.data_ptr<float>(), *sp = sc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t s0 = xc.stride(0), s1 = xc.stride(1), s2 = xc.stride(2);
+  over_rows(b * t, h * d, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < h; ++j)
+        rope_head(xp + (r / t) * s0 + (r % t) * s1 + j * s2, cp + r * d, sp + r * d, d, yp + (r * h + j) * d);
+  });
+  return y;
+}
+
+// h [..., 2F] = [gate | up] -> silu(gate) up [..., F]
+at::Tensor silu_mul(const at::Tensor& h) {
+  TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() >= 1 && h.size(-1) % 2 == 0,
+              "silu_mul: float32 h [..., 2F]");
+  const at::Tensor hc = h.contiguous();
+  const int64_t f = h.size(-1) / 2, n = f ? hc.numel() / (2 * f) : 0;
+  std::vector<int64_t> shape(hc.sizes().begin(), hc.sizes().end());
+  shape.back() = f;
+  at::Tensor y = at::empty(shape, hc.options());
+  const float* hp = hc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  over_rows(n, 2 * f, [&](int64_t r0, int64_t r1) { silu_mul_rows(hp + r0 * 2 * f, r1 - r0, f, yp + r0 * f); });
+  return y;
+}
+
+// transformer.py's Norm: the RMSNorm above, or a LayerNorm
+at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps, bool rms) {
+  if (rms) return rms_norm(x, w, eps);
+  return at::layer_norm(x, {w.size(0)}, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt, eps);
 }
 
 // One linear: its w4a8 op (x, codes, scales[, third]) -> y, and its bias added in place after it, as
@@ -43,16 +194,21 @@ struct Linear {
     for (const at::Tensor& t : tensors) stack.emplace_back(t);
     op->callBoxed(&stack);
     at::Tensor y = std::move(stack[0]).toTensor();
-    if (bias.defined()) y.add_(bias);
+    if (bias.defined()) {
+      if (plain_floats(y) && plain_floats(bias)) add_into(y, bias);
+      else y.add_(bias);
+    }
     return y;
   }
 };
 
-// transformer.py's Norm: RMSNorm through LayerNorm's kernel on [x, -x] (rms_norm), or a LayerNorm
-at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps, bool rms) {
-  const int64_t d = w.size(0);
-  if (!rms) return at::layer_norm(x, {d}, w, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt, eps);
-  return at::layer_norm(at::cat({x, x.neg()}, -1), {2 * d}, std::nullopt, std::nullopt, eps).slice(-1, 0, d) * w;
+// x + y, into y (a fresh output of a linear): the residual stream's add
+at::Tensor residual(const at::Tensor& x, at::Tensor y) {
+  if (plain_floats(x) && plain_floats(y) && x.sizes() == y.sizes()) {
+    add_into(y, x);
+    return y;
+  }
+  return x + y;
 }
 
 struct Layer {
@@ -77,23 +233,49 @@ struct Step {
   c10::OperatorHandle attention;
 };
 
+// The block's keys and values into the cache's slots of the one-row layout (cache.py's KVCache.write
+// with write_idx: rows 0..b-1, the block's t slots): qk [b, t, nq + nkv, hd] (contiguous, roped), v the
+// value columns of h [b t, ...]. A copy, as index_copy_ is.
+void write_kv(const at::Tensor& kl, const at::Tensor& vl, const at::Tensor& qk, const at::Tensor& h, int64_t v_col,
+              const at::Tensor& idx, int64_t b, int64_t t, int64_t nq, int64_t nkv, int64_t hd) {
+  const int64_t* slot = idx.data_ptr<int64_t>();
+  const float* qp = qk.data_ptr<float>();
+  const float* hp = h.data_ptr<float>();
+  float* kp = kl.data_ptr<float>();
+  float* vp = vl.data_ptr<float>();
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t j = 0; j < nkv; ++j)
+      for (int64_t ti = 0; ti < t; ++ti) {
+        const int64_t at_k = bi * kl.stride(0) + j * kl.stride(1) + slot[ti] * kl.stride(2);
+        const int64_t at_v = bi * vl.stride(0) + j * vl.stride(1) + slot[ti] * vl.stride(2);
+        std::copy_n(qp + ((bi * t + ti) * (nq + nkv) + nq + j) * hd, hd, kp + at_k);
+        std::copy_n(hp + (bi * t + ti) * h.stride(0) + v_col + j * hd, hd, vp + at_v);
+      }
+}
+
 at::Tensor block(const Layer& L, int64_t layer, at::Tensor x, const Step& s) {
   const int64_t b = s.b, t = s.t;
   const at::Tensor h = L.qkv(norm(x, L.attn_w, L.attn_b, L.eps, L.rms));
   at::Tensor qk = h.slice(1, 0, L.q_dim + L.kv_dim).view({b, t, L.nq + L.nkv, L.hd});
   if (L.q_norm.defined())
-    qk = at::cat({norm(qk.slice(2, 0, L.nq), L.q_norm, {}, L.eps, true), norm(qk.slice(2, L.nq), L.k_norm, {}, L.eps, true)}, 2);
-  if (s.cos.defined()) qk = at::addcmul(qk * s.cos, qk.roll({L.hd / 2}, {-1}), s.sin);
+    qk = at::cat({rms_norm(qk.slice(2, 0, L.nq), L.q_norm, L.eps), rms_norm(qk.slice(2, L.nq), L.k_norm, L.eps)}, 2);
+  if (s.cos.defined()) qk = rope(qk, s.cos, s.sin);
   // cache.py's KVCache.write
   at::Tensor kl = s.k_all.select(0, layer), vl = s.v_all.select(0, layer);
-  const at::Tensor k = qk.slice(2, L.nq).transpose(1, 2).to(kl.scalar_type());
-  const at::Tensor v = h.slice(1, L.q_dim + L.kv_dim).view({b, t, L.nkv, L.hd}).transpose(1, 2).to(vl.scalar_type());
-  if (s.write_idx.defined()) {
-    (s.one_row ? kl.slice(0, 0, 1) : kl).index_copy_(2, s.write_idx, k);
-    (s.one_row ? vl.slice(0, 0, 1) : vl).index_copy_(2, s.write_idx, v);
+  if (s.write_idx.defined() && qk.is_contiguous() && h.stride(1) == 1 && kl.scalar_type() == at::kFloat &&
+      vl.scalar_type() == at::kFloat && kl.stride(3) == 1 && vl.stride(3) == 1 && s.write_idx.scalar_type() == at::kLong &&
+      s.write_idx.is_contiguous()) {
+    write_kv(kl, vl, qk, h, L.q_dim + L.kv_dim, s.write_idx, b, t, L.nq, L.nkv, L.hd);
   } else {
-    kl.index_put_({s.rows, Slice(), s.slots}, k.transpose(1, 2).reshape({-1, L.nkv, L.hd}));
-    vl.index_put_({s.rows, Slice(), s.slots}, v.transpose(1, 2).reshape({-1, L.nkv, L.hd}));
+    const at::Tensor k = qk.slice(2, L.nq).transpose(1, 2).to(kl.scalar_type());
+    const at::Tensor v = h.slice(1, L.q_dim + L.kv_dim).view({b, t, L.nkv, L.hd}).transpose(1, 2).to(vl.scalar_type());
+    if (s.write_idx.defined()) {
+      (s.one_row ? kl.slice(0, 0, 1) : kl).index_copy_(2, s.write_idx, k);
+      (s.one_row ? vl.slice(0, 0, 1) : vl).index_copy_(2, s.write_idx, v);
+    } else {
+      kl.index_put_({s.rows, Slice(), s.slots}, k.transpose(1, 2).reshape({-1, L.nkv, L.hd}));
+      vl.index_put_({s.rows, Slice(), s.slots}, v.transpose(1, 2).reshape({-1, L.nkv, L.hd}));
+    }
   }
   const at::Tensor keys = kl.slice(0, 0, b).slice(2, 0, s.s_used), values = vl.slice(0, 0, b).slice(2, 0, s.s_used);
   // attention.py's attend (one block of rows) with the fixed-order kernel
@@ -102,15 +284,9 @@ at::Tensor block(const Layer& L, int64_t layer, at::Tensor x, const Step& s) {
                                                     const std::optional<at::Tensor>&, bool)>()
                            .call(q.transpose(1, 2), keys, values,
                                  s.mask.defined() ? std::optional<at::Tensor>(s.mask) : std::nullopt, s.is_causal);
-  x = x + L.o(a.transpose(1, 2).reshape({b * t, L.nq * L.hd}).to(x.scalar_type()));
-  at::Tensor m = L.up(norm(x, L.mlp_w, L.mlp_b, L.eps, L.rms));
-  if (L.gated) {
-    const std::vector<at::Tensor> gu = m.chunk(2, -1);
-    m = at::silu(gu[0]) * gu[1];
-  } else {
-    m = at::gelu(m, "tanh");
-  }
-  return x + L.down(m);
+  x = residual(x, L.o(a.transpose(1, 2).reshape({b * t, L.nq * L.hd}).to(x.scalar_type())));
+  const at::Tensor m = L.up(norm(x, L.mlp_w, L.mlp_b, L.eps, L.rms));
+  return residual(x, L.down(L.gated ? silu_mul(m) : at::gelu(m, "tanh")));
 }
 
 at::Tensor optional_tensor(const at::Tensor& t) { return t.numel() ? t : at::Tensor(); }
@@ -184,9 +360,18 @@ class Decoder : public torch::CustomClassHolder {
 }  // namespace
 
 TORCH_LIBRARY(specstack_layer, lib) {
+  lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  lib.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  lib.def("silu_mul(Tensor h) -> Tensor");
   lib.class_<Decoder>("Decoder")
       .def(torch::init<>())
       .def("add_layer", &Decoder::add_layer)
       .def("size", &Decoder::size)
       .def("forward", &Decoder::forward);
+}
+
+TORCH_LIBRARY_IMPL(specstack_layer, CPU, lib) {
+  lib.impl("rms_norm", &rms_norm);
+  lib.impl("rope", &rope);
+  lib.impl("silu_mul", &silu_mul);
 }

@@ -286,14 +286,12 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const Scales& sc
   const at::Tensor xc = x.contiguous(), cc = codes.contiguous();
   at::Tensor y = at::empty({rows, n_out}, x.options());
   if (rows == 0 || n_out == 0) return y;
-  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
-  at::Tensor dx = at::empty({rows, groups}, x.options());
-  at::Tensor sx = at::empty({rows, groups}, x.options());
-  quantize_rows(xc.data_ptr<float>(), rows, k, q.data_ptr<int8_t>(), dx.data_ptr<float>(), sx.data_ptr<float>());
+  const specstack_w4a8::Rounded rounded = specstack_w4a8::round_scratch(rows, k, 0);
+  quantize_rows(xc.data_ptr<float>(), rows, k, rounded.q, rounded.dx, rounded.sx);
   const uint8_t* w = static_cast<const uint8_t*>(cc.data_ptr());
-  const int8_t* qp = q.data_ptr<int8_t>();
-  const float* dxp = dx.data_ptr<float>();
-  const float* sxp = sx.data_ptr<float>();
+  const int8_t* qp = rounded.q;
+  const float* dxp = rounded.dx;
+  const float* sxp = rounded.sx;
   float* yp = y.data_ptr<float>();
   const int64_t stride = row_bytes<W>(groups);
   sweep(n_out, rows, 32, kRowTile, [&](int64_t n, int64_t r, int64_t left) {
@@ -620,15 +618,12 @@ at::Tensor matmul_vnni(const at::Tensor& x, const at::Tensor& codes, const Scale
   const at::Tensor xc = x.contiguous(), cc = codes.contiguous();
   at::Tensor y = at::empty({rows, n_out}, x.options());
   if (rows == 0 || n_out == 0) return y;
-  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
-  at::Tensor dx = at::empty({rows, groups}, x.options());
-  at::Tensor sx = at::empty({rows, groups}, x.options());
-  at::Tensor neg = at::empty({B == Bits::kFour ? 0 : rows, k / 4}, x.options().dtype(at::kInt));
+  const specstack_w4a8::Rounded rounded = specstack_w4a8::round_scratch(rows, k, B == Bits::kFour ? 0 : k / 4);
   const float* xp = xc.data_ptr<float>();
-  int8_t* qw = q.data_ptr<int8_t>();
-  float* dxw = dx.data_ptr<float>();
-  float* sxw = sx.data_ptr<float>();
-  int32_t* negw = neg.data_ptr<int32_t>();
+  int8_t* qw = rounded.q;
+  float* dxw = rounded.dx;
+  float* sxw = rounded.sx;
+  int32_t* negw = rounded.ints;  // the offsets' lane sums (not the 4-bit format's)
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // the rows' rounding, each row on its own
     for (int64_t r = r0; r < r1; ++r) {
       specstack_w4a8::quantize_row_vnni(xp + r * k, k, qw + r * k, dxw + r * groups, sxw + r * groups, !kEight);

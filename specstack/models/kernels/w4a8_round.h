@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
@@ -35,6 +36,29 @@ inline void prefetch_ahead(const uint8_t* p) {
 inline int64_t set_prefetch(int64_t bytes) {
   TORCH_CHECK(bytes >= 0, "w4a8: the prefetch distance is a byte count >= 0");
   return std::exchange(prefetch_distance(), bytes);
+}
+
+// A calling thread's scratch for a matmul's rounded activations (codes, scales, sums, and `ints` int32s a
+// row for a path's offsets), grown to its largest call and reused: a decode step makes a hundred small
+// calls, and four allocations each were a visible share of its time outside the products. A call uses it
+// until it returns (its worker threads only read it meanwhile).
+struct Rounded {
+  int8_t* q;
+  float* dx;
+  float* sx;
+  int32_t* ints;
+};
+
+inline Rounded round_scratch(int64_t rows, int64_t k, int64_t ints) {
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> dx, sx;
+  thread_local std::vector<int32_t> in;
+  const auto grow = [](auto& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+    return v.data();
+  };
+  const int64_t groups = k / kGroup;
+  return {grow(q, rows * k), grow(dx, rows * groups), grow(sx, rows * groups), grow(in, rows * ints)};
 }
 
 // f(std::integral_constant<int, R>) for R = rows (1 <= rows <= Most): a tile's row count as a constant

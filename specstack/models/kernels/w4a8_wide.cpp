@@ -142,15 +142,12 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const BlockScale
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({rows, n_out}, x.options());
   if (rows == 0 || n_out == 0) return y;
-  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
-  at::Tensor dx = at::empty({rows, groups}, x.options());
-  at::Tensor sx = at::empty({rows, groups}, x.options());
-  at::Tensor halves = at::empty({rows, 2 * groups}, x.options().dtype(at::kInt));
+  const specstack_w4a8::Rounded rounded = specstack_w4a8::round_scratch(rows, k, 2 * groups);
   const float* xp = xc.data_ptr<float>();
-  int8_t* qp = q.data_ptr<int8_t>();
-  float* dxp = dx.data_ptr<float>();
-  float* sxp = sx.data_ptr<float>();
-  int32_t* hp = halves.data_ptr<int32_t>();
+  int8_t* qp = rounded.q;
+  float* dxp = rounded.dx;
+  float* sxp = rounded.sx;
+  int32_t* hp = rounded.ints;  // each group's two halves' sums
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // each row rounded on its own
     for (int64_t r = r0; r < r1; ++r)
       specstack_w4a8::quantize_row_vnni(xp + r * k, k, qp + r * k, dxp + r * groups, sxp + r * groups, false,
