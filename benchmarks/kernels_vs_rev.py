@@ -49,24 +49,9 @@ def build_rev(rev: str, out: Path) -> None:
 
 
 def rev_decoder(model) -> nd.NativeDecoder:
-    """A NativeDecoder of `model` on the revision's Decoder class and ops (today's constructor, renamed)."""
-    cfg, f = model.config, model.config.block
-    dec = nd.NativeDecoder.__new__(nd.NativeDecoder)
-    dec.n_layers = cfg.n_layers
-    dec.decoder = torch.classes.specstack_layer_rev.Decoder()
-    dims = [cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim, int(f.norm == "rms"), int(f.gated)]
-    for blk in model.blocks():
-        ops, tensors, counts, biases = [], [], [], []
-        for lin in (blk.qkv, blk.o, blk.up, blk.down):
-            op, ts, bias = nd._linear(lin)
-            ops.append(op.replace("specstack_w4a8_wide::", "specstack_w4a8_wide_rev::"))
-            tensors += ts
-            counts.append(len(ts))
-            biases.append(bias)
-        norms = [blk.attn_norm.weight, nd._or_empty(blk.attn_norm.bias), blk.mlp_norm.weight, nd._or_empty(blk.mlp_norm.bias),
-                 nd._or_empty(blk.q_norm and blk.q_norm.weight), nd._or_empty(blk.k_norm and blk.k_norm.weight)]
-        dec.decoder.add_layer(dims, cfg.norm_eps, ops, tensors, counts, biases, norms)
-    return dec
+    """A NativeDecoder of `model` on the revision's Decoder class and its ops."""
+    return nd.NativeDecoder(model, torch.classes.specstack_layer_rev.Decoder(),
+                            lambda op: op.replace("specstack_w4a8_wide::", "specstack_w4a8_wide_rev::"))
 
 
 def main() -> None:

@@ -8,14 +8,23 @@ import platform
 from pathlib import Path
 
 
-def cpu_model() -> str:
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first CPU's model name with its family and model numbers: a virtual machine's name can be as
+    bare as "AMD EPYC" on a Zen 4 and a Zen 5 alike, and a measured curve of one must not serve the other."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields: dict[str, str] = {}
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if not key and fields:  # the first CPU's block ends
+                break
+            fields.setdefault(key, value.strip())
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        fields = {}
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']} model {fields['model']})"
+    return name
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:

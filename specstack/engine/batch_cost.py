@@ -31,7 +31,8 @@ per point.
 Measuring is lazy: a grid row count is measured when `cost` first needs it (a batch of 8 never measures
 64 rows), the one-row curve again when a wider width curve is asked for than it holds, and every curve
 is kept on disk (SPECSTACK_CACHE/batch_costs.json) under `machine_key`: what a forward's time depends
-on, plus the measurement's version and the context per row. The next process starts at once; delete
+on (the CPU's family and the kernels' sources among it), plus the measurement's version and the context
+per row. The next process starts at once; delete
 the file to measure again (after a change of machine load, say).
 """
 from __future__ import annotations
@@ -52,6 +53,7 @@ from specstack.engine.timing import RowForwards, ragged_tokens, random_context
 from specstack.errors import SpecstackError
 from specstack.files import atomic_write_text
 from specstack.machine import cpu_model
+from specstack.models import native
 from specstack.models.base import LoadedModel
 from specstack.models.loading import cache_root
 from specstack.models.quant import weights_label
@@ -262,11 +264,11 @@ def batch_costs(lm: LoadedModel, context: int = DEFAULT_CONTEXT, repeats: int | 
 
 def machine_key(lm: LoadedModel, *more: object) -> str:
     """A store key for a measured cost of `lm`'s forwards: the model's shape and weight format with the
-    kernel path that runs it, the device, the thread count, the torch version, the CPU (not the weights'
-    values: a forward's time does not depend on them), then `more` (JSON values: the measurement's
-    version and settings)."""
-    what = [repr(lm.config), weights_label(lm.fmt, lm.model.device), lm.model.device.type, torch.get_num_threads(),
-            torch.__version__, cpu_model(), *more]
+    kernel path that runs it and the kernels' sources, the device, the thread count, the torch version,
+    the CPU with its family (not the weights' values: a forward's time does not depend on them), then
+    `more` (JSON values: the measurement's version and settings)."""
+    what = [repr(lm.config), weights_label(lm.fmt, lm.model.device), native.sources_digest(), lm.model.device.type,
+            torch.get_num_threads(), torch.__version__, cpu_model(), *more]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
 
 

@@ -121,6 +121,14 @@ def available(name: str) -> bool:
     return load(name)
 
 
+@functools.cache
+def sources_digest() -> str:
+    """A hash of every kernel source (models/kernels/): part of the key of a measured forward cost
+    (engine/batch_cost.py), so that a change to the code that runs a forward retires what was measured
+    with the old code."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(SOURCES.iterdir()) if p.is_file())).hexdigest()[:16]
+
+
 def _headers_flag() -> str:
     """A define whose value is the hash of kernels/*.h: torch's builder rebuilds a library when its
     source or flags change, not when a header it includes does, so the header's content is a flag."""

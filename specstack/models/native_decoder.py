@@ -9,7 +9,7 @@ model qualifies (`unfit` says why not), `eager` everywhere. The packed layout of
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -58,19 +58,20 @@ def _or_empty(t: torch.Tensor | None) -> torch.Tensor:
 
 class NativeDecoder:
     """A model's blocks as one native Decoder (layer.cpp); it holds the blocks' tensors themselves, so it
-    is rebuilt whenever they may be replaced (Transformer drops it then)."""
+    is rebuilt whenever they may be replaced (Transformer drops it then). `decoder` and `rename`: another
+    build's empty Decoder and the names of its ops, to compare builds (benchmarks/kernels_vs_rev.py)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, decoder: Any = None, rename: Callable[[str], str] = str) -> None:
         cfg = model.config
         self.n_layers = cfg.n_layers
-        self.decoder = torch.classes.specstack_layer.Decoder()
+        self.decoder = decoder if decoder is not None else torch.classes.specstack_layer.Decoder()
         f = cfg.block
         dims = [cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim, int(f.norm == "rms"), int(f.gated)]
         for blk in model.blocks():
             ops, tensors, counts, biases = [], [], [], []
             for lin in (blk.qkv, blk.o, blk.up, blk.down):
                 op, ts, bias = _linear(lin)
-                ops.append(op)
+                ops.append(rename(op))
                 tensors += ts
                 counts.append(len(ts))
                 biases.append(bias)

@@ -144,6 +144,19 @@ def test_curves_are_kept_per_kernel_path(tiny_llama, counted, monkeypatch):
     assert counted == [1, 1]
 
 
+@pytest.mark.parametrize("change", ["kernels", "cpu"])
+def test_curves_are_kept_per_kernel_source_and_cpu_family(tiny_llama, counted, monkeypatch, change):
+    """A change to the kernels' code, or a CPU of another family under the same bare name (a virtual
+    machine's "AMD EPYC" on a Zen 4 and a Zen 5), retires the curves measured before it."""
+    batch_cost.batch_costs(tiny_llama.lm).cost(1, 1)
+    if change == "kernels":
+        monkeypatch.setattr(batch_cost.native, "sources_digest", lambda: "another source")
+    else:
+        monkeypatch.setattr(batch_cost, "cpu_model", lambda: "AMD EPYC (family 25 model 17)")
+    batch_cost.batch_costs(tiny_llama.lm).cost(1, 1)
+    assert counted == [1, 1]
+
+
 def test_curves_are_kept_per_context(tiny_llama, counted):
     batch_cost.batch_costs(tiny_llama.lm, context=64).cost(1, 1)
     batch_cost.batch_costs(tiny_llama.lm, context=128).cost(1, 1)

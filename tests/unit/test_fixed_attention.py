@@ -128,3 +128,33 @@ def test_the_softmax_weights_hold_over_a_wide_range_of_scores(spread):
         k, v = cache_views(1, 2, s, 64, seed=s)
         want = sdpa64(q, k, v)
         assert (op(q, k, v) - want).abs().max() <= 2e-6 * max(1.0, want.abs().max().item()), s
+
+
+wide_only = pytest.mark.skipif(not (has_fixed and torch.backends.cpu.get_cpu_capability() == "AVX512"),
+                               reason="the attention's AVX-512 loops need an AVX-512 CPU")
+
+
+@wide_only
+@pytest.mark.parametrize("heads,kv_heads,d,s", [(12, 2, 128, 37), (14, 2, 64, 36), (9, 3, 24, 5), (18, 1, 64, 1),
+                                                (4, 4, 8, 50)])
+def test_the_avx512_loops_compute_the_8_lane_loops_numbers(heads, kv_heads, d, s):
+    """Bit for bit, with odd and even key counts, head dimensions an odd multiple of 8 (the last chunk
+    through the 8-lane loop), tiles of 1 to 8 heads, masks and causal blocks: a wider vector is two 8-lane
+    vectors side by side, each doing what the 8-lane loop does."""
+    b, t = 2, 5
+    g = torch.Generator().manual_seed(heads + d)
+    q = torch.randn(b, heads, t, d, generator=g)
+    k, v = cache_views(b, kv_heads, s, d)
+    mask = torch.rand(b, 1, t, s, generator=g) > 0.4
+    mask[:, :, torch.arange(t), torch.arange(t) % s] = True
+    qc = torch.randn(b, heads, s, d, generator=g)
+    calls = [lambda: op(q, k, v, mask), lambda: op(q, k, v), lambda: op(qc, k, v, causal=True)]
+    try:
+        assert torch.ops.specstack_attention.set_wide(True)  # on by default where the CPU has AVX-512
+        wide = [call() for call in calls]
+        torch.ops.specstack_attention.set_wide(False)
+        narrow = [call() for call in calls]
+    finally:
+        torch.ops.specstack_attention.set_wide(True)
+    for a, n in zip(wide, narrow, strict=True):
+        assert torch.equal(a, n)

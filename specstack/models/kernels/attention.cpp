@@ -13,8 +13,12 @@
 //   order (a query's visible keys sit in slots in the order of their positions: committed tokens, then
 //   its ancestors), so the numbers depend on the query's visible keys only;
 // - the query heads that share a key/value head and a position are one tile (they see the same keys),
-//   so keys and values are read once for the group; tiles are spread over threads, never split.
-// Built once per machine by specstack/models/native.py with -mavx2 -mfma -fopenmp, contraction off.
+//   so keys and values are read once for the group; tiles are spread over threads, never split;
+// - on an AVX-512 CPU the dot products and weighted sums run on 512-bit vectors that are two of those
+//   8-lane vectors side by side (two keys, or two column chunks), so the numbers are the 8-lane loops'
+//   on every CPU, bit for bit, at half the instructions.
+// Built once per machine by specstack/models/native.py with -mavx2 -mfma -fopenmp, contraction off (the
+// AVX-512 loops compiled for that target on their own, run where the CPU reports it).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -27,6 +31,7 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "vec_math.h"
@@ -73,6 +78,79 @@ void weighted(const float* p, const float* denom, const float* v, int64_t v_stri
   }
 }
 
+
+// The same two loops on AVX-512, the same numbers: a 512-bit vector holds two 8-lane vectors of the loops
+// above side by side, each half doing exactly what one 8-lane vector did there, so every score and output
+// lane is the same sequence of fp32 operations (tested bit for bit against the 8-lane loops). Half the
+// instructions, and twice the registers for independent chains.
+#define WIDE_FN __attribute__((target("avx512f,avx512dq")))
+
+WIDE_FN inline __m512 pair(const float* a, const float* b) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+}
+
+// scores<R>, two keys a vector (lanes 0-7 key i's 8-lane sums, 8-15 key i + n / 2's: two sequential
+// streams through the keys, which the hardware prefetchers follow; adjacent keys side by side read a
+// long head's rows cold from memory at a third less speed); q2 holds each query row doubled per 8 columns
+// ([q[c..c+8) | q[c..c+8)], stride 2 d)
+template <int R>
+WIDE_FN void scores_wide(const float* q, const float* q2, const float* k, int64_t k_stride,
+                         const std::vector<int64_t>& keys, int64_t d, float scale, float* out) {
+  const int64_t n = static_cast<int64_t>(keys.size()), half = n / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float* k0 = k + keys[i] * k_stride;
+    const float* k1 = k + keys[i + half] * k_stride;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c += kLanes) {
+      const __m512 kv = pair(k0 + c, k1 + c);
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q2 + r * 2 * d + 2 * c), kv, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) {
+      out[r * n + i] = hsum(_mm512_castps512_ps256(acc[r])) * scale;
+      out[r * n + i + half] = hsum(_mm512_extractf32x8_ps(acc[r], 1)) * scale;
+    }
+  }
+  if (n % 2) {  // an odd key count: the last key through the 8-lane loop
+    const std::vector<int64_t> last{keys[n - 1]};
+    float tail[kTile];
+    scores<R>(q, k, k_stride, last, d, scale, tail);
+    for (int r = 0; r < R; ++r) out[r * n + n - 1] = tail[r];
+  }
+}
+
+// weighted<R>, 16 columns a vector (the 8-lane loop's chunks c and c + 8 side by side)
+template <int R>
+WIDE_FN void weighted_wide(const float* p, const float* denom, const float* v, int64_t v_stride,
+                           const std::vector<int64_t>& keys, int64_t d, float* out, int64_t out_stride) {
+  const int64_t n = static_cast<int64_t>(keys.size());
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= d; c += 2 * kLanes) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; ++i) {
+      const __m512 vv = _mm512_loadu_ps(v + keys[i] * v_stride + c);
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * n + i]), vv, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * out_stride + c, _mm512_div_ps(acc[r], _mm512_set1_ps(denom[r])));
+  }
+  if (c < d)  // d an odd multiple of 8: the last chunk through the 8-lane loop
+    weighted<R>(p, denom, v + c, v_stride, keys, d - c, out + c, out_stride);
+}
+
+// Whether `fixed` runs the AVX-512 loops: where the CPU has them, unless the `set_wide` op turned them off
+// (the tests compare both on one machine, benchmarks time both)
+bool& wide_wanted() {
+  static bool on = true;
+  return on;
+}
+
+bool wide_here() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return has && wide_wanted();
+}
+
+bool set_wide(bool on) { return std::exchange(wide_wanted(), on); }
 
 // A query row's softmax weights in place: p[i] = exp(p[i] - max p) over its n scores; returns their sum
 // (8 lanes, each summing its keys in order, then the lanes in one fixed order). Every key goes through
@@ -138,6 +216,7 @@ at::Tensor fixed(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& 
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  const bool wide = wide_here();
   // one task: a row, a key/value head and a position (the g query heads that share them)
   at::parallel_for(0, b * hkv * t, 1, [&](int64_t first, int64_t last) {
     thread_local std::vector<int64_t> keys;  // reused across calls: no allocations a decode step
@@ -159,17 +238,26 @@ at::Tensor fixed(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& 
         float* orow = op + ((bi * h + head) * t + ti) * d;
         p.assign(static_cast<size_t>(rows * n), 0.f);
         float denom[kTile];
-        // the tile's queries gathered (their heads are t * d apart)
+        // the tile's queries gathered (their heads are t * d apart), and doubled for the wide loops
         float qt[kTile * 256];
+        alignas(64) float q2[kTile * 512];
         for (int64_t r = 0; r < rows; ++r) std::copy(qr + r * t * d, qr + r * t * d + d, qt + r * d);
+        if (wide)
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < d; c += kLanes) {
+              std::copy(qt + r * d + c, qt + r * d + c + kLanes, q2 + r * 2 * d + 2 * c);
+              std::copy(qt + r * d + c, qt + r * d + c + kLanes, q2 + r * 2 * d + 2 * c + kLanes);
+            }
         by_rows<kTile>(rows, [&](auto rt) {
           constexpr int R = decltype(rt)::value;
-          scores<R>(qt, kb, k.stride(2), keys, d, scale, p.data());
+          if (wide) scores_wide<R>(qt, q2, kb, k.stride(2), keys, d, scale, p.data());
+          else scores<R>(qt, kb, k.stride(2), keys, d, scale, p.data());
           for (int r = 0; r < R; ++r) {
             const float sum = softmax_weights(p.data() + r * n, n);
             denom[r] = sum > 0.f ? sum : 1.f;  // no visible key: zeros out
           }
-          weighted<R>(p.data(), denom, vb, v.stride(2), keys, d, orow, t * d);
+          if (wide) weighted_wide<R>(p.data(), denom, vb, v.stride(2), keys, d, orow, t * d);
+          else weighted<R>(p.data(), denom, vb, v.stride(2), keys, d, orow, t * d);
         });
       }
     }
@@ -181,6 +269,7 @@ at::Tensor fixed(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& 
 
 TORCH_LIBRARY(specstack_attention, lib) {
   lib.def("fixed(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal) -> Tensor");
+  lib.def("set_wide(bool on) -> bool", &set_wide);
 }
 
 TORCH_LIBRARY_IMPL(specstack_attention, CPU, lib) { lib.impl("fixed", &fixed); }
