@@ -116,6 +116,7 @@ void add_into(at::Tensor& y, const at::Tensor& a) {
   float* yp = y.data_ptr<float>();
   const float* ap = a.data_ptr<float>();
   const int64_t m = a.numel();
+  if (m == 0) return;  // nothing to add (no rows)
   for (int64_t r = 0; r < y.numel() / m; ++r)
     for (int64_t j = 0; j < m; ++j) yp[r * m + j] += ap[j];
 }
