@@ -45,12 +45,13 @@ constexpr int64_t kLanes = 8;
 constexpr int64_t kTile = 8;  // query heads whose accumulators stay in registers together
 
 
-// R query rows (stride d) against each visible key: their scaled scores (scores[r * n + i], i over `keys`)
+// R query rows (stride d) against the visible keys from the `first`: their scaled scores (out[r * n + i],
+// i over `keys`)
 template <int R>
 void scores(const float* q, const float* k, int64_t k_stride, const std::vector<int64_t>& keys, int64_t d,
-            float scale, float* out) {
+            float scale, float* out, int64_t first = 0) {
   const int64_t n = static_cast<int64_t>(keys.size());
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = first; i < n; ++i) {
     const float* kj = k + keys[i] * k_stride;
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -111,12 +112,7 @@ WIDE_FN void scores_wide(const float* q, const float* q2, const float* k, int64_
       out[r * n + i + half] = hsum(_mm512_extractf32x8_ps(acc[r], 1)) * scale;
     }
   }
-  if (n % 2) {  // an odd key count: the last key through the 8-lane loop
-    const std::vector<int64_t> last{keys[n - 1]};
-    float tail[kTile];
-    scores<R>(q, k, k_stride, last, d, scale, tail);
-    for (int r = 0; r < R; ++r) out[r * n + n - 1] = tail[r];
-  }
+  if (n % 2) scores<R>(q, k, k_stride, keys, d, scale, out, n - 1);  // an odd key count: the last key 8-lane
 }
 
 // weighted<R>, 16 columns a vector (the 8-lane loop's chunks c and c + 8 side by side)
