@@ -3,8 +3,9 @@ w4a8 formats on a C++ kernel path with the fixed-order attention: the same opera
 blocks (transformer.Block.forward), bit for bit, without a Python call per operation.
 
 A table of two, as the kernels are (`DECODERS`; `SPECSTACK_DECODER` forces one): `native` where the
-model qualifies (`unfit` says why not), `eager` everywhere. The packed layout of a ragged batch
-(AttentionBatch.runs) always runs eagerly: its attention is a Python loop over runs.
+model qualifies (`unfit` says why not), `eager` everywhere. Both layouts of a batch run natively: a [B, T]
+block's attention is one call, a packed block's (AttentionBatch.runs: a ragged batch's SPLIT layout, a
+batched draft's appended levels) one call a run, as attention.attend makes them.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specstack.attention import AttentionBatch
+from specstack.attention import AttentionBatch, RowRun
 from specstack.cache import KVCache
 from specstack.errors import SpecstackError
 from specstack.models import native
@@ -82,14 +83,27 @@ class NativeDecoder:
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, batch: AttentionBatch,
                 cache: KVCache, hidden_layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """x [B*T, d] through every block; the outputs of blocks `hidden_layers` (1-based) beside it."""
+        """x [B*T, d] (a packed block: [N, d]) through every block; the outputs of blocks `hidden_layers`
+        (1-based) beside it."""
         b, t = batch.positions.shape
         w = cache.write_slots()
         wanted = sorted(i for i in set(hidden_layers) if 1 <= i <= self.n_layers)
         cos, sin = rope if rope is not None else (None, None)
+        dims, tensors = _runs(batch.runs or ())
         x, hidden = self.decoder.forward(x, cos, sin, w.k, w.v, w.write_idx, w.rows, w.slots, w.one_row, b, t,
-                                         w.s_used, batch.mask, batch.is_causal, wanted)
+                                         w.s_used, cache.batch_size, batch.mask, batch.is_causal, dims, tensors,
+                                         wanted)
         return x, dict(zip(wanted, hidden, strict=True))
+
+
+def _runs(runs: Sequence[RowRun]) -> tuple[list[int], list[torch.Tensor]]:
+    """A packed block's runs as Decoder.forward takes them: 6 numbers and 3 tensors (empty: none) a run."""
+    dims: list[int] = []
+    tensors: list[torch.Tensor] = []
+    for r in runs:
+        dims += [r.start, r.stop, r.tokens, r.first, r.keys, int(r.is_causal)]
+        tensors += [_or_empty(r.mask), _or_empty(r.gather), _or_empty(r.real)]
+    return dims, tensors
 
 
 def forced_decoder() -> str | None:

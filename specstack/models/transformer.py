@@ -396,7 +396,7 @@ class Transformer(Extends, nn.Module):
             hidden[0] = x.view(b, t, -1)
         if not self._native_chosen:
             self._native, self._native_chosen = native_decoder(self), True
-        if self._native is not None and batch.runs is None:
+        if self._native is not None:
             x, out = self._native.forward(x, rope, batch, cache, hidden_layers)
             hidden.update((i, h.view(b, t, -1)) for i, h in out.items())
         else:

@@ -1,15 +1,16 @@
 """The decoder's blocks in one native call (models/native_decoder.py, models/kernels/layer.cpp): bit for bit
 the eager blocks' numbers in w4a8 for every block flavour (q/k/v biases, q/k norms, LayerNorm with GELU
 and learned positions), for a prefill, a chain, a tree, a padded ragged batch, one live row of several
-and the hidden states a draft reads; the packed layout and unfit models run eagerly; a forced choice
-the model cannot take is refused; the decoder is rebuilt when the weights may have moved."""
+and the hidden states a draft reads, and the packed layout's runs (equal rows, padded short blocks, causal
+prompts, a draft's levels appended to the scratch); unfit models run eagerly; a forced choice the model
+cannot take is refused; the decoder is rebuilt when the weights may have moved."""
 from __future__ import annotations
 
 import pytest
 import torch
 from families import ALL_FAMILIES
 
-from specstack.attention import build_batch, row_blocks_batch, tree_batch
+from specstack.attention import build_batch, packed_append_batch, row_blocks_batch, tree_batch
 from specstack.errors import SpecstackError
 from specstack.models import native_decoder
 from specstack.models.loading import load_model
@@ -27,7 +28,9 @@ def w4a8_model(tiny):
 def forwards(model):
     """Logits and hidden states of several forwards, each over a fresh cache: a prefill of CTX (one row and
     three), then after it a chain of 4, a tree of 5, a padded ragged step of three rows, and one step of
-    a row whose cache holds room for four."""
+    a row whose cache holds room for four; packed: ragged prompts over empty rows (causal runs), then
+    rows of 6 tokens beside short blocks of 1, 4 and 2 (an equal run, a padded one), and one token a row
+    with a draft's level of 2, none and 1 nodes appended to it."""
     out = []
 
     def run(cache, tokens, batch):
@@ -48,6 +51,22 @@ def forwards(model):
     run(cache, torch.tensor([[5, 6, 7], [8, 0, 0], [9, 10, 0]]), row_blocks_batch(cache, parents, "pad"))
     cache = prefilled(1, max_rows=4)
     run(cache, torch.tensor([[11]]), build_batch(cache, 1))
+    cache = model.new_cache(5, 48)
+    chains = [list(range(-1, n - 1)) for n in (8, 7, 1, 3, 4)]
+    batch = row_blocks_batch(cache, chains, "split")
+    assert batch.runs is not None and [r.is_causal for r in batch.runs] == [True, True, False]
+    run(cache, torch.tensor([CTX]), batch)
+    cache.commit_prefix([len(c) for c in chains])
+    parents = [[-1, 0, 1, 2, 3, 4], [-1, 0, 1, 2, 3, 4], [-1], [-1, 0, 0, 1], [-1, 0]]
+    batch = row_blocks_batch(cache, parents, "split")
+    assert batch.runs is not None and [(r.stop - r.start, r.gather is not None) for r in batch.runs] == [(2, False), (3, True)]
+    run(cache, torch.tensor([CTX[2:21]]), batch)
+    cache.commit_prefix([2, 6, 1, 2, 1])
+    run(cache, torch.tensor([CTX[5:10]]), row_blocks_batch(cache, [[-1]] * 5, "split"))
+    masks = [torch.tensor([[1, 1, 0], [1, 0, 1]], dtype=torch.bool), None, torch.tensor([[1, 1]], dtype=torch.bool),
+             None, None]
+    offsets = [torch.tensor([1, 1]), None, torch.tensor([1]), None, None]
+    run(cache, torch.tensor([CTX[12:15]]), packed_append_batch(cache, masks, offsets))
     return out
 
 
@@ -68,7 +87,7 @@ def test_the_native_blocks_compute_the_eager_blocks_numbers(monkeypatch, tiny_mo
 
 
 @native_only
-def test_it_is_the_default_and_the_packed_layout_runs_eagerly(monkeypatch, tiny_llama):
+def test_it_is_the_default_for_both_layouts(monkeypatch, tiny_llama):
     monkeypatch.delenv(native_decoder.FORCE_ENV, raising=False)
     model = w4a8_model(tiny_llama)
     cache = model.new_cache(2, 48)
@@ -82,9 +101,9 @@ def test_it_is_the_default_and_the_packed_layout_runs_eagerly(monkeypatch, tiny_
     real = native_decoder.NativeDecoder.forward
     monkeypatch.setattr(native_decoder.NativeDecoder, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
     split = model.forward(torch.tensor([[5, 6, 7, 8]]), batch, cache).logits
-    assert not calls, "a packed block's attention runs by runs, eagerly"
+    assert calls == [1], "a packed block runs natively"
     pad = model.forward(torch.tensor([[5, 6, 7], [8, 0, 0]]), row_blocks_batch(cache, parents, "pad"), cache).logits
-    assert calls, "a padded block runs natively"
+    assert calls == [1, 1], "a padded block runs natively"
     assert torch.equal(split[0, :3], pad[0]) and torch.equal(split[0, 3], pad[1, 0])
 
 

@@ -220,38 +220,75 @@ struct Layer {
   at::Tensor attn_w, attn_b, mlp_w, mlp_b, q_norm, k_norm;  // undefined: none
 };
 
+// One run of rows of a packed block attended in one call: attention.py's RowRun
+struct Run {
+  int64_t start, stop, tokens, first, keys;
+  bool causal;
+  at::Tensor mask, gather, real;  // undefined: none
+};
+
 // What one forward's layers share: the rotation rows, where the cache takes the block's keys and values,
-// and the attention's mask.
+// and the attention's mask (a [B, T] block) or runs (a packed one).
 struct Step {
   at::Tensor cos, sin;  // [B, T, 1, D], undefined without rotary positions
   at::Tensor k_all, v_all;  // the cache [layers, rows, Hkv, S, D]
   at::Tensor write_idx;  // slots of the one row's block (index_copy_), or undefined: rows, slots
   at::Tensor rows, slots;  // (row, slot) of each token of several rows
   bool one_row;  // several rows allocated, one live: write row 0 only
-  int64_t b, t, s_used;
+  int64_t b, t, s_used, live;  // live: the cache's rows (b = 1 for a packed block)
   at::Tensor mask;  // undefined: none
   bool is_causal;
+  std::vector<Run> runs;  // empty: a [B, T] block
   c10::OperatorHandle attention;
 };
 
-// The block's keys and values into the cache's slots of the one-row layout (cache.py's KVCache.write
-// with write_idx: rows 0..b-1, the block's t slots): qk [b, t, nq + nkv, hd] (contiguous, roped), v the
-// value columns of h [b t, ...]. A copy, as index_copy_ is.
+// The block's keys and values into the cache's slots (cache.py's KVCache.write): token i of the block (qk
+// [n, nq + nkv, hd] contiguous, roped; v the value columns of h [n, ...]) goes to row rows[i], slot slots[i]
+// (several rows), or, without rows, to row i / t, slot slots[i % t] (the one-row layout's write_idx). A
+// copy, as index_copy_ and index_put_ are.
 void write_kv(const at::Tensor& kl, const at::Tensor& vl, const at::Tensor& qk, const at::Tensor& h, int64_t v_col,
-              const at::Tensor& idx, int64_t b, int64_t t, int64_t nq, int64_t nkv, int64_t hd) {
-  const int64_t* slot = idx.data_ptr<int64_t>();
+              const int64_t* rows, const int64_t* slots, int64_t n, int64_t t, int64_t nq, int64_t nkv, int64_t hd) {
   const float* qp = qk.data_ptr<float>();
   const float* hp = h.data_ptr<float>();
   float* kp = kl.data_ptr<float>();
   float* vp = vl.data_ptr<float>();
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t j = 0; j < nkv; ++j)
-      for (int64_t ti = 0; ti < t; ++ti) {
-        const int64_t at_k = bi * kl.stride(0) + j * kl.stride(1) + slot[ti] * kl.stride(2);
-        const int64_t at_v = bi * vl.stride(0) + j * vl.stride(1) + slot[ti] * vl.stride(2);
-        std::copy_n(qp + ((bi * t + ti) * (nq + nkv) + nq + j) * hd, hd, kp + at_k);
-        std::copy_n(hp + (bi * t + ti) * h.stride(0) + v_col + j * hd, hd, vp + at_v);
-      }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = rows ? rows[i] : i / t, slot = rows ? slots[i] : slots[i % t];
+    for (int64_t j = 0; j < nkv; ++j) {
+      std::copy_n(qp + (i * (nq + nkv) + nq + j) * hd, hd, kp + row * kl.stride(0) + j * kl.stride(1) + slot * kl.stride(2));
+      std::copy_n(hp + i * h.stride(0) + v_col + j * hd, hd, vp + row * vl.stride(0) + j * vl.stride(1) + slot * vl.stride(2));
+    }
+  }
+}
+
+bool plain_index(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kLong && t.is_contiguous(); }
+
+using AttentionCall = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                 bool);
+
+at::Tensor attention_call(const Step& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& mask, bool causal) {
+  return s.attention.typed<AttentionCall>().call(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                                 causal);
+}
+
+// attention.py's attend over a packed block's runs: q [N, nq, hd] (the block's queries, packed), keys and
+// values [live rows, Hkv, S, D] -> [N, nq, hd], one call a run, a padded run's queries gathered and its
+// real outputs kept
+at::Tensor attend_runs(const Step& s, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values) {
+  const int64_t h = q.size(1), d = q.size(2);
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  for (const Run& r : s.runs) {
+    const int64_t rows = r.stop - r.start, n = r.tokens;
+    const at::Tensor kr = keys.slice(0, r.start, r.stop).slice(2, 0, r.keys);
+    const at::Tensor vr = values.slice(0, r.start, r.stop).slice(2, 0, r.keys);
+    const at::Tensor qr = (r.gather.defined() ? q.index_select(0, r.gather) : q.slice(0, r.first, r.first + rows * n))
+                              .view({rows, n, h, d}).transpose(1, 2);
+    const at::Tensor a = attention_call(s, qr, kr, vr, r.mask, r.causal).transpose(1, 2).reshape({rows * n, h, d});
+    if (r.gather.defined()) out.slice(0, r.first, r.first + r.real.size(0)).copy_(a.index_select(0, r.real));
+    else out.slice(0, r.first, r.first + rows * n).copy_(a);
+  }
+  return out;
 }
 
 at::Tensor block(const Layer& L, int64_t layer, at::Tensor x, const Step& s) {
@@ -263,14 +300,16 @@ at::Tensor block(const Layer& L, int64_t layer, at::Tensor x, const Step& s) {
   if (s.cos.defined()) qk = rope(qk, s.cos, s.sin);
   // cache.py's KVCache.write
   at::Tensor kl = s.k_all.select(0, layer), vl = s.v_all.select(0, layer);
-  if (s.write_idx.defined() && qk.is_contiguous() && h.stride(1) == 1 && kl.scalar_type() == at::kFloat &&
-      vl.scalar_type() == at::kFloat && kl.stride(3) == 1 && vl.stride(3) == 1 && s.write_idx.scalar_type() == at::kLong &&
-      s.write_idx.is_contiguous()) {
-    write_kv(kl, vl, qk, h, L.q_dim + L.kv_dim, s.write_idx, b, t, L.nq, L.nkv, L.hd);
+  const bool several = !s.write_idx.defined();
+  if (qk.is_contiguous() && h.stride(1) == 1 && kl.scalar_type() == at::kFloat && vl.scalar_type() == at::kFloat &&
+      kl.stride(3) == 1 && vl.stride(3) == 1 &&
+      (several ? plain_index(s.rows) && plain_index(s.slots) : plain_index(s.write_idx))) {
+    write_kv(kl, vl, qk, h, L.q_dim + L.kv_dim, several ? s.rows.data_ptr<int64_t>() : nullptr,
+             (several ? s.slots : s.write_idx).data_ptr<int64_t>(), b * t, t, L.nq, L.nkv, L.hd);
   } else {
     const at::Tensor k = qk.slice(2, L.nq).transpose(1, 2).to(kl.scalar_type());
     const at::Tensor v = h.slice(1, L.q_dim + L.kv_dim).view({b, t, L.nkv, L.hd}).transpose(1, 2).to(vl.scalar_type());
-    if (s.write_idx.defined()) {
+    if (!several) {
       (s.one_row ? kl.slice(0, 0, 1) : kl).index_copy_(2, s.write_idx, k);
       (s.one_row ? vl.slice(0, 0, 1) : vl).index_copy_(2, s.write_idx, v);
     } else {
@@ -278,14 +317,14 @@ at::Tensor block(const Layer& L, int64_t layer, at::Tensor x, const Step& s) {
       vl.index_put_({s.rows, Slice(), s.slots}, v.transpose(1, 2).reshape({-1, L.nkv, L.hd}));
     }
   }
-  const at::Tensor keys = kl.slice(0, 0, b).slice(2, 0, s.s_used), values = vl.slice(0, 0, b).slice(2, 0, s.s_used);
-  // attention.py's attend (one block of rows) with the fixed-order kernel
+  const at::Tensor keys = kl.slice(0, 0, s.live).slice(2, 0, s.s_used);
+  const at::Tensor values = vl.slice(0, 0, s.live).slice(2, 0, s.s_used);
+  // attention.py's attend with the fixed-order kernel: one block of rows, or a packed block's runs
   const at::Tensor q = qk.slice(2, 0, L.nq).to(keys.scalar_type());
-  const at::Tensor a = s.attention.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                    const std::optional<at::Tensor>&, bool)>()
-                           .call(q.transpose(1, 2), keys, values,
-                                 s.mask.defined() ? std::optional<at::Tensor>(s.mask) : std::nullopt, s.is_causal);
-  x = residual(x, L.o(a.transpose(1, 2).reshape({b * t, L.nq * L.hd}).to(x.scalar_type())));
+  const at::Tensor a = s.runs.empty()
+                           ? attention_call(s, q.transpose(1, 2), keys, values, s.mask, s.is_causal).transpose(1, 2)
+                           : attend_runs(s, q.select(0, 0), keys, values);
+  x = residual(x, L.o(a.reshape({b * t, L.nq * L.hd}).to(x.scalar_type())));
   const at::Tensor m = L.up(norm(x, L.mlp_w, L.mlp_b, L.eps, L.rms));
   return residual(x, L.down(L.gated ? silu_mul(m) : at::gelu(m, "tanh")));
 }
@@ -332,19 +371,32 @@ class Decoder : public torch::CustomClassHolder {
 
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
 
-  // x [B*T, d] through every layer; the outputs of the layers in `hidden` (1-based, as
-  // Transformer.forward's hidden_layers) returned beside the last one's.
+  // x [B*T, d] (a packed block: [N, d], b = 1, t = N) through every layer; the outputs of the layers in
+  // `hidden` (1-based, as Transformer.forward's hidden_layers) returned beside the last one's. live: the
+  // cache's rows; runs (a packed block's, attention.py's RowRun): 6 numbers each in run_dims (start, stop,
+  // tokens, first, keys, causal) and 3 tensors in run_tensors (mask, gather, real; empty: none).
   std::tuple<at::Tensor, std::vector<at::Tensor>> forward(
       at::Tensor x, std::optional<at::Tensor> cos, std::optional<at::Tensor> sin, at::Tensor k_all, at::Tensor v_all,
       std::optional<at::Tensor> write_idx, std::optional<at::Tensor> rows, std::optional<at::Tensor> slots,
-      bool one_row, int64_t b, int64_t t, int64_t s_used, std::optional<at::Tensor> mask, bool is_causal,
-      std::vector<int64_t> hidden) {
+      bool one_row, int64_t b, int64_t t, int64_t s_used, int64_t live, std::optional<at::Tensor> mask, bool is_causal,
+      std::vector<int64_t> run_dims, std::vector<at::Tensor> run_tensors, std::vector<int64_t> hidden) {
     TORCH_CHECK(write_idx.has_value() || (rows.has_value() && slots.has_value()),
                 "Decoder.forward: the cache's write slots (write_idx, or rows and slots)");
     TORCH_CHECK(attention_.has_value(), "Decoder.forward: no layers");
+    TORCH_CHECK(run_dims.size() % 6 == 0 && run_tensors.size() == run_dims.size() / 2,
+                "Decoder.forward: 6 numbers and 3 tensors a run");
+    TORCH_CHECK(run_dims.empty() || (b == 1 && !mask.has_value()), "Decoder.forward: runs are a packed block's");
+    std::vector<Run> runs;
+    for (size_t i = 0; i < run_dims.size() / 6; ++i) {
+      const int64_t* r = run_dims.data() + 6 * i;
+      TORCH_CHECK(0 <= r[0] && r[0] < r[1] && r[1] <= live && r[2] > 0 && r[3] >= 0 && r[4] <= s_used,
+                  "Decoder.forward: a run outside the block or the cache");
+      runs.push_back({r[0], r[1], r[2], r[3], r[4], r[5] != 0, optional_tensor(run_tensors[3 * i]),
+                      optional_tensor(run_tensors[3 * i + 1]), optional_tensor(run_tensors[3 * i + 2])});
+    }
     Step s{cos.value_or(at::Tensor()), sin.value_or(at::Tensor()), std::move(k_all), std::move(v_all),
            write_idx.value_or(at::Tensor()), rows.value_or(at::Tensor()), slots.value_or(at::Tensor()), one_row,
-           b, t, s_used, mask.value_or(at::Tensor()), is_causal, *attention_};
+           b, t, s_used, live, mask.value_or(at::Tensor()), is_causal, std::move(runs), *attention_};
     std::vector<at::Tensor> out;
     for (int64_t i = 0; i < size(); ++i) {
       x = block(layers_[i], i, std::move(x), s);
