@@ -75,8 +75,10 @@ inline void by_rows(int64_t rows, const F& f) {
 // whole groups as [low halves of groups 0..3 | high halves of groups 0..3] (w4a8.cpp's mm4 layout; the
 // groups past the last whole chunk stay in natural order). `halves` (if given): each group's two sums of
 // 16 codes, which the wide layout's kernels take their offsets from.
+// `stride` (natural order only): consecutive groups' records (32 codes, dx, sx, the two halves) that many
+// records apart, so that a tile of `stride` rows stores its rows' records of a group side by side (w4a8_wide.cpp).
 VNNI_FN inline void quantize_row_vnni(const float* x, int64_t k, int8_t* q, float* dx, float* sx, bool interleave,
-                                      int32_t* halves = nullptr) {
+                                      int32_t* halves = nullptr, int64_t stride = 1) {
   const int64_t groups = k / kGroup, chunked = interleave ? groups / 4 * 4 : 0;
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
@@ -89,8 +91,8 @@ VNNI_FN inline void quantize_row_vnni(const float* x, int64_t k, int8_t* q, floa
     const __m512i ia = _mm512_cvtps_epi32(ra), ib = _mm512_cvtps_epi32(rb);
     const int32_t sa = _mm512_reduce_add_epi32(ia), sb = _mm512_reduce_add_epi32(ib);
     if (halves != nullptr) {
-      halves[2 * g] = sa;
-      halves[2 * g + 1] = sb;
+      halves[2 * g * stride] = sa;
+      halves[2 * g * stride + 1] = sb;
     }
     int8_t* qa;
     int8_t* qb;
@@ -99,14 +101,14 @@ VNNI_FN inline void quantize_row_vnni(const float* x, int64_t k, int8_t* q, floa
       qa = base;
       qb = base + 64;
     } else {
-      qa = q + g * kGroup;
+      qa = q + g * stride * kGroup;
       qb = qa + 16;
     }
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qa), _mm512_cvtsepi32_epi8(ia));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtsepi32_epi8(ib));
     const float d = amax / 127.f;
-    dx[g] = d;
-    sx[g] = d * static_cast<float>(sa + sb);
+    dx[g * stride] = d;
+    sx[g * stride] = d * static_cast<float>(sa + sb);
   }
 }
 

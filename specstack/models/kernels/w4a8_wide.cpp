@@ -87,12 +87,17 @@ struct BlockScales {
   const int8_t* s16 = nullptr;   // k6a8: the two 16-input scales [groups, 2, 16]
 };
 
-// R rows against one block of 16 outputs. q: the rows' codes in natural order (stride k); dx, sx per row
-// and group (stride groups); halves: each group's two sums of 16 codes (stride 2 groups).
-template <Form F, int R>
+// How a block's group scales are stored: float scales (and mins), or k4a8's super-block scales with 6-bit
+// sub-block scales and mins; compile-time, so that a tile's loop has no branch on them
+enum class Scales { kPlain, kPlainMins, kSub };
+
+// R rows against one block of 16 outputs. The rows' rounded activations are stored group by group, each
+// group's R rows side by side (one pointer reaches every row, at offsets known when compiling): q the
+// codes [groups][R][32], dx and sx [groups][R], halves each group's two sums of 16 codes [groups][R][2].
+template <Form F, Scales S, int R>
 VNNI_FN inline void tile(const uint8_t* wb, const BlockScales& s, const int8_t* q, const float* dx, const float* sx,
-                         const int32_t* halves, int64_t k, int64_t groups, float* y, int64_t ldy) {
-  const bool mins = s.m != nullptr || s.sub != nullptr;
+                         const int32_t* halves, int64_t groups, float* y, int64_t ldy) {
+  constexpr bool mins = S != Scales::kPlain;
   __m512 acc[R], macc[R];
   for (int i = 0; i < R; ++i) { acc[i] = _mm512_setzero_ps(); macc[i] = _mm512_setzero_ps(); }
   for (int64_t g = 0; g < groups; ++g) {
@@ -101,7 +106,7 @@ VNNI_FN inline void tile(const uint8_t* wb, const BlockScales& s, const int8_t* 
     __m512i w[8];
     unpack<F>(wg, w);
     __m512 d, m = _mm512_setzero_ps();
-    if (s.sub != nullptr) {  // k4a8: d = D sc, m = M mn (exact in fp32)
+    if constexpr (S == Scales::kSub) {  // k4a8: d = D sc, m = M mn (exact in fp32)
       const float* big = s.d + (g / 8) * 2 * kLanes;
       const uint8_t* sub = s.sub + g * 2 * kLanes;
       d = _mm512_mul_ps(_mm512_loadu_ps(big), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub)))));
@@ -110,7 +115,7 @@ VNNI_FN inline void tile(const uint8_t* wb, const BlockScales& s, const int8_t* 
       d = _mm512_loadu_ps(s.d + (g / 8) * kLanes);
     } else {
       d = _mm512_loadu_ps(s.d + g * kLanes);
-      if (s.m != nullptr) m = _mm512_loadu_ps(s.m + g * kLanes);
+      if constexpr (S == Scales::kPlainMins) m = _mm512_loadu_ps(s.m + g * kLanes);
     }
     __m512i s0 = _mm512_setzero_si512(), s1 = s0;
     if constexpr (F == Form::kSix) {
@@ -119,8 +124,8 @@ VNNI_FN inline void tile(const uint8_t* wb, const BlockScales& s, const int8_t* 
       s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(sc + 1));
     }
     for (int i = 0; i < R; ++i) {
-      const int32_t* qi = reinterpret_cast<const int32_t*>(q + i * k + g * kGroup);
-      const int32_t* hi = halves + i * 2 * groups + 2 * g;
+      const int32_t* qi = reinterpret_cast<const int32_t*>(q + (g * R + i) * kGroup);
+      const int32_t* hi = halves + 2 * (g * R + i);
       // two chains (the group's two halves), each started at minus its offset times its activations
       __m512i a = _mm512_set1_epi32(-kOffset<F> * hi[0]), b = _mm512_set1_epi32(-kOffset<F> * hi[1]);
       for (int j = 0; j < 4; ++j) {
@@ -129,8 +134,8 @@ VNNI_FN inline void tile(const uint8_t* wb, const BlockScales& s, const int8_t* 
       }
       const __m512i isum = F == Form::kSix ? _mm512_add_epi32(_mm512_mullo_epi32(a, s0), _mm512_mullo_epi32(b, s1))
                                            : _mm512_add_epi32(a, b);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(dx[i * groups + g])), acc[i]);
-      if (mins) macc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[i * groups + g]), macc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(dx[g * R + i])), acc[i]);
+      if constexpr (mins) macc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[g * R + i]), macc[i]);
     }
   }
   for (int i = 0; i < R; ++i) _mm512_storeu_ps(y + i * ldy, mins ? _mm512_add_ps(acc[i], macc[i]) : acc[i]);
@@ -148,10 +153,12 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const BlockScale
   float* dxp = rounded.dx;
   float* sxp = rounded.sx;
   int32_t* hp = rounded.ints;  // each group's two halves' sums
-  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // each row rounded on its own
-    for (int64_t r = r0; r < r1; ++r)
-      specstack_w4a8::quantize_row_vnni(xp + r * k, k, qp + r * k, dxp + r * groups, sxp + r * groups, false,
-                                        hp + r * 2 * groups);
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // each row rounded on its own, into its tile's records
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t first = r / kTile * kTile, i = r - first, n = std::min<int64_t>(kTile, rows - first);
+      specstack_w4a8::quantize_row_vnni(xp + r * k, k, qp + first * k + i * kGroup, dxp + first * groups + i,
+                                        sxp + first * groups + i, false, hp + first * 2 * groups + 2 * i, n);
+    }
   });
   const uint8_t* w = static_cast<const uint8_t*>(codes.data_ptr());
   float* yp = y.data_ptr<float>();
@@ -172,8 +179,14 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const BlockScale
       const uint8_t* wb = w + b * groups * kBlockBytes<F>;
       for (int64_t r = 0; r < rows; r += kTile) {
         by_rows<kTile>(std::min<int64_t>(kTile, rows - r), [&](auto rt) {
-          tile<F, decltype(rt)::value>(wb, sb, qp + r * k, dxp + r * groups, sxp + r * groups, hp + r * 2 * groups, k,
-                                       groups, yp + r * n_out + b * kLanes, n_out);
+          constexpr int R = decltype(rt)::value;
+          const auto run = [&](auto tile_fn) {
+            tile_fn(wb, sb, qp + r * k, dxp + r * groups, sxp + r * groups, hp + r * 2 * groups, groups,
+                    yp + r * n_out + b * kLanes, n_out);
+          };
+          if (s.sub != nullptr) run(tile<F, Scales::kSub, R>);
+          else if (s.m != nullptr) run(tile<F, Scales::kPlainMins, R>);
+          else run(tile<F, Scales::kPlain, R>);
         });
       }
     }
