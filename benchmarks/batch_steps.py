@@ -13,6 +13,7 @@ import argparse
 import collections
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -20,8 +21,9 @@ from specstack.bench.batched import engine_batch_runner
 from specstack.bench.datasets import humaneval_prompts
 from specstack.config import GenerationConfig
 from specstack.drafting import batch_length
+from specstack.drafting.batch_length import BatchLength
 from specstack.engine.draft_sources import DraftSources
-from specstack.engine.methods import drafter_factory, forward_cost, length_rule, parse_method
+from specstack.engine.methods import MethodSpec, drafter_factory, forward_cost, length_rule, parse_method
 from specstack.models.loading import load_model
 
 
@@ -46,7 +48,7 @@ def main() -> None:
     model_type = type(lm.model)
     forward = model_type.forward
 
-    def timed_forward(self, tokens, batch, cache, *a, **k):  # type: ignore[no-untyped-def]
+    def timed_forward(self: Any, tokens: torch.Tensor, batch: Any, cache: Any, *a: Any, **k: Any) -> Any:
         t0 = time.perf_counter()
         out = forward(self, tokens, batch, cache, *a, **k)
         rows, n = sum(1 for c in batch.n_valid if c), sum(batch.n_valid)
@@ -56,13 +58,13 @@ def main() -> None:
 
     choose, observe = batch_length.CostAwareLength.choose, batch_length.CostAwareLength.observe
 
-    def counted_choose(self, trees, rows, tokens):  # type: ignore[no-untyped-def]
+    def counted_choose(self: Any, trees: Any, rows: int, tokens: int) -> list[int]:
         keep = choose(self, trees, rows, tokens)
         kept["predicted"] += sum(sum((self.gains(t) or [])[:k]) for t, k in zip(trees, keep, strict=True))
         kept["nodes"] += sum(keep)
         return keep
 
-    def counted_observe(self, trees, accepted):  # type: ignore[no-untyped-def]
+    def counted_observe(self: Any, trees: Any, accepted: Any) -> None:
         kept["accepted"] += sum(a for t, a in zip(trees, accepted, strict=True) if len(t))
         return observe(self, trees, accepted)
 
@@ -73,8 +75,10 @@ def main() -> None:
     for name in [m.strip() for m in args.methods.split(";") if m.strip()]:
         spec = parse_method(name)
         factory = None if name == "ar" else drafter_factory(spec, lm, sources, "cpu")
-        run = engine_batch_runner(lm, factory, "auto", sampling,
-                                  None if factory is None else (lambda b, sp=spec: length_rule(sp, lm, b)))
+        def rule(rows: int, sp: MethodSpec = spec) -> BatchLength:
+            return length_rule(sp, lm, rows)
+
+        run = engine_batch_runner(lm, factory, "auto", sampling, None if factory is None else rule)
         run(prompts[: args.rows], 8)  # warm-up
         timed.clear()
         kept.update(predicted=0.0, nodes=0, accepted=0)
