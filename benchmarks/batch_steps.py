@@ -92,6 +92,8 @@ def main() -> None:
             print(f"  {which} forward of {rows} rows, {n} tokens: {len(times)} x "
                   f"{statistics.median(times) * 1e3:.1f} ms{curve}")
     model_type.forward = forward  # type: ignore[method-assign]
+    batch_length.CostAwareLength.choose = choose  # type: ignore[method-assign]
+    batch_length.CostAwareLength.observe = observe  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":
