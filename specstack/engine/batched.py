@@ -21,9 +21,10 @@ token, or the prompt's last token). Each step:
   5. each row commits its own number of tokens (engine/commit.py, one function a job): the emitted
      tokens go to the row's stream, its drafter is told the verdict. Finished rows leave.
 
-A row with a drafter reads its prompt but the root first: the drafter starts (`reset`) from the whole
-prompt, and from the target's activations of it when it reads them (SPIRe), gathered chunk by chunk; its
-first tree then comes with the root. Drafters are lent to rows from one pool per factory: the engine's
+A row reads its root with its prompt's last chunk, whose forward gives its first token, as autoregressive
+decoding's does; its drafter starts (`reset`) from the whole prompt then, and its first tree comes with
+that token. A drafter that reads the target's activations of the prompt (SPIRe) starts from them, gathered
+chunk by chunk: its row reads all but the root first, and its first tree comes with the root. Drafters are lent to rows from one pool per factory: the engine's
 (a method's) for requests that bring none, or the request's own.
 """
 from __future__ import annotations
@@ -217,8 +218,8 @@ class BatchEngine:
         positions = self.lm.config.max_seq_len
         free = self.max_rows - len(self.rows)
         self._look_up([*self.rows, *itertools.islice(self.queue, free)])
-        return plan_step([r.view(positions) for r in self.rows], [r.view(positions) for r in self.queue],
-                         free, self.step_tokens, self.max_tree)
+        return plan_step([r.view(positions, self.pool) for r in self.rows],
+                         [r.view(positions, self.pool) for r in self.queue], free, self.step_tokens, self.max_tree)
 
     def _look_up(self, rows: Sequence[Row]) -> None:
         if self.prefix is not None:

@@ -102,13 +102,14 @@ def record_round(row: Row, block: Block, result: VerifyResult, taken: int,
                  seconds: tuple[float, float, float]) -> StepStats | None:
     """The round in the row's statistics: a step record for a row with a drafter (every forward with a
     tree is a step; seconds: the step's draft, target and verify time, which it waited), else a target
-    forward (but the one that read the prompt's end: that is prefill). Returns the step record, if any."""
+    forward; but the round that read the prompt's end (its last chunk and root) is prefill for both.
+    Returns the step record, if any."""
     step = None
-    if row.drafter is not None:
+    if row.drafter is not None and len(block.chain) == 1:  # a longer chain is the prompt's end
         step = StepStats(draft_seconds=seconds[0], target_seconds=seconds[1], verify_seconds=seconds[2])
         step.record(block.tree, result, taken)
         row.stats.add_step(step)
-    elif row.first_token is not None:
+    elif row.drafter is None and row.first_token is not None:
         row.stats.target_forwards += 1
     if row.first_token is None:
         row.first_token = time.perf_counter()
@@ -130,8 +131,9 @@ def settle(row: Row, max_context: int) -> Settled:
 
 def step_record(blocks: Sequence[Block], verdicts: Mapping[int, Verdict], layout: str,
                 draft_forwards: int) -> BatchStep:
-    """The step as the engine's statistics keep it (draft_forwards: the draft-model forwards its drafters ran)."""
-    results = [result for result, _ in verdicts.values()]
+    """The step as the engine's statistics keep it (draft_forwards: the draft-model forwards its drafters ran).
+    Its rounds are its decoding rows' verifications: a prompt's last chunk gives its first token as prefill."""
+    results = [result for i, (result, _) in verdicts.items() if len(blocks[i].chain) == 1]
     return BatchStep(rows=len(blocks), tokens=sum(len(b) for b in blocks), layout=layout,
                      drafted=sum(len(b.tree) for b in blocks), accepted=sum(len(r.accepted) for r in results),
                      drafting=sum(1 for b in blocks if len(b.tree)), verified=len(results),

@@ -20,8 +20,11 @@ chunks and speculative tokens:
 So speculative tokens shrink while prompts wait, and a burst of new requests gets its first tokens as
 fast as the budget reads prompts instead of waiting behind the running rows' trees.
 
-A row with a drafter reads its prompt but its root first: its first tree then comes with the root, and
-its drafter starts from the whole prompt (DESIGN §6).
+A row reads its root with its prompt's last chunk, as autoregressive decoding does, so that chunk gives
+its first token; its drafter starts from the whole prompt then and its first tree comes with that token.
+A row whose drafter reads the target's activations of the prompt (SPIRe) `holds_root`: it reads all of
+its prompt but the root first, so its drafter starts from those activations, and its first tree comes
+with the root (DESIGN §6).
 """
 from __future__ import annotations
 
@@ -66,18 +69,21 @@ class RowView:
     handle: int  # arrival order: smaller is older
     state: RowState
     pending: int  # tokens not in the cache yet; the last is the root
-    drafts: bool  # a drafter proposes its trees (it reads its root only with its first tree)
+    drafts: bool  # a drafter proposes its trees
     room: int = 0  # draft nodes its context still holds (decoding rows)
     # waits for an older request reading the same prompt, to copy it from the prefix cache once read
     held: bool = False
+    # its drafter starts from the target's activations of the prompt but its root: it reads its root only
+    # with its first tree
+    holds_root: bool = False
 
     @property
     def prompt_left(self) -> int:
-        """Tokens to read before the block that starts at the root (a row without a drafter reads its
-        root with its last chunk)."""
+        """Tokens to read before the block that starts at the root (a row reads its root with its last
+        chunk unless it `holds_root`)."""
         if self.pending <= 1:
             return 0
-        return self.pending - 1 if self.drafts else self.pending
+        return self.pending - 1 if self.holds_root else self.pending
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ it, and what a row leaves behind. Called by engine/batched.py at each plan, befo
 and when a row's prompt is read, it finishes or it is cancelled."""
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from specstack.cache import KVCache
@@ -49,8 +48,6 @@ def attach(prefix: PrefixCache, cache: KVCache, rows: Sequence[Row], plan: StepP
         row.stats.cached_tokens = match.tokens
         if len(row.pending) == 1 and row.state is RowState.PREFILLING:  # all but its root was cached
             row.move(RowState.DECODING)
-            if row.drafts:  # its steps are decoding from now on
-                row.prefilled = time.perf_counter()
 
 
 def publish(prefix: PrefixCache, cache: KVCache, i: int, row: Row) -> None:

@@ -1,5 +1,5 @@
 """Step 2 of the engine (engine/batched.py): each row's block of the step's forward, its pending tokens
-the plan lets it read then, once they reach its root, a tree: its drafter's (drafters of one group
+the plan lets it read then, once they reach its root (but with its prompt's last chunk), a tree: its drafter's (drafters of one group
 propose together: one draft forward per draft step, or tree level, for all their rows) or, where its grammar forces
 tokens, those (engine/forced.py); within the plan's nodes for it and cut by the step's length rule."""
 from __future__ import annotations
@@ -29,6 +29,7 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
     blocks: list[Block] = []
     drafting: dict[int, tuple[Drafter, int]] = {}  # row -> its drafter and the most nodes it may verify
     grammar: dict[int, DraftTree] = {}  # row -> the tokens its grammar forces, as its tree this step
+    reading: set[int] = set()  # rows reading their prompt's last chunk: no tree, nothing for the length rule
     for i, (row, take) in enumerate(zip(rows, takes, strict=True)):
         blocks.append(Block(row.pending[:take], DraftTree(), reaches_root=take == len(row.pending)))
         drafter = row.drafter
@@ -36,7 +37,12 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
             if not row.started:
                 drafter.reset(row.request.prompt_ids, prompt_hidden(row, d_model, device))
                 row.started, row.hidden = True, []
-            cap = plan.drafts.get(row.handle, 0)
+            if row.handle not in plan.drafts:  # its prompt's last chunk: its first tree comes with the token it gives
+                row.ctx.limit = 0  # its drafter proposes nothing (a draft model runs no forward) and is told the token
+                drafting[i] = drafter, 0
+                reading.add(i)
+                continue
+            cap = plan.drafts[row.handle]
             row.ctx.limit = cap if limit is None else min(limit, cap)
             forced = row.processor.forced() if row.processor is not None else []
             if trial is not None and row.ctx.limit and not forced:  # a trial: the first rows draft, the rest wait
@@ -65,10 +71,11 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
         blocks[i].tree = blocks[i].tree.truncated(cap)
     for i, chain in grammar.items():
         blocks[i].tree, blocks[i].own = chain, 0
-    if drafting:  # the step's draft length: rows with a drafter keep a prefix of their tree
-        length.learn([lesson for i in drafting for lesson in rows[i].ctx.take_lessons()])
-        keep = length.choose([blocks[i].tree for i in drafting], len(blocks), sum(len(b.chain) for b in blocks))
-        for i, k in zip(drafting, keep, strict=True):
+    ruled = [i for i in drafting if i not in reading]
+    if ruled:  # the step's draft length: rows with a drafter keep a prefix of their tree
+        length.learn([lesson for i in ruled for lesson in rows[i].ctx.take_lessons()])
+        keep = length.choose([blocks[i].tree for i in ruled], len(blocks), sum(len(b.chain) for b in blocks))
+        for i, k in zip(ruled, keep, strict=True):
             blocks[i].tree = blocks[i].tree.truncated(k)
     return blocks, forwards
 

@@ -38,6 +38,7 @@ class DrafterPool:
 
     def __init__(self) -> None:
         self._free: dict[DrafterFactory, list[Drafter]] = {}
+        self._reads: dict[DrafterFactory, bool] = {}  # whether a factory's drafters read target activations
         self.lent = 0  # drafters out with rows now: 0 whenever no row runs (a server's leak check)
 
     def lend(self, factory: DrafterFactory) -> Drafter:
@@ -49,10 +50,21 @@ class DrafterPool:
         self._free.setdefault(factory, []).append(drafter)
         self.lent -= 1
 
+    def reads_activations(self, factory: DrafterFactory) -> bool:
+        """Whether the factory's drafters read the target's activations (asked of one, made for the pool if
+        none is: the plan needs it before a waiting row is lent one)."""
+        if factory not in self._reads:
+            free = self._free.setdefault(factory, [])
+            if not free:
+                free.append(factory())
+            self._reads[factory] = bool(free[-1].target_layers)
+        return self._reads[factory]
+
     def drop(self, factory: DrafterFactory) -> None:
         """Forget a factory's idle drafters (a server keeping a bounded set of methods); call it only when
         no row holds one of its drafters."""
         self._free.pop(factory, None)
+        self._reads.pop(factory, None)
 
     @property
     def idle(self) -> int:
@@ -102,8 +114,9 @@ class Row:
     state: RowState = RowState.WAITING
     added: float = 0.0  # when it joined the batch
     first_token: float | None = None
-    # when its prompt was read: a row with a drafter, when all but its root is in the cache (its steps
-    # then are decoding); one without, when its first token came (as autoregressive decoding counts it)
+    # when its prompt was read: when its first token came (as autoregressive decoding counts it), or for a
+    # row that holds its root (RowView.holds_root), when all but its root is in the cache (its steps then
+    # are decoding)
     prefilled: float | None = None
     started: bool = False  # its drafter has been reset with the prompt
     lent: Drafter | None = None  # lent by the engine's pool for as long as the row runs
@@ -141,9 +154,18 @@ class Row:
     def move(self, to: RowState) -> None:
         self.state = transition(self.state, to)
 
-    def view(self, max_seq_len: int) -> RowView:
+    def holds_root(self, pool: DrafterPool) -> bool:
+        """Its drafter (the one it will be lent, while it waits) reads the target's activations of the prompt:
+        it starts from all of them but the root's, so the row reads its root only with its first tree."""
+        drafter = self.drafter
+        if drafter is None and self.factory is not None:
+            return pool.reads_activations(self.factory)
+        return drafter is not None and bool(drafter.target_layers)
+
+    def view(self, max_seq_len: int, pool: DrafterPool) -> RowView:
         """room: a tree's nodes sit past the row's tokens, within the model's positions (the cache's
         scratch holds a tree past the row's context: the row then finishes)."""
         cached = self.match.tokens if self.fresh else 0
         return RowView(self.handle, self.state, len(self.pending) - cached, self.drafts,
-                       room=max(0, max_seq_len - len(self.ctx.tokens) - 1), held=self.held)
+                       room=max(0, max_seq_len - len(self.ctx.tokens) - 1), held=self.held,
+                       holds_root=self.holds_root(pool))

@@ -65,13 +65,15 @@ def test_speculative_greedy_equals_autoregressive(tiny, drafts, shape):
             assert out.tokens == ar_tokens(tiny, prompt), f"draft {name}, prompt {i % len(PROMPTS)}"
             assert out.finish_reason == "length"
             steps = out.stats.steps
-            assert sum(st.emitted for st in steps) == 30
+            # a prompt longer than its root gives the first token with its last chunk, as ar's does
+            drafted = 30 - (len(prompt) > 1)
+            assert sum(st.emitted for st in steps) == drafted
             assert all(len(st.origins) == st.emitted for st in steps)
             if name == "target":
                 if params.width == 1:
                     # a perfect draft has every chain accepted in full: tau = k + 1
                     assert [st.accepted for st in steps] == [params.depth] * len(steps)
-                    assert len(steps) == -(-30 // (params.depth + 1))
+                    assert len(steps) == -(-drafted // (params.depth + 1))
                 else:
                     # its best child of the root is the target's argmax
                     assert all(st.accepted >= 1 for st in steps)

@@ -340,7 +340,8 @@ def test_a_paused_drafter_runs_no_draft_forward_until_it_drafts_again(tiny_llama
 def test_a_trial_drafts_with_the_first_rooted_row_only(tiny_llama):
     """While the rule tries drafting with one row (trial() == 1), only the first row that reached its
     root drafts: the others' drafters run nothing, their prompts unread by the draft, until the rule lets
-    every row draft; every row's output is still its prompt's greedy decode."""
+    every row draft; every row's output is still its prompt's greedy decode. (A row reading its prompt's
+    last chunk is not rooted yet: its drafter is asked for nothing and runs nothing.)"""
     from specstack.drafting.batch_length import FixedLength
     from specstack.drafting.batched_tree import TreeGroup
     from specstack.drafting.model import ModelDrafter, TreeParams
@@ -362,20 +363,24 @@ def test_a_trial_drafts_with_the_first_rooted_row_only(tiny_llama):
     class Logged(ModelDrafter):
         def begin(self, ctx):
             ran = super().begin(ctx)
-            log.append((rule.steps, self.row, ran, len(self.state.pending[self.row])))
+            log.append((rule.steps, self.row, ran, len(self.state.pending[self.row]), len(ctx.tokens)))
             return ran
 
-    log: list[tuple[int, int, bool, int]] = []
+    log: list[tuple[int, int, bool, int, int]] = []
     lm, params = tiny_llama.lm, TreeParams(width=2, budget=4, depth=2)
     group = TreeGroup(lm)
     drafters = [Logged(lm, params, group=group) for _ in range(3)]
     rule = Trial()
     _, prompts = decode_group(lm, rule, drafters, params.budget)
-    trial = [[ran for step, _, ran, _ in log if step == s] for s in range(1, 6)]
+    size = {d.row: len(p) for d, p in zip(drafters, prompts, strict=True)}
+    ends = [(step, row) for step, row, ran, _, n in log if n == size[row]]  # prompts' last chunks
+    assert len(ends) == len(drafters) and not any(ran for _, row, ran, _, n in log if n == size[row])
+    log = [entry for entry in log if entry[4] > size[entry[1]]]
+    trial = [[ran for step, _, ran, _, _ in log if step == s] for s in range(1, 6)]
     assert sum(map(len, trial)) >= 10  # rows reached their roots in the trial steps
     assert all(ran == [True] + [False] * (len(ran) - 1) for ran in trial if ran)  # the first row alone
-    later = {row for step, row, ran, _ in log if step > 5 and ran}
+    later = {row for step, row, ran, _, _ in log if step > 5 and ran}
     assert later == {d.row for d in drafters}  # every row drafts once the trial is over
     # the other rows' prompts waited unread: their first round read all of it ahead
-    firsts = [next(p for step, r, ran, p in log if r == d.row and ran) for d in drafters[1:]]
+    firsts = [next(p for step, r, ran, p, _ in log if r == d.row and ran) for d in drafters[1:]]
     assert all(p >= len(prompt) for p, prompt in zip(firsts, prompts[1:], strict=True))

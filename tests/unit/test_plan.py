@@ -13,8 +13,8 @@ def decoding(handle: int, drafts: bool = True, room: int = 1000) -> RowView:
     return RowView(handle, D, pending=1, drafts=drafts, room=room)
 
 
-def prompt(handle: int, tokens: int, drafts: bool = False, state: RowState = P) -> RowView:
-    return RowView(handle, state, pending=tokens, drafts=drafts, room=1000)
+def prompt(handle: int, tokens: int, drafts: bool = False, state: RowState = P, holds_root: bool = False) -> RowView:
+    return RowView(handle, state, pending=tokens, drafts=drafts, room=1000, holds_root=holds_root)
 
 
 def test_roots_come_first_then_prompts_then_trees_share_what_is_left():
@@ -55,11 +55,14 @@ def test_the_remainder_of_the_draft_budget_goes_to_the_oldest_rows():
     assert plan.drafts == {2: 3, 4: 3, 9: 2}
 
 
-def test_a_row_with_a_drafter_reads_its_prompt_but_the_root():
-    rows = [prompt(0, 10, drafts=True), prompt(1, 10, drafts=False)]
+def test_a_row_reads_its_root_with_its_prompt_unless_its_drafter_reads_the_prompts_activations():
+    rows = [prompt(0, 10, drafts=True, holds_root=True), prompt(1, 10, drafts=True), prompt(2, 10)]
     plan = plan_step(rows, [], free_rows=0, budget=100, max_tree=64)
-    assert plan.reads == {0: 9, 1: 10}  # the drafter's row holds its root back for its first tree
-    assert plan.drafts == {}
+    assert plan.reads == {0: 9, 1: 10, 2: 10}  # the SPIRe row holds its root back for its first tree
+    assert plan.drafts == {}  # the others' first trees come with their first tokens, in the next step
+    waiting = [prompt(3, 1, drafts=True, state=W), prompt(4, 10, drafts=True, state=W, holds_root=True)]
+    plan = plan_step([], waiting, free_rows=2, budget=100, max_tree=64)
+    assert plan.reads == {3: 1, 4: 9} and plan.drafts == {3: 64}  # a one-token prompt: its root and a tree
 
 
 def test_a_full_cache_refuses_and_the_queue_keeps_its_order():
