@@ -23,7 +23,8 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
     time) comes after it was reset with the prompt and, for one that reads them, the prompt's
     activations (d_model wide on `device`, gathered chunk by chunk in row.hidden)."""
     takes = [plan.reads.get(row.handle, 0) for row in rows]
-    rooted = sum(take == len(row.pending) and row.drafter is not None for row, take in zip(rows, takes, strict=True))
+    rooted = sum(take == len(row.pending) and row.drafter is not None and row.handle in plan.drafts
+                 for row, take in zip(rows, takes, strict=True))  # the rows that draft a tree
     limit = length.limit(StepShape(len(rows), sum(takes), max(1, rooted)))
     trial = length.trial()  # the rows that may draft (None: all): the first in batch order
     blocks: list[Block] = []

@@ -278,3 +278,20 @@ def test_draft_caches_grow_with_their_rows(tiny_llama, spire_drafts, self_drafts
         assert [s.accepted for s in r.stats.steps] == [s.accepted for s in ref.stats.steps]
     longest = max(len(p) for p in PROMPTS) + GEN.max_new_tokens
     assert grown.cache.capacity < min(2 * longest, grown.cache.max_capacity)
+
+
+@pytest.mark.parametrize("draft", ["spire-exact", "self"])
+def test_lent_drafters_that_read_activations_hold_their_rows_root(tiny_llama, spire_drafts, draft):
+    """Rows lent drafters by the engine's pool, more requests than rows (the plan sizes the queued ones
+    before they are lent one): a SPIRe row reads all of its prompt but the root, and its drafter's trees
+    give every token (the perfect draft accepts each chain whole, so its activations were the whole
+    prompt's); a row whose drafter reads none reads its root with its prompt, whose forward gives the
+    first token, as `ar`'s does."""
+    lm = spire_drafts["spire-exact"] if draft == "spire-exact" else tiny_llama.lm
+    engine = BatchEngine(tiny_llama.lm, max_rows=3, max_context=160, step_tokens=48, drafters=chain_members(lm, 3))
+    results = engine.run([BatchRequest(p, GEN) for p in PROMPTS])
+    check(tiny_llama.lm, PROMPTS, results, draft)
+    for p, out in zip(PROMPTS, results, strict=True):
+        drafted = GEN.max_new_tokens - (draft == "self" and len(p) > 1)
+        assert sum(s.emitted for s in out.stats.steps) == drafted, f"prompt of {len(p)} tokens"
+        assert all(s.accepted == s.tree_size for s in out.stats.steps)
