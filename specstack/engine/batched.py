@@ -24,8 +24,9 @@ token, or the prompt's last token). Each step:
 A row reads its root with its prompt's last chunk, whose forward gives its first token, as autoregressive
 decoding's does; its drafter starts (`reset`) from the whole prompt then, and its first tree comes with
 that token. A drafter that reads the target's activations of the prompt (SPIRe) starts from them, gathered
-chunk by chunk: its row reads all but the root first, and its first tree comes with the root. Drafters are lent to rows from one pool per factory: the engine's
-(a method's) for requests that bring none, or the request's own.
+chunk by chunk: its row reads all but the root first, and its first tree comes with the root. Drafters
+are lent to rows from one pool per factory: the engine's (a method's) for requests that bring none, or
+the request's own.
 """
 from __future__ import annotations
 
