@@ -1,7 +1,8 @@
 """Step 2 of the engine (engine/batched.py): each row's block of the step's forward, its pending tokens
-the plan lets it read then, once they reach its root (but with its prompt's last chunk), a tree: its drafter's (drafters of one group
-propose together: one draft forward per draft step, or tree level, for all their rows) or, where its grammar forces
-tokens, those (engine/forced.py); within the plan's nodes for it and cut by the step's length rule."""
+the plan lets it read then, once they reach its root (but with its prompt's last chunk), a tree: its
+drafter's (drafters of one group propose together: one draft forward per draft step, or tree level, for
+all their rows) or, where its grammar forces tokens, those (engine/forced.py); within the plan's nodes
+for it and cut by the step's length rule."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -38,8 +39,8 @@ def propose_blocks(rows: Sequence[Row], plan: StepPlan, length: BatchLength, d_m
             if not row.started:
                 drafter.reset(row.request.prompt_ids, prompt_hidden(row, d_model, device))
                 row.started, row.hidden = True, []
-            if row.handle not in plan.drafts:  # its prompt's last chunk: its first tree comes with the token it gives
-                row.ctx.limit = 0  # its drafter proposes nothing (a draft model runs no forward) and is told the token
+            if row.handle not in plan.drafts:  # its prompt's last chunk: its first tree comes with the next token
+                row.ctx.limit = 0  # its drafter proposes nothing (a draft model runs no forward), then hears the token
                 drafting[i] = drafter, 0
                 reading.add(i)
                 continue
