@@ -13,12 +13,11 @@ import statistics
 
 import torch
 
-from specstack.bench.batched import BatchRunner, engine_batch_runner
+from specstack.bench.batched import BatchRunner, method_batch_runner
 from specstack.bench.datasets import humaneval_prompts
 from specstack.config import GenerationConfig
-from specstack.drafting.batch_length import BatchLength
 from specstack.engine.draft_sources import DraftSources
-from specstack.engine.methods import MethodSpec, drafter_factory, length_rule, parse_method
+from specstack.engine.methods import parse_method
 from specstack.models.loading import load_model
 
 
@@ -37,15 +36,8 @@ def main() -> None:
     prompts = [lm.tokenizer.encode(p) for p in humaneval_prompts(args.rows)]
     sources = DraftSources.for_model(lm.name, args.draft)
     sampling = GenerationConfig().sampling
-    spec = parse_method(args.method)
-
-    def rule(rows: int, sp: MethodSpec = spec) -> BatchLength:
-        return length_rule(sp, lm, rows)
-
-    runs: dict[str, BatchRunner] = {
-        "ar": engine_batch_runner(lm, None, "auto", sampling),
-        args.method: engine_batch_runner(lm, drafter_factory(spec, lm, sources, "cpu"), "auto", sampling, rule),
-    }
+    runs: dict[str, BatchRunner] = {name: method_batch_runner(lm, parse_method(name), sources, sampling)
+                                    for name in ("ar", args.method)}
     for run in runs.values():
         run(prompts, 8)  # warm-up
     seconds: dict[str, list[float]] = {name: [] for name in runs}

@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 
-from specstack.bench.batched import engine_batch_runner
+from specstack.bench.batched import method_batch_runner
 from specstack.bench.datasets import humaneval_prompts
 from specstack.config import GenerationConfig
 from specstack.drafting import batch_length
-from specstack.drafting.batch_length import BatchLength
 from specstack.engine.draft_sources import DraftSources
-from specstack.engine.methods import MethodSpec, drafter_factory, forward_cost, length_rule, parse_method
+from specstack.engine.methods import forward_cost, parse_method
 from specstack.models.loading import load_model
 
 
@@ -73,12 +72,7 @@ def main() -> None:
     batch_length.CostAwareLength.observe = counted_observe  # type: ignore[method-assign]
     sampling = GenerationConfig().sampling
     for name in [m.strip() for m in args.methods.split(";") if m.strip()]:
-        spec = parse_method(name)
-        factory = None if name == "ar" else drafter_factory(spec, lm, sources, "cpu")
-        def rule(rows: int, sp: MethodSpec = spec) -> BatchLength:
-            return length_rule(sp, lm, rows)
-
-        run = engine_batch_runner(lm, factory, "auto", sampling, None if factory is None else rule)
+        run = method_batch_runner(lm, parse_method(name), sources, sampling)
         run(prompts[: args.rows], 8)  # warm-up
         timed.clear()
         kept.update(predicted=0.0, nodes=0, accepted=0)

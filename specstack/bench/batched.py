@@ -41,7 +41,7 @@ from specstack.bench.plan import BenchMethod, Plan
 from specstack.config import GenerationConfig, SamplingParams
 from specstack.drafting.batch_length import BatchLength
 from specstack.engine.batched import BatchEngine, BatchRequest
-from specstack.engine.methods import DraftSources, drafter_factory, length_rule
+from specstack.engine.methods import DraftSources, MethodSpec, drafter_factory, length_rule
 from specstack.engine.rows import DrafterFactory, DrafterPool
 from specstack.errors import SpecstackError
 from specstack.models.base import LoadedModel
@@ -109,6 +109,13 @@ def engine_batch_runner(lm: LoadedModel, drafters: DrafterFactory | None, layout
     return go
 
 
+def method_batch_runner(target: LoadedModel, method: MethodSpec, sources: DraftSources, sampling: SamplingParams,
+                        device: str = "cpu", layout: str = "auto") -> BatchRunner:
+    """The batched engine running `method` (`ar` included): its drafters and a fresh length rule per batch."""
+    return engine_batch_runner(target, drafter_factory(method, target, sources, device), layout, sampling,
+                               lambda rows: length_rule(method, target, rows))
+
+
 def hf_batch_runner(model: Any, counter: ForwardCounter, dtype: str, sampling: SamplingParams,
                     pad_id: int | None) -> BatchRunner:
     def go(prompts: list[list[int]], n: int) -> BatchOutput:
@@ -174,8 +181,7 @@ def build_batch_methods(plan: Plan, targets: dict[str, LoadedModel], hf: HfModel
             target = targets[m.dtype]
             spec = m.spec
             assert spec is not None  # an engine method
-            out.ready[m.label] = engine_batch_runner(target, drafter_factory(spec, target, sources, s.device), m.layout or "auto", s.sampling,
-                                                     lambda b, t=target, sp=spec: length_rule(sp, t, b))
+            out.ready[m.label] = method_batch_runner(target, spec, sources, s.sampling, s.device, m.layout or "auto")
     out.notes.append("batches: B consecutive prompts of the set; the last batch is filled by wrapping around to the "
                      "set's first prompts (every batch holds B rows)")
     return out

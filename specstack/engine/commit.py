@@ -105,7 +105,7 @@ def record_round(row: Row, block: Block, result: VerifyResult, taken: int,
     forward; but the round that read the prompt's end (its last chunk and root) is prefill for both.
     Returns the step record, if any."""
     step = None
-    if row.drafter is not None and len(block.chain) == 1:  # a longer chain is the prompt's end
+    if row.drafter is not None and block.decodes:
         step = StepStats(draft_seconds=seconds[0], target_seconds=seconds[1], verify_seconds=seconds[2])
         step.record(block.tree, result, taken)
         row.stats.add_step(step)
@@ -133,7 +133,7 @@ def step_record(blocks: Sequence[Block], verdicts: Mapping[int, Verdict], layout
                 draft_forwards: int) -> BatchStep:
     """The step as the engine's statistics keep it (draft_forwards: the draft-model forwards its drafters ran).
     Its rounds are its decoding rows' verifications: a prompt's last chunk gives its first token as prefill."""
-    results = [result for i, (result, _) in verdicts.items() if len(blocks[i].chain) == 1]
+    results = [result for i, (result, _) in verdicts.items() if blocks[i].decodes]
     return BatchStep(rows=len(blocks), tokens=sum(len(b) for b in blocks), layout=layout,
                      drafted=sum(len(b.tree) for b in blocks), accepted=sum(len(r.accepted) for r in results),
                      drafting=sum(1 for b in blocks if len(b.tree)), verified=len(results),

@@ -84,6 +84,12 @@ class Block:
     scored: int = 0  # rows of the chain (but its root) whose logits the forward keeps (prompt log-probabilities)
 
     @property
+    def decodes(self) -> bool:
+        """A decoding round: the chain is the root alone (a longer one that reaches the root is the prompt's
+        end, whose first token is prefill's)."""
+        return len(self.chain) == 1
+
+    @property
     def drafted(self) -> DraftTree:
         """The part of the tree the row's drafter proposed (and the engine kept)."""
         return self.tree if self.own < 0 else self.tree.truncated(self.own)

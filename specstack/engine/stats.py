@@ -155,7 +155,8 @@ class BatchStats:
     @property
     def tau(self) -> float:
         """τ: tokens a row gains per round (verification), over every step; whatever the rounds drafted
-        (a length rule that drafts fewer nodes, or none, still makes a round of each)."""
+        (a length rule that drafts fewer nodes, or none, still makes a round of each). A prompt's last chunk
+        is prefill, not a round (engine/commit.py step_record)."""
         return self.emitted / self.verified if self.verified else 0.0
 
     @property
