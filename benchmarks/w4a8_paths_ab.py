@@ -6,6 +6,7 @@ or Q5_0 layers in their own groups (k6a8, q5a8: w4a8.NARROW_PATHS) also runs wit
 (`path/q8a8`): the two plans, one process.
 
     python benchmarks/w4a8_paths_ab.py --model qwen2.5-coder-1.5b --tokens 1,4,16 --repeats 15
+    python benchmarks/w4a8_paths_ab.py --paths amx,wide512 --tokens 1,8,16,32,64
 """
 from __future__ import annotations
 
@@ -28,14 +29,17 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--paths", default="", help="only these paths (comma-separated; default: every one this CPU runs)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     cpu = torch.device("cpu")
-    names = [k.name for k in w4a8.KERNELS if k.name != "reference" and k.applies(cpu)]
+    names = [k.name for k in w4a8.KERNELS if k.name != "reference" and k.applies(cpu)
+             and (not a.paths or k.name in a.paths.split(","))]
     narrow = dict(w4a8.NARROW_PATHS)
     # (label, path, whether the narrow layer formats its path runs fast are planned)
     variants = [(n, n, True) for n in names]
-    variants += [(f"{n}/q8a8", n, False) for n in names if any(n in paths for paths in narrow.values())]
+    if not a.paths:
+        variants += [(f"{n}/q8a8", n, False) for n in names if any(n in paths for paths in narrow.values())]
     paths = [label for label, _, _ in variants]
     runs = {}
     with torch.inference_mode():

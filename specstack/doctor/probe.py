@@ -24,14 +24,15 @@ CPU_FLAGS: tuple[tuple[str, str], ...] = (
     ("avx512f", "torch's AVX512 code; with avx512_vnni, w4a8's fastest paths"),
     ("avx512_vnni", "w4a8's wide512 and vnni512 paths (vpdpbusd on 512-bit vectors)"),
     ("avx512_bf16", "bf16 dot products in hardware (bf16 models, int4/int8 wide inputs)"),
-    ("amx_tile", "unused by specstack; llama.cpp peers must be built with AMX off (it crashes on some Xeons)"),
+    ("amx_tile", "with amx_int8: w4a8's amx path (tile products for calls of many rows); llama.cpp peers are "
+                 "built with AMX off (theirs crashes on some Xeons)"),
     ("amx_int8", "as amx_tile"),
     ("avx_vnni", "256-bit VNNI: unused (specstack's VNNI paths are 512-bit)"),
 )
 # what each native kernel (models/kernels/<name>.cpp) is for
 KERNEL_USES: dict[str, str] = {
     "w4a8": "w4a8's avx2 and vnni512 paths, and the default format w4a8",
-    "w4a8_wide": "w4a8's wide512 path",
+    "w4a8_wide": "w4a8's wide512 and amx paths",
     "attention": "the fixed-order attention of the batch-invariant formats",
     "layer": "the native decoder: a forward's blocks in one call",
 }

@@ -64,6 +64,11 @@ class GroupMethod(W8A8Method):
         return (dev.type == "cpu" and w4a8.kernel_for(dev).name in w4a8.WIDE_PATHS
                 and w4a8_wide.fits(self.spec.name, layer.out_features, layer.in_features))
 
+    @staticmethod
+    def _wide_suffix(layer: QLinear) -> str:
+        """The suffix of the wide ops this process's path runs (a layer in the wide layout is on one)."""
+        return w4a8.WIDE_PATHS.get(w4a8.kernel_for(layer.weight.device).name, "")
+
     def _named(self, tensors: tuple[torch.Tensor | None, ...]) -> list[tuple[str, torch.Tensor]]:
         """(buffer name, tensor) of the format's tensors (the third is None in the formats without one)."""
         return [(name, t) for name, t in zip(self.step_tensors, tensors, strict=False) if t is not None]
@@ -88,14 +93,14 @@ class GroupMethod(W8A8Method):
         the reference or a wide path's padded copy)."""
         tensors = [t for t in self.stored(layer) if t is not None]
         if layer.wide_layout:
-            return w4a8_wide.op_name(self.spec.name), tensors
+            return w4a8_wide.op_name(self.spec.name, self._wide_suffix(layer)), tensors
         if w4a8.kernel_for(layer.weight.device).name in w4a8.WIDE_PATHS:
             return None, tensors
         return w4a8.op_name(self.spec.name, layer.weight.device), tensors
 
     def kernel(self, layer: QLinear) -> Forward:
         if layer.wide_layout:
-            return w4a8_wide.kernel(self.spec.name, *self.stored(layer))
+            return w4a8_wide.kernel(self.spec.name, *self.stored(layer), self._wide_suffix(layer))
         return w4a8.kernel_for(layer.weight.device).build(self.spec.name, *self.stored(layer))
 
     def float_weight(self, layer: QLinear) -> torch.Tensor:

@@ -36,7 +36,7 @@ CPU_FLAGS: dict[str, tuple[str, ...]] = {"w4a8": ("AVX2", "AVX512"), "attention"
 # -fopenmp: at::parallel_for is inlined from ATen's headers and runs on one thread without it; the
 # library then asks for libgomp.so.1, which resolves to the copy torch has already loaded (one pool)
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp")
-LDFLAGS = ("-fopenmp",)
+LDFLAGS = ("-fopenmp", "-Wl,-z,now")  # every symbol bound at load: see kernels/w4a8_amx.h
 _LOADED: set[str] = set()  # kernels whose ops this process has registered (a library registers once)
 # inside `planning()`: `available` predicts instead of building (a context variable, so a planning thread
 # never changes what another thread's tables get)
@@ -52,6 +52,22 @@ def has_vnni512() -> bool:
     """Whether this CPU has AVX-512 with VNNI (vpdpbusd on 512-bit vectors): Intel Ice Lake and later,
     AMD Zen 4 and later. The kernels' VNNI functions are compiled for that target on their own."""
     return cpu_capability() == "AVX512" and bool(torch.cpu._is_vnni_supported())
+
+
+@functools.cache
+def has_amx() -> bool:
+    """Whether this process may run AMX-INT8 tile instructions: AVX-512 with VNNI (the wide layout's
+    tiles), the CPU's AMX tile and int8 flags, and the kernel's grant of the tiles' state to this process
+    (Linux asks for it: arch_prctl(ARCH_REQ_XCOMP_PERM), which torch.cpu._init_amx makes). A CPU with AMX
+    whose kernel refuses it is said once on stderr, and the process runs without AMX."""
+    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    if not (has_vnni512() and caps.get("amx_tile") and caps.get("amx_int8")):
+        return False
+    if torch.cpu._init_amx():
+        return True
+    print("specstack: this CPU has AMX but the kernel did not grant it to this process; "
+          "w4a8 runs without it", file=sys.stderr, flush=True)
+    return False
 
 
 def compiler() -> tuple[str, str | None]:

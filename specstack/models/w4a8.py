@@ -36,6 +36,9 @@ the tokens beside it: a verified tree computes what one-token steps compute, and
 equals `ar` token for token in this format (as in `w8a8`, and as `int4`/`bf16` cannot).
 
 Kernels (`KERNELS`, the first that applies, chosen once per process):
+- amx: the wide layout on AMX-INT8 for calls of several rows (models/kernels/w4a8_amx.h: a tile product
+  gives a group's integer sums for 16 rows and 16 outputs), wide512's tiles for fewer; the same
+  numbers as wide512 bit for bit (the same sums, the same float epilogue), so a process may take either;
 - wide512: AVX-512-VNNI on the *wide layout* (models/w4a8_wide.py): each layer repacked after load so
   that a vector's lanes are 16 outputs; a group's float work is one multiply-add for 16 outputs of a
   row and each weight is unpacked once for 8 rows, so a forward of several rows costs little more than
@@ -228,20 +231,29 @@ PATH_SUFFIX: Mapping[str, str] = {"vnni512": "_vnni", "avx2": ""}
 vnni512, avx2 = native_path(PATH_SUFFIX["vnni512"]), native_path(PATH_SUFFIX["avx2"])
 
 
-def wide512(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None) -> Kernel:
-    """The wide path's kernel from a layer's tensors in its own layout: a wide copy of them. (A model's
-    layers are rearranged in place instead, once after load, where their shapes allow:
+# The paths that keep a model's layers in the wide layout (models/w4a8_wide.py) where it fits them in place,
+# and the suffix of their ops (models/kernels/w4a8_wide.cpp)
+WIDE_PATHS: Mapping[str, str] = {"amx": "_amx", "wide512": ""}
+
+
+def wide_path(name: str) -> Callable[..., Kernel]:
+    """A wide path's kernel builder from a layer's tensors in its own layout: a wide copy of them. (A
+    model's layers are rearranged in place instead, once after load, where their shapes allow:
     group_methods.GroupMethod.after_load; the rest run this.)"""
-    return w4a8_wide.padded_kernel(layout, stored, d, extra)
+
+    def build(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None) -> Kernel:
+        return w4a8_wide.padded_kernel(layout, stored, d, extra, WIDE_PATHS[name])
+
+    return build
 
 
-# The paths that keep a model's layers in the wide layout (models/w4a8_wide.py) where it fits them in place
-WIDE_PATHS = frozenset({"wide512"})
+def _wide_library(dev: torch.device) -> bool:
+    return dev.type == "cpu" and native.has_vnni512() and native.available("w4a8") and native.available("w4a8_wide")
 
 
 KERNELS: tuple[LinearKernels, ...] = (
-    KernelChoice("wide512", lambda dev: dev.type == "cpu" and native.has_vnni512() and native.available("w4a8")
-                 and native.available("w4a8_wide"), wide512),
+    KernelChoice("amx", lambda dev: _wide_library(dev) and native.has_amx(), wide_path("amx")),
+    KernelChoice("wide512", _wide_library, wide_path("wide512")),
     KernelChoice("vnni512", lambda dev: dev.type == "cpu" and native.has_vnni512() and native.available("w4a8"),
                  vnni512),
     KernelChoice("avx2", lambda dev: dev.type == "cpu" and native.available("w4a8"), avx2),
@@ -255,8 +267,8 @@ FORCE_ENV = "SPECSTACK_W4A8_KERNEL"  # a kernel's name: use it (tests run each p
 # q8a8's on the same weights at one row, where vnni512's cost 0.66 x ("The target step (issue 48,
 # third session)").
 NARROW_PATHS: dict[str, frozenset[str]] = {
-    "k6a8": frozenset({"wide512", "vnni512", "reference"}),
-    "q5a8": frozenset({"wide512", "vnni512", "reference"}),
+    "k6a8": frozenset({"amx", "wide512", "vnni512", "reference"}),
+    "q5a8": frozenset({"amx", "wide512", "vnni512", "reference"}),
 }
 
 

@@ -131,20 +131,21 @@ def from_wide(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.T
     return _codes_from(layout, stored, k), _lanes(d, inverse=True), _third_from(layout, extra)
 
 
-def op_name(layout: str) -> str:
-    """The qualified name of the op that runs `layout` in the wide layout."""
-    return f"specstack_w4a8_wide::{w4a8_codes.OPS[layout]}"
+def op_name(layout: str, suffix: str = "") -> str:
+    """The qualified name of the op that runs `layout` in the wide layout (`suffix`: a path's, "_amx")."""
+    return f"specstack_w4a8_wide::{w4a8_codes.OPS[layout]}{suffix}"
 
 
-def kernel(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None) -> Kernel:
-    """x [M, K] -> y [M, N] from a layer's tensors in the wide layout."""
-    op: Callable[..., torch.Tensor] = getattr(torch.ops.specstack_w4a8_wide, w4a8_codes.OPS[layout]).default
+def kernel(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None, suffix: str = "") -> Kernel:
+    """x [M, K] -> y [M, N] from a layer's tensors in the wide layout, by the path whose ops have `suffix`."""
+    op: Callable[..., torch.Tensor] = getattr(torch.ops.specstack_w4a8_wide, w4a8_codes.OPS[layout] + suffix).default
     if extra is None:
         return lambda x: op(x.contiguous(), stored, d)
     return lambda x: op(x.contiguous(), stored, d, extra)
 
 
-def padded_kernel(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None) -> Kernel:
+def padded_kernel(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None,
+                  suffix: str = "") -> Kernel:
     """x [M, K] -> y [M, N] from a layer's tensors in its own layout, by a wide copy of them with the
     outputs padded to whole blocks (zero codes and scales): each output's numbers are those the layer
     would compute in place, whatever its output count (a kept subset of a head's rows, a small model)."""
@@ -154,5 +155,5 @@ def padded_kernel(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: tor
     def padded(t: torch.Tensor) -> torch.Tensor:
         return torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
 
-    run = kernel(layout, *to_wide(layout, padded(stored), padded(d), None if extra is None else padded(extra)))
+    run = kernel(layout, *to_wide(layout, padded(stored), padded(d), None if extra is None else padded(extra)), suffix)
     return run if not pad else (lambda x: run(x)[:, :n].contiguous())

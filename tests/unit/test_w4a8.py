@@ -293,7 +293,7 @@ def test_the_kernel_is_chosen_from_the_cpu_and_a_forced_one_is_used(monkeypatch)
     cpu = torch.device("cpu")
     has_avx2 = native.cpu_capability() in native.CPU_FLAGS["w4a8"]
     built = has_avx2 and native.load("w4a8")
-    want = ("wide512" if native.has_vnni512() else "avx2") if built else "reference"
+    want = ("amx" if native.has_amx() else "wide512" if native.has_vnni512() else "avx2") if built else "reference"
     assert w4a8.kernel_for(cpu).name == want
     assert w4a8.kernel_for(torch.device("meta")).name == "reference"  # not a CPU: never the C++ kernel
     monkeypatch.setattr(native, "cpu_capability", lambda: "DEFAULT")  # a CPU without AVX2
@@ -304,12 +304,13 @@ def test_the_kernel_is_chosen_from_the_cpu_and_a_forced_one_is_used(monkeypatch)
         native.load.cache_clear()
     monkeypatch.setenv(w4a8.FORCE_ENV, "reference")
     assert w4a8.kernel_for(cpu).name == "reference"
-    monkeypatch.setenv(w4a8.FORCE_ENV, "amx")
-    with pytest.raises(SpecstackError, match="amx.*wide512, vnni512, avx2, reference"):
+    monkeypatch.setenv(w4a8.FORCE_ENV, "sme")
+    with pytest.raises(SpecstackError, match="sme.*amx, wide512, vnni512, avx2, reference"):
         w4a8.kernel_for(cpu)
     # a path forced where it cannot run is refused, never run (its instructions would kill the process)
     monkeypatch.setattr(native, "has_vnni512", lambda: False)
-    for path in ("wide512", "vnni512"):
+    monkeypatch.setattr(native, "has_amx", lambda: False)
+    for path in ("amx", "wide512", "vnni512"):
         monkeypatch.setenv(w4a8.FORCE_ENV, path)
         with pytest.raises(SpecstackError, match=f"{path}.*cannot run it"):
             w4a8.kernel_for(cpu)
