@@ -36,9 +36,10 @@ the tokens beside it: a verified tree computes what one-token steps compute, and
 equals `ar` token for token in this format (as in `w8a8`, and as `int4`/`bf16` cannot).
 
 Kernels (`KERNELS`, the first that applies, chosen once per process):
-- amx: the wide layout on AMX-INT8 for calls of several rows (models/kernels/w4a8_amx.h: a tile product
-  gives a group's integer sums for 16 rows and 16 outputs), wide512's tiles for fewer; the same
-  numbers as wide512 bit for bit (the same sums, the same float epilogue), so a process may take either;
+- amx: the wide layout on AMX-INT8 for calls of 32 rows or more (models/kernels/w4a8_amx.h: a tile
+  product gives a group's integer sums for 16 rows and 16 outputs; the threshold is w4a8_wide.cpp's
+  `amx_from`), wide512's tiles for fewer and for 6-bit groups; the same numbers as wide512 bit for bit
+  (the same sums, the same float epilogue), so a process may take either for any call;
 - wide512: AVX-512-VNNI on the *wide layout* (models/w4a8_wide.py): each layer repacked after load so
   that a vector's lanes are 16 outputs; a group's float work is one multiply-add for 16 outputs of a
   row and each weight is unpacked once for 8 rows, so a forward of several rows costs little more than

@@ -78,7 +78,8 @@ VNNI_FN inline void tile(const uint8_t* wb, const BlockScales& s, const int8_t* 
 
 // Calls of at least this many rows take the AMX tiles on the `_amx` ops; fewer take the VNNI tiles, which
 // cost less there: a group's AMX products and their stores cost about what 16 rows' VNNI products do
-// (benchmarks/amx_tiles_ab.py). `set_amx_from` changes it for A/B runs and for tests (1: every call of
+// (benchmarks/amx_tiles_ab.py), and whole forwards of the 1.5B gained from 32 rows, none at 16
+// (bench-history 46). `set_amx_from` changes it for A/B runs and for tests (1: every call of
 // a form the tiles take on AMX). Both give the same numbers, so it changes speed only.
 int64_t& amx_from() {
   static int64_t rows = 32;
