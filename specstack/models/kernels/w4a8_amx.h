@@ -5,8 +5,8 @@
 // A block's group is 8 quads of 16 outputs x 4 codes (w4a8_wide_layout.h): exactly an AMX B tile of 8
 // rows of 64 bytes, so unpacking its codes to int8 and storing the 8 vectors makes the tile (8-bit codes
 // are one already, loaded in place). Up to 16 rows' activations of the group are an A tile (16 rows of
-// 32 codes), and one `tdpbssd` (or `tdpbsud` for 4-bit codes, which are unsigned) gives the 16 x 16
-// integer sums of the group: where the VNNI tiles run 8 `vpdpbusd` a row, one instruction does 16 rows.
+// 32 codes), and one tile product gives the 16 x 16 integer sums of the group: where the VNNI tiles run
+// 8 `vpdpbusd` a row, one instruction does 16 rows.
 // 4-bit codes go in unsigned (`tdpbsud`), 5-bit ones signed with their offset taken off (c - 16), 8-bit ones
 // as they are, so no activation sums are needed. 6-bit groups stay on the VNNI tiles (w4a8_wide.cpp
 // `kOnAmx`: two half-group products each, with their scales, cost more than the VNNI tiles).

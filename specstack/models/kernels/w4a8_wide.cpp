@@ -97,26 +97,34 @@ int64_t set_amx_from(int64_t rows) {
   return std::exchange(amx_from(), rows);
 }
 
-// The AMX tiles (w4a8_amx.h): each tile of up to 16 rows rounded group by group, its rows side by side
-template <Form F>
-void matmul_amx(const at::Tensor& xc, const uint8_t* w, const BlockScales& s, float* yp, int64_t n_out) {
+// Every row rounded on its own into its tile's records: a tile of up to `tile` rows stores each group's
+// rows side by side (codes [groups][n][32], dx and sx [groups][n], for its n rows), which both tiles read;
+// with `halves`, each group's two sums of 16 codes too ([groups][n][2], the VNNI tiles' offsets)
+void round_tiles(const at::Tensor& xc, int64_t tile, const specstack_w4a8::Rounded& rounded, bool halves) {
   const int64_t rows = xc.size(0), k = xc.size(1), groups = k / kGroup;
-  const int64_t tile = std::min(rows, specstack_amx::kTileRows);
-  // one tile's rows more: a last tile of fewer rows is read as a whole one (its extra rows dropped)
-  const specstack_w4a8::Rounded rounded = specstack_w4a8::round_scratch(rows + tile, k, 0);
   const float* xp = xc.data_ptr<float>();
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t first = r / tile * tile, i = r - first, n = std::min(tile, rows - first);
       specstack_w4a8::quantize_row_vnni(xp + r * k, k, rounded.q + first * k + i * kGroup, rounded.dx + first * groups + i,
-                                        rounded.sx + first * groups + i, false, nullptr, n);
+                                        rounded.sx + first * groups + i, false,
+                                        halves ? rounded.ints + first * 2 * groups + 2 * i : nullptr, n);
     }
   });
+}
+
+// The AMX tiles (w4a8_amx.h), in tiles of up to 16 rows
+template <Form F>
+void matmul_amx(const at::Tensor& xc, const uint8_t* w, const BlockScales& s, float* yp, int64_t n_out) {
+  const int64_t rows = xc.size(0), k = xc.size(1);
+  const int64_t tile = std::min(rows, specstack_amx::kTileRows);
+  // one tile's rows more: a last tile of fewer rows is read as a whole one (its extra rows dropped)
+  const specstack_w4a8::Rounded rounded = specstack_w4a8::round_scratch(rows + tile, k, 0);
+  round_tiles(xc, tile, rounded, false);
   at::parallel_for(0, n_out / kLanes, 1, [&](int64_t b0, int64_t b1) {
-    const auto run = [&](auto blocks_fn) { blocks_fn(w, s, rounded.q, rounded.dx, rounded.sx, rows, k, b0, b1, yp, n_out); };
-    if (s.sub != nullptr) run(specstack_amx::blocks<F, Scales::kSub>);
-    else if (s.m != nullptr) run(specstack_amx::blocks<F, Scales::kPlainMins>);
-    else run(specstack_amx::blocks<F, Scales::kPlain>);
+    by_scales(s, [&](auto sc) {
+      specstack_amx::blocks<F, decltype(sc)::value>(w, s, rounded.q, rounded.dx, rounded.sx, rows, k, b0, b1, yp, n_out);
+    });
   });
 }
 
@@ -133,18 +141,11 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const BlockScale
     }
   }
   const specstack_w4a8::Rounded rounded = specstack_w4a8::round_scratch(rows, k, 2 * groups);
-  const float* xp = xc.data_ptr<float>();
-  int8_t* qp = rounded.q;
-  float* dxp = rounded.dx;
-  float* sxp = rounded.sx;
-  int32_t* hp = rounded.ints;  // each group's two halves' sums
-  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {  // each row rounded on its own, into its tile's records
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t first = r / kTile * kTile, i = r - first, n = std::min<int64_t>(kTile, rows - first);
-      specstack_w4a8::quantize_row_vnni(xp + r * k, k, qp + first * k + i * kGroup, dxp + first * groups + i,
-                                        sxp + first * groups + i, false, hp + first * 2 * groups + 2 * i, n);
-    }
-  });
+  round_tiles(xc, kTile, rounded, true);
+  const int8_t* qp = rounded.q;
+  const float* dxp = rounded.dx;
+  const float* sxp = rounded.sx;
+  const int32_t* hp = rounded.ints;  // each group's two halves' sums
   const uint8_t* w = static_cast<const uint8_t*>(codes.data_ptr());
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, n_out / kLanes, 1, [&](int64_t b0, int64_t b1) {
@@ -153,14 +154,10 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const BlockScale
       const uint8_t* wb = w + b * groups * kBlockBytes<F>;
       for (int64_t r = 0; r < rows; r += kTile) {
         by_rows<kTile>(std::min<int64_t>(kTile, rows - r), [&](auto rt) {
-          constexpr int R = decltype(rt)::value;
-          const auto run = [&](auto tile_fn) {
-            tile_fn(wb, sb, qp + r * k, dxp + r * groups, sxp + r * groups, hp + r * 2 * groups, groups,
-                    yp + r * n_out + b * kLanes, n_out);
-          };
-          if (s.sub != nullptr) run(tile<F, Scales::kSub, R>);
-          else if (s.m != nullptr) run(tile<F, Scales::kPlainMins, R>);
-          else run(tile<F, Scales::kPlain, R>);
+          by_scales(s, [&](auto sc) {
+            tile<F, decltype(sc)::value, decltype(rt)::value>(wb, sb, qp + r * k, dxp + r * groups, sxp + r * groups,
+                                                              hp + r * 2 * groups, groups, yp + r * n_out + b * kLanes, n_out);
+          });
         });
       }
     }

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "w4a8_round.h"
 
@@ -66,6 +67,14 @@ struct BlockScales {
 // How a block's group scales are stored: float scales (and mins), or k4a8's super-block scales with 6-bit
 // sub-block scales and mins; compile-time, so that a tile's loop has no branch on them
 enum class Scales { kPlain, kPlainMins, kSub };
+
+// f(std::integral_constant<Scales, S>) for the S a layer's scale tensors are stored as (the tiles' template)
+template <class Fn>
+inline void by_scales(const BlockScales& s, const Fn& f) {
+  if (s.sub != nullptr) f(std::integral_constant<Scales, Scales::kSub>{});
+  else if (s.m != nullptr) f(std::integral_constant<Scales, Scales::kPlainMins>{});
+  else f(std::integral_constant<Scales, Scales::kPlain>{});
+}
 
 // A block's part of each of a layer's scale tensors
 inline BlockScales block_part(const BlockScales& s, int64_t b, int64_t groups) {
