@@ -64,7 +64,7 @@ _TABLE = (
                  "4-bit codes, an fp32 scale and min per 32 inputs; activations in int8 per 32 at run time",
                  batch_invariant=True, cpu_only=True, takes_codes=True, revision=5, head="q8a8"),
     WeightFormat("q5a8", "specstack.models.group_methods:Q5A8Method", 5 / 8 + 4 / 32, "fp32",
-                 "GGUF Q5_0: 5-bit codes, an fp32 scale per 32 inputs; int8 activations",
+                 "GGUF Q5_0: 5-bit codes, an fp32 scale per 32 inputs (fp16 where exact, wide layout); int8 activations",
                  requested=False, batch_invariant=True, cpu_only=True, takes_codes=True, whole_only="q8a8"),
     WeightFormat("k6a8", "specstack.models.group_methods:K6A8Method", 0.75 + 1 / 16 + 4 / 256, "fp32",
                  "GGUF Q6_K: 6-bit codes, an int8 scale per 16, fp32 D per 256; int8 activations",

@@ -36,14 +36,22 @@ class GroupMethod(W8A8Method):
 
     # -- filling: the layers' own layout first, then the running path's (`after_load`) -------------------
     def set_float(self, layer: QLinear, w: torch.Tensor) -> None:
-        layer.wide_layout = False
+        self._own_layout(layer)
         self.fill_float(layer, w)
         self.after_load(layer)
 
     def set_codes(self, layer: QLinear, coded: CodedWeight) -> None:
-        layer.wide_layout = False
+        self._own_layout(layer)
         self.fill_codes(layer, coded)
         self.after_load(layer)
+
+    @staticmethod
+    def _own_layout(layer: QLinear) -> None:
+        """Ready to be filled in the layers' own layout: fp32 scales again where the wide layout held fp16
+        (w4a8_wide.HALF_SCALES; filling them as they are would round the new scales to fp16)."""
+        layer.wide_layout = False
+        if layer.scales.dtype != torch.float32:
+            layer.scales = torch.empty_like(layer.scales, dtype=torch.float32)
 
     def fill_float(self, layer: QLinear, w: torch.Tensor) -> None:
         raise NotImplementedError
@@ -75,7 +83,10 @@ class GroupMethod(W8A8Method):
 
     def _put(self, layer: QLinear, tensors: tuple[torch.Tensor | None, ...]) -> None:
         for name, t in self._named(tensors):
-            getattr(layer, name).copy_(t)
+            if getattr(layer, name).dtype == t.dtype:
+                getattr(layer, name).copy_(t)
+            else:  # the wide layout's fp16 scales (w4a8_wide.HALF_SCALES) take the buffer's place
+                setattr(layer, name, t.contiguous())
 
     # -- reading ---------------------------------------------------------------------------------------
     def stored(self, layer: QLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -107,7 +118,7 @@ class GroupMethod(W8A8Method):
         return w4a8.dequantize(self.spec.name, *self.tensors(layer))
 
     def take_rows(self, layer: QLinear, out: QLinear, rows: torch.Tensor) -> None:
-        out.wide_layout = False
+        self._own_layout(out)
         self._put(out, tuple(None if t is None else t.index_select(0, rows) for t in self.tensors(layer)))
         self.after_load(out)
 
@@ -119,7 +130,7 @@ class GroupMethod(W8A8Method):
 
     def from_portable(self, layer: QLinear, state: dict[str, torch.Tensor], prefix: str) -> None:
         if prefix + "weight" in state:
-            layer.wide_layout = False  # the load writes the layers' own layout; after_load rearranges it
+            self._own_layout(layer)  # the load writes the layers' own layout; after_load rearranges it
 
 
 class W4A8Method(GroupMethod):
@@ -161,7 +172,7 @@ class Q8A8Method(GroupMethod):
 
 
 class Q5A8Method(GroupMethod):
-    """GGUF Q5_0's 5-bit codes with an fp32 scale per 32: w = d (c - 16)."""
+    """GGUF Q5_0's 5-bit codes with an fp32 scale per 32 (fp16 in the wide layout where exact): w = d (c - 16)."""
 
     def create_tensors(self, layer: QLinear, n: int, k: int, device: torch.device | str | None) -> None:
         groups = k // w4a8.GROUP

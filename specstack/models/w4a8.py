@@ -27,7 +27,8 @@ integer sums take the 16-weight scales in (sum_g = sum_16 s sum (c - 32) q, exac
 group's one float factor, as d dx is above.
 
 GGUF Q5_0 layers take *5-bit groups* (the layer format `q5a8`): Q5_0's codes c in 0..31 with
-w = d (c - 16), d per group (6 bits a weight with the fp32 d, where q8a8 holds 9): the integer sums are
+w = d (c - 16), d per group (6 bits a weight with the fp32 d, 5.5 in the wide layout, which keeps a layer's
+d in fp16 where they are exact in it, as the file's are; q8a8 holds 9): the integer sums are
 sum (c - 16) q, so d dx is again the group's one float factor, and no min term.
 
 Why it is batch-invariant: a row's codes, scales and sums are its own, and the kernel visits a row's

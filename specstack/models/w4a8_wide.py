@@ -3,14 +3,16 @@ rearranged once after load so that the AVX-512-VNNI matmuls put 16 outputs acros
 (models/kernels/w4a8_wide.cpp says why: one float multiply-add per group for 16 outputs of a row, and
 each weight unpacked once for 8 rows, so verifying 16 tokens costs about 2 one-token steps instead of 5).
 
-A layer's tensors keep their shapes and bytes; only their order changes, in blocks of 16 outputs:
+A layer's tensors keep their shapes; only their order changes, in blocks of 16 outputs:
 - codes: per block, per group of 32 inputs, 8 *quads* (inputs 4j .. 4j + 3) of 16 outputs x 4 codes.
   4-bit: 4 vectors of 64 bytes, byte (o, t) of vector j holding quad j's code (low nibble) and quad
   j + 4's (high nibble); 5-bit: those, then per quad a 64-bit mask of the fifth bits (bit 4 o + t);
   6-bit: the nibbles, then 2 vectors of top bits, bits 2f..2f+1 of byte (o, t) of vector h from quad
   4 h + f; 8-bit: 8 vectors of 64 signed codes, one per quad;
 - scales, mins and super-block scales: output-minor ([.., 16] per block), so a group's 16 outputs are
-  one vector.
+  one vector; q5a8's and q8a8's group scales in fp16 where every one of a layer's is exact in it (a
+  GGUF's Q5_0 and Q8_0 scales are fp16 in the file): the same numbers for 2 bytes a scale instead of 4,
+  which a step of those layers streams (`HALF_SCALES`).
 `to_wide` and `from_wide` are each other's inverse (tested): everything that reads a layer's numbers
 (the reference, float weights, a head's kept rows, the built-model cache) reads them in the layers' own
 layout through `from_wide`.
@@ -27,6 +29,8 @@ from specstack.models.kernel_table import Kernel
 LANES = 16  # outputs in a block
 QUADS = 8  # vectors of 4 inputs in a group
 WideTensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+# the layer formats whose scales (one per group, no mins) the wide layout keeps in fp16 where exact
+HALF_SCALES = frozenset({"q5a8", "q8a8"})
 
 
 def fits(layout: str, n: int, k: int) -> bool:
@@ -121,14 +125,24 @@ def _third_from(layout: str, extra: torch.Tensor | None) -> torch.Tensor | None:
     return _lanes(extra, inverse=True)
 
 
+def _scales_to(layout: str, d: torch.Tensor) -> torch.Tensor:
+    wide = _lanes(d)
+    if layout in HALF_SCALES:
+        half = wide.half()
+        if torch.equal(half.float(), wide):  # every scale exact (NaN never is): the same numbers
+            return half
+    return wide
+
+
 def to_wide(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None) -> WideTensors:
-    """A layer's tensors (the layers' own layout) -> the wide layout, the same shapes (`fits` must hold)."""
-    return _codes_to(layout, stored), _lanes(d), _third_to(layout, extra)
+    """A layer's tensors (the layers' own layout) -> the wide layout, the same shapes (`fits` must hold);
+    the scales fp16 where `HALF_SCALES` keeps them so."""
+    return _codes_to(layout, stored), _scales_to(layout, d), _third_to(layout, extra)
 
 
 def from_wide(layout: str, stored: torch.Tensor, d: torch.Tensor, extra: torch.Tensor | None, k: int) -> WideTensors:
-    """The inverse of `to_wide`, for a layer of `k` inputs."""
-    return _codes_from(layout, stored, k), _lanes(d, inverse=True), _third_from(layout, extra)
+    """The inverse of `to_wide`, for a layer of `k` inputs (the scales fp32 again)."""
+    return _codes_from(layout, stored, k), _lanes(d.float(), inverse=True), _third_from(layout, extra)
 
 
 def op_name(layout: str, suffix: str = "") -> str:

@@ -77,7 +77,8 @@ def test_q6_k_keeps_its_codes_and_k6a8_holds_the_very_weights(tmp_path):
 
 def test_q5_0_keeps_its_codes_and_q5a8_holds_the_very_weights(tmp_path):
     """q5a8 stores Q5_0's 5-bit codes and d per 32: the weights gguf reads, bit for bit, in 6 bits a weight
-    (the fp32 d; q8a8's 8-bit groups: 9). Odd group counts (a last chunk of 1 to 3 groups) included."""
+    (the fp32 d; q8a8's 8-bit groups: 9), 5.5 in the wide layout (the file's d are fp16, kept so). Odd group
+    counts (a last chunk of 1 to 3 groups) included."""
     for rows, cols in ((16, 512), (8, 96), (8, 160)):
         data = blocks_of(QT.Q5_0, rows, cols, seed=7)
         qw = read_tensor(write_one(tmp_path / f"t{cols}.gguf", data, QT.Q5_0), want_codes=True)
@@ -87,7 +88,8 @@ def test_q5_0_keeps_its_codes_and_q5a8_holds_the_very_weights(tmp_path):
         lin = QLinear(cols, rows, "q5a8").set_codes(qw)
         assert torch.equal(lin.float_weight(), ref)
         if cols % 128 == 0:
-            assert lin.step_bytes() * 8 / (rows * cols) == 6.0
+            assert lin.scales.dtype == (torch.float16 if lin.wide_layout else torch.float32)
+            assert lin.step_bytes() * 8 / (rows * cols) == (5.5 if lin.wide_layout else 6.0)
         # every other format takes the dequantised weight
         assert torch.equal(QLinear(cols, rows, "fp32").set_codes(qw).weight, ref)
 

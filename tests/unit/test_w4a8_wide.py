@@ -11,6 +11,7 @@ import torch
 from activations import kernel_inputs
 
 from specstack.models import native, w4a8, w4a8_wide
+from specstack.models.coded import Q5Weight
 from specstack.models.quant import QLinear
 
 WIDE = "wide512" in [k.name for k in w4a8.KERNELS if k.applies(torch.device("cpu"))]
@@ -38,6 +39,79 @@ def test_the_wide_layout_is_undone_exactly(layout, n, k):
     back = w4a8_wide.from_wide(layout, *wide, k)
     for a, b in zip(own, back, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+def exact_half(own: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The same layer with its scales rounded to fp16 values (as a GGUF's Q5_0 and Q8_0 scales are)."""
+    codes, d, extra = own
+    return codes, d.half().float(), extra
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_scales_exact_in_fp16_are_kept_in_fp16(layout):
+    """q5a8's and q8a8's wide layout holds a layer's scales in fp16 where every one is exact in it (half the
+    bytes, the same numbers), fp32 otherwise; the other formats' scales stay fp32; undone exactly either way."""
+    n, k = 32, 512
+    for own, half in ((exact_half(stored(layout, n, k)), layout in w4a8_wide.HALF_SCALES), (stored(layout, n, k), False)):
+        wide = w4a8_wide.to_wide(layout, *own)
+        assert wide[1].dtype == (torch.float16 if half else torch.float32)
+        back = w4a8_wide.from_wide(layout, *wide, k)
+        assert back[1].dtype == torch.float32
+        for a, b in zip(own, back, strict=True):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+
+@wide_only
+@pytest.mark.parametrize("layout", sorted(w4a8_wide.HALF_SCALES))
+@pytest.mark.parametrize("path", [p for p in w4a8.WIDE_PATHS if p in [k.name for k in w4a8.KERNELS
+                                                                     if k.applies(torch.device("cpu"))]])
+def test_fp16_scales_give_the_fp32_scales_numbers_bit_for_bit(layout, path):
+    """The wide ops read fp16 scales (the kHalf tiles) and give what the same scales in fp32 give, at every
+    tile shape (one row to more than two tiles; on the amx path, its tiles from one row)."""
+    k = 1536
+    codes, d, extra = w4a8_wide.to_wide(layout, *exact_half(stored(layout, 48, k, seed=6)))
+    assert d.dtype == torch.float16
+    suffix = w4a8.WIDE_PATHS[path]
+    half, single = (w4a8_wide.kernel(layout, codes, s, extra, suffix) for s in (d, d.float()))
+    x = kernel_inputs(40, k, seed=7)
+    before = torch.ops.specstack_w4a8_wide.set_amx_from(1)
+    try:
+        for t in (1, 2, 3, 8, 9, 16, 17, 33, 40):
+            assert torch.equal(half(x[:t]), single(x[:t])), f"{layout} {path}, {t} rows"
+    finally:
+        torch.ops.specstack_w4a8_wide.set_amx_from(before)
+
+
+@wide_only
+def test_a_q5_layer_with_the_files_scales_holds_them_in_fp16(monkeypatch):
+    """A q5a8 layer set from a GGUF's codes (fp16 scales) keeps them in fp16 on the wide path and reads
+    back, saves, loads and cuts as the same layer in its own layout; set again from scales that are not
+    exact in fp16, it holds fp32 (never the new scales rounded to fp16)."""
+    n, k = 64, 512
+    g = torch.Generator().manual_seed(8)
+    q = torch.randint(0, 32, (n, k), generator=g, dtype=torch.uint8)
+    d = torch.rand(n, k // 32, generator=g) * 0.01 + 1e-3
+    exact, inexact = Q5Weight(q, d.half().float()), Q5Weight(q, d)
+    assert not torch.equal(d.half().float(), d)
+    monkeypatch.setenv(w4a8.FORCE_ENV, "vnni512")
+    own = QLinear(k, n, "q5a8").set_codes(exact)
+    monkeypatch.setenv(w4a8.FORCE_ENV, "wide512")
+    lin = QLinear(k, n, "q5a8").set_codes(exact)
+    assert lin.wide_layout and lin.scales.dtype == torch.float16
+    assert torch.equal(lin.float_weight(), own.float_weight())
+    state = lin.state_dict()
+    assert all(torch.equal(state[name], t) and state[name].dtype == t.dtype for name, t in own.state_dict().items())
+    loaded = QLinear(k, n, "q5a8")
+    loaded.load_state_dict(state)
+    x = kernel_inputs(9, k)
+    y = lin(x)
+    assert loaded.scales.dtype == torch.float16 and torch.equal(loaded(x), y)
+    rows = torch.arange(16, 32)
+    cut = lin.take_rows(rows)
+    assert cut.scales.dtype == torch.float16 and torch.equal(cut(x), y.index_select(1, rows))
+    lin.set_codes(inexact)
+    fresh = QLinear(k, n, "q5a8").set_codes(inexact)
+    assert lin.scales.dtype == torch.float32 and torch.equal(lin.scales, fresh.scales) and torch.equal(lin(x), fresh(x))
 
 
 def test_what_does_not_fit_in_place():

@@ -154,7 +154,7 @@ AMX_FN inline void row_tile(const uint8_t* wb, const BlockScales& s, const int8_
       }
     }
   }
-  if constexpr (S != Scales::kPlain) {  // the mins' sums, in their own order as the VNNI tiles keep them
+  if constexpr (kMins<S>) {  // the mins' sums, in their own order as the VNNI tiles keep them
     __m512 macc[R];
     for (int i = 0; i < R; ++i) macc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {

@@ -50,7 +50,7 @@ constexpr int kTile = 8;        // rows a tile keeps in registers while a block'
 template <Form F, Scales S, int R>
 VNNI_FN inline void tile(const uint8_t* wb, const BlockScales& s, const int8_t* q, const float* dx, const float* sx,
                          const int32_t* halves, int64_t groups, float* y, int64_t ldy) {
-  constexpr bool mins = S != Scales::kPlain;
+  constexpr bool mins = kMins<S>;
   __m512 acc[R], macc[R];
   for (int i = 0; i < R; ++i) { acc[i] = _mm512_setzero_ps(); macc[i] = _mm512_setzero_ps(); }
   for (int64_t g = 0; g < groups; ++g) {
@@ -203,12 +203,16 @@ at::Tensor mm4k(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& 
   return matmul<Form::kFour>(x, codes, s, Amx);
 }
 
-// the formats with one float scale per group and no mins: q5a8 (kFive), q8a8 (kEight)
+// the formats with one float scale per group and no mins: q5a8 (kFive), q8a8 (kEight); the scales fp32, or
+// fp16 where the layer's are exact in it (models/w4a8_wide.py `HALF_SCALES`)
 template <Form F, bool Amx>
 at::Tensor scaled(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d) {
   const int64_t n = codes.size(0), groups = check(x, codes, kBlockBytes<F>);
   BlockScales s;
-  s.d = part<float>(d, n * groups, "scales");
+  if (d.scalar_type() == at::kHalf)
+    s.h = reinterpret_cast<const uint16_t*>(part<at::Half>(d, n * groups, "scales"));
+  else
+    s.d = part<float>(d, n * groups, "scales");
   return matmul<F>(x, codes, s, Amx);
 }
 

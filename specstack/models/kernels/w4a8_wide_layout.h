@@ -59,20 +59,28 @@ VNNI_FN inline void unpack(const uint8_t* wg, __m512i* w) {
 // The scales of a block (the wide layout of each format's tensors, models/w4a8.py `to_wide`)
 struct BlockScales {
   const float* d = nullptr;    // [groups, 16]; k4a8: (D, M) [supers, 2, 16]; k6a8: D [supers, 16]
+  const uint16_t* h = nullptr;   // q5a8, q8a8 where each scale is exact in fp16: d as fp16 [groups, 16]
   const float* m = nullptr;    // w4a8: [groups, 16]
   const uint8_t* sub = nullptr;  // k4a8: (sc, mn) [groups, 2, 16]
   const int8_t* s16 = nullptr;   // k6a8: the two 16-input scales [groups, 2, 16]
 };
 
-// How a block's group scales are stored: float scales (and mins), or k4a8's super-block scales with 6-bit
-// sub-block scales and mins; compile-time, so that a tile's loop has no branch on them
-enum class Scales { kPlain, kPlainMins, kSub };
+// How a block's group scales are stored: float scales (and mins), fp16 scales (no mins: a layer whose fp32
+// scales are all exact in fp16, as a GGUF's Q5_0 and Q8_0 ones are, streams half the scale bytes for the
+// same numbers), or k4a8's super-block scales with 6-bit sub-block scales and mins; compile-time, so that
+// a tile's loop has no branch on them
+enum class Scales { kPlain, kHalf, kPlainMins, kSub };
+
+// whether a group adds its min term (m sx) to the sums
+template <Scales S>
+constexpr bool kMins = S == Scales::kPlainMins || S == Scales::kSub;
 
 // f(std::integral_constant<Scales, S>) for the S a layer's scale tensors are stored as (the tiles' template)
 template <class Fn>
 inline void by_scales(const BlockScales& s, const Fn& f) {
   if (s.sub != nullptr) f(std::integral_constant<Scales, Scales::kSub>{});
   else if (s.m != nullptr) f(std::integral_constant<Scales, Scales::kPlainMins>{});
+  else if (s.h != nullptr) f(std::integral_constant<Scales, Scales::kHalf>{});
   else f(std::integral_constant<Scales, Scales::kPlain>{});
 }
 
@@ -86,6 +94,8 @@ inline BlockScales block_part(const BlockScales& s, int64_t b, int64_t groups) {
   } else if (s.s16 != nullptr) {
     sb.d = s.d + b * supers * kLanes;
     sb.s16 = s.s16 + b * groups * 2 * kLanes;
+  } else if (s.h != nullptr) {
+    sb.h = s.h + b * groups * kLanes;
   } else {
     sb.d = s.d + b * groups * kLanes;
     if (s.m != nullptr) sb.m = s.m + b * groups * kLanes;
@@ -108,6 +118,8 @@ VNNI_FN inline GroupScales group_scales(const BlockScales& s, int64_t g) {
     const uint8_t* sub = s.sub + g * 2 * kLanes;
     out.d = _mm512_mul_ps(_mm512_loadu_ps(big), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub)))));
     out.m = _mm512_mul_ps(_mm512_loadu_ps(big + kLanes), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + kLanes)))));
+  } else if constexpr (S == Scales::kHalf) {  // exact: every fp16 is an fp32
+    out.d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.h + g * kLanes)));
   } else if constexpr (F == Form::kSix) {
     out.d = _mm512_loadu_ps(s.d + (g / 8) * kLanes);
   } else {
