@@ -1,9 +1,9 @@
 """A draft model's forward with its q5a8 and q8a8 group scales in fp16 (the wide layout's default where they
 are exact in it: models/w4a8_wide.py `HALF_SCALES`) against the same model with them in fp32, paired in one
 process: the model is loaded twice (once with `HALF_SCALES` emptied), both are checked to give the same
-logits bit for bit over a prompt, and their forwards of T tokens alternate in rounds at the same context.
-Prints the bytes each copy streams and, per T, each copy's median and the median of the rounds' ratios
-(fp16 / fp32). Needs a CPU on a wide path (AVX-512-VNNI).
+logits bit for bit over a prompt, and their forwards of T tokens alternate at the same context
+(bench-forward's `time_interleaved`). Prints the bytes each copy streams and, per T, each copy's median and
+the median of the paired forwards' ratios (fp16 / fp32). Needs a CPU on a wide path (AVX-512-VNNI).
 
     python benchmarks/half_scales_ab.py --model qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b --t 1,4
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from tqdm import tqdm
 
+from specstack.bench.forward import time_interleaved
 from specstack.engine.draft_sources import restricted_head
 from specstack.engine.timing import forward_steps, random_context
 from specstack.models import w4a8_wide
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b", help="whose token ranking cuts the head ('': the full head)")
     ap.add_argument("--t", default="1,4", help="tokens a forward, comma-separated")
     ap.add_argument("--context", type=int, default=300)
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=240, help="forwards of each copy, interleaved")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -57,21 +58,12 @@ def main() -> None:
     for t in (int(v) for v in a.t.split(",")):
         steps = {k: forward_steps(lm, ctx, t)[f"specstack {lm.fmt} chain"] for k, lm in models.items()}
         tok = torch.full((1, t), 5)
-        times: dict[str, list[float]] = {k: [] for k in steps}
-        for r in range(a.rounds + 1):  # round 0 warms both
-            for key, step in steps.items():
-                ts = []
-                for _ in range(20):
-                    t0 = time.perf_counter()
-                    step(tok)
-                    ts.append(time.perf_counter() - t0)
-                if r:
-                    times[key].append(1e3 * statistics.median(ts))
+        calls = {k: (lambda step=step, tok=tok: step(tok)) for k, step in steps.items()}
+        times = time_interleaved(calls, a.repeats, warmup=10, bar=tqdm(total=a.repeats, disable=True))
         ratios = [h / f for h, f in zip(times["fp16"], times["fp32"], strict=True)]
+        q = statistics.quantiles(ratios, n=4)
         print(f"T={t}: fp32 {statistics.median(times['fp32']):.2f} ms, fp16 {statistics.median(times['fp16']):.2f} ms; "
-              f"fp16 / fp32 per round: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})",
-              flush=True)
-
+              f"fp16 / fp32 per pair: median {statistics.median(ratios):.3f} (quartiles {q[0]:.3f}, {q[2]:.3f})", flush=True)
 
 if __name__ == "__main__":
     main()

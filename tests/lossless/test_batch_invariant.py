@@ -47,11 +47,15 @@ def lm(request, invariant_models):
 
 def test_the_gguf_model_holds_every_w4a8_layer_format(invariant_models):
     """What the GGUF parametrisation covers: where the kernel path has 6-bit and 5-bit groups, Q6_K's (k6a8)
-    and Q5_0's (q5a8)."""
-    formats = {lin.fmt for b in invariant_models[GGUF].model.blocks() for lin in (b.qkv, b.o, b.up, b.down)}
+    and Q5_0's (q5a8), the latter with the file's fp16 scales as fp16 on a wide path (w4a8_wide.HALF_SCALES)."""
+    layers = [lin for b in invariant_models[GGUF].model.blocks() for lin in (b.qkv, b.o, b.up, b.down)]
+    formats = {lin.fmt for lin in layers}
     slow = w4a8.slow_layer_formats()
     assert {"k4a8", "q8a8"} <= formats
     assert all((f in formats) == (f not in slow) for f in ("k6a8", "q5a8")), (formats, slow)
+    for lin in layers:
+        if lin.fmt == "q5a8":
+            assert lin.scales.dtype == (torch.float16 if lin.wide_layout else torch.float32)
 
 
 def one_by_one(model, prompt: list[int], cont: list[int]) -> torch.Tensor:
