@@ -1,10 +1,12 @@
 """Copy a finished `specstack bench` run from bench_out/ into docs/bench/ the way the docs keep runs
 (docs/bench-history, top): summary.md, summary.json and run.json; the figures the docs link; and,
-where a claim needs more than the summary (a `--ratios` or `--phases` table, prompts won,
-`throughput-check`), the rows as results.jsonl.gz without their per-token arrays (the token ids,
-their origins, the accepted count per step: four fifths of a rows file, read by no table).
-`specstack bench --ratios/--phases` and `specstack throughput-check` read that file in place of
-results.jsonl; `specstack bench-ties` needs the token ids, so it runs on bench_out/ only.
+with --rows, into a folder outside docs/ (docs/ keeps no rows, so that it stays small to clone:
+tests/unit/test_docs_site.py; a claim that needs rows, a `--ratios` or `--phases` table, prompts won,
+`throughput-check`, names the command that recomputes it on a fresh run), the rows as results.jsonl.gz
+without their per-token arrays (the token ids, their origins, the accepted count per step: four fifths
+of a rows file, read by no table). `specstack bench --ratios/--phases` and `specstack throughput-check`
+read that file in place of results.jsonl; `specstack bench-ties` needs the token ids, so it runs on
+bench_out/ only.
 
     python benchmarks/publish_run.py bench_out/he164_greedy docs/bench/humaneval164_greedy \
         [--rows] [--figures speedup_per_prompt.png tau_hist.png origins.html]
@@ -41,8 +43,14 @@ def packed_rows(src: Path) -> bytes:
     return gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def publish(src: Path, dst: Path, rows: bool, figures: list[str]) -> list[Path]:
     """The files written under dst."""
+    if rows and dst.resolve().is_relative_to(ROOT / "docs"):
+        raise SystemExit(f"{dst}: docs/ keeps no rows (tests/unit/test_docs_site.py); publish the run without "
+                         "--rows and keep its rows in bench_out/, or give a folder outside docs/")
     if not (src / "summary.json").is_file():
         raise SystemExit(f"{src} is not a finished `specstack bench` run (no summary.json)")
     dst.mkdir(parents=True, exist_ok=True)
@@ -58,9 +66,6 @@ def publish(src: Path, dst: Path, rows: bool, figures: list[str]) -> list[Path]:
         (dst / "results.jsonl.gz").write_bytes(packed_rows(src))
         written.append(dst / "results.jsonl.gz")
     return written
-
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def render_tables(pages: list[Path], check: bool) -> list[Path]:

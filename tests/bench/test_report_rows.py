@@ -126,6 +126,19 @@ def test_publish_run_keeps_the_tables_and_drops_the_per_token_arrays(tmp_path: P
     assert publish_run.packed_rows(src) == (dst / "results.jsonl.gz").read_bytes()
 
 
+def test_publish_run_refuses_rows_into_docs(tmp_path: Path):
+    """docs/ keeps no rows (tests/unit/test_docs_site.py): asked for them there, nothing is written."""
+    publish_run = _script("publish_run.py")
+    src = tmp_path / "run"
+    src.mkdir()
+    (src / "results.jsonl").write_text(_text(ROWS), encoding="utf-8")
+    (src / "summary.json").write_text("{}", encoding="utf-8")
+    dst = REPO / "docs" / "bench" / "never-written"
+    with pytest.raises(SystemExit, match="docs/ keeps no rows"):
+        publish_run.publish(src, dst, rows=True, figures=[])
+    assert not dst.exists()
+
+
 @pytest.mark.parametrize("relative", sorted(str(p.relative_to(REPO / "benchmarks"))
                                             for p in (REPO / "benchmarks").rglob("*.py")))
 def test_benchmark_scripts_import_what_the_package_has(relative: str):
