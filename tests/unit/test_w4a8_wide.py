@@ -67,7 +67,8 @@ def test_scales_exact_in_fp16_are_kept_in_fp16(layout):
                                                                      if k.applies(torch.device("cpu"))]])
 def test_fp16_scales_give_the_fp32_scales_numbers_bit_for_bit(layout, path):
     """The wide ops read fp16 scales (the kHalf tiles) and give what the same scales in fp32 give, at every
-    tile shape (one row to more than two tiles; on the amx path, its tiles from one row)."""
+    tile shape (one row to more than two tiles; on the amx path, where fp16-scaled layers stay on the VNNI
+    tiles, against its AMX tiles from one row)."""
     k = 1536
     codes, d, extra = w4a8_wide.to_wide(layout, *exact_half(stored(layout, 48, k, seed=6)))
     assert d.dtype == torch.float16
@@ -78,6 +79,24 @@ def test_fp16_scales_give_the_fp32_scales_numbers_bit_for_bit(layout, path):
     try:
         for t in (1, 2, 3, 8, 9, 16, 17, 33, 40):
             assert torch.equal(half(x[:t]), single(x[:t])), f"{layout} {path}, {t} rows"
+    finally:
+        torch.ops.specstack_w4a8_wide.set_amx_from(before)
+
+
+@wide_only
+@pytest.mark.parametrize("layout", sorted(w4a8_wide.HALF_SCALES))
+def test_fp16_scaled_layers_stay_on_the_vnni_tiles_under_the_amx_ops(layout):
+    """The AMX tiles have not run fp16 scales on an AMX CPU yet (w4a8_wide.cpp `kOnAmxScales`), so the `_amx`
+    ops give such a layer to the VNNI tiles at every row count, even with the tiles asked for from one row.
+    On a CPU without AMX, as here, a call that reached the tiles would stop on an illegal instruction."""
+    k = 512
+    codes, d, extra = w4a8_wide.to_wide(layout, *exact_half(stored(layout, 32, k, seed=9)))
+    vnni, amx = w4a8_wide.kernel(layout, codes, d, extra), w4a8_wide.kernel(layout, codes, d, extra, "_amx")
+    x = kernel_inputs(40, k, seed=10)
+    before = torch.ops.specstack_w4a8_wide.set_amx_from(1)
+    try:
+        for t in (1, 16, 33, 40):
+            assert torch.equal(amx(x[:t]), vnni(x[:t])), f"{layout}, {t} rows"
     finally:
         torch.ops.specstack_w4a8_wide.set_amx_from(before)
 

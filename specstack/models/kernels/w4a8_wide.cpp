@@ -92,6 +92,11 @@ int64_t& amx_from() {
 template <Form F>
 constexpr bool kOnAmx = F != Form::kSix;
 
+// The scale forms the AMX tiles take: fp16 scales (kHalf) have run on no AMX CPU yet, so their layers stay
+// on the VNNI tiles (the same numbers) until a session on a Xeon with AMX checks them (test_w4a8_wide.py)
+template <Scales S>
+constexpr bool kOnAmxScales = S != Scales::kHalf;
+
 int64_t set_amx_from(int64_t rows) {
   TORCH_CHECK(rows >= 1, "w4a8 wide: the AMX row threshold is a row count >= 1");
   return std::exchange(amx_from(), rows);
@@ -123,7 +128,8 @@ void matmul_amx(const at::Tensor& xc, const uint8_t* w, const BlockScales& s, fl
   round_tiles(xc, tile, rounded, false);
   at::parallel_for(0, n_out / kLanes, 1, [&](int64_t b0, int64_t b1) {
     by_scales(s, [&](auto sc) {
-      specstack_amx::blocks<F, decltype(sc)::value>(w, s, rounded.q, rounded.dx, rounded.sx, rows, k, b0, b1, yp, n_out);
+      if constexpr (kOnAmxScales<decltype(sc)::value>)
+        specstack_amx::blocks<F, decltype(sc)::value>(w, s, rounded.q, rounded.dx, rounded.sx, rows, k, b0, b1, yp, n_out);
     });
   });
 }
@@ -135,7 +141,7 @@ at::Tensor matmul(const at::Tensor& x, const at::Tensor& codes, const BlockScale
   at::Tensor y = at::empty({rows, n_out}, x.options());
   if (rows == 0 || n_out == 0) return y;
   if constexpr (kOnAmx<F>) {
-    if (amx && rows >= amx_from()) {
+    if (amx && rows >= amx_from() && s.h == nullptr) {
       matmul_amx<F>(xc, static_cast<const uint8_t*>(codes.data_ptr()), s, y.data_ptr<float>(), n_out);
       return y;
     }
