@@ -3,7 +3,9 @@
 Built at first use (torch's extension builder, ninja and the system's C++ compiler), once per machine:
 the build is kept in SPECSTACK_CACHE/kernels/<torch version>/ and reused by every later process, and
 rebuilt only when the source changes. The first build takes tens of seconds and says so on stderr.
-Nothing is downloaded: the source ships with specstack, the compiler is the machine's.
+Nothing is downloaded: the source ships with specstack, the compiler is the machine's. Processes build
+or check a kernel's folder one at a time (`build_lock`, a lock that dies with its holder), so a build
+killed midway never leaves a later one waiting, and one that waits for another's build says so.
 
 A kernel is built only where the CPU reports the instructions it is compiled for (`CPU_FLAGS`); a
 failed build is reported once and the caller falls back to its reference path.
@@ -15,6 +17,7 @@ would choose without compiling for tens of seconds or writing to the cache.
 from __future__ import annotations
 
 import contextvars
+import fcntl
 import functools
 import hashlib
 import os
@@ -152,6 +155,24 @@ def _headers_flag() -> str:
     return f"-DSPECSTACK_HEADERS={digest}"
 
 
+@contextmanager
+def build_lock(build: Path, name: str) -> Iterator[None]:
+    """One process at a time builds or checks a kernel's folder, under a lock the operating system drops
+    when its holder dies. torch's builder keeps its own lock as a file in the folder (`lock`), which a process
+    killed while building (a signal, the OOM killer, a stopped service) leaves behind, and every later load
+    would wait on it forever without a word; under this lock no live process holds that file, so one found
+    is removed."""
+    with open(build / "specstack.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"specstack: waiting for another process building the {name} kernel ({build})...",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        (build / "lock").unlink(missing_ok=True)  # torch's baton, left by a build that was killed
+        yield  # the lock goes with the file's closing
+
+
 @functools.cache
 def load(name: str) -> bool:
     """Build (or reuse) kernel `name` and register its torch ops; False when it cannot be had here."""
@@ -169,9 +190,10 @@ def load(name: str) -> bool:
               file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
-        cpp_extension.load(name=f"specstack_{name}", sources=[str(SOURCES / f"{name}.cpp")],
-                           extra_cflags=[*CFLAGS, _headers_flag()], extra_ldflags=list(LDFLAGS), build_directory=str(build),
-                           is_python_module=False, verbose=False)
+        with build_lock(build, name):
+            cpp_extension.load(name=f"specstack_{name}", sources=[str(SOURCES / f"{name}.cpp")],
+                               extra_cflags=[*CFLAGS, _headers_flag()], extra_ldflags=list(LDFLAGS),
+                               build_directory=str(build), is_python_module=False, verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # no ninja, a compiler error, a failed link
         print(f"specstack: the {name} kernel could not be built ({str(e).splitlines()[0][:200]}); "
               "using the slow reference path", file=sys.stderr, flush=True)
